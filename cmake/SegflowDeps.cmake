@@ -1,0 +1,35 @@
+# Finds every external dependency once. LibTorch comes from the venv's torch wheel.
+if(NOT EXISTS "${SEGFLOW_PYTHON}")
+  message(FATAL_ERROR "SEGFLOW_PYTHON=${SEGFLOW_PYTHON} does not exist: run scripts/setup.sh first")
+endif()
+execute_process(
+  COMMAND "${SEGFLOW_PYTHON}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+  OUTPUT_VARIABLE SEGFLOW_TORCH_PREFIX OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc)
+if(NOT _rc EQUAL 0)
+  message(FATAL_ERROR "could not import torch from ${SEGFLOW_PYTHON}: run scripts/setup.sh")
+endif()
+list(APPEND CMAKE_PREFIX_PATH "${SEGFLOW_TORCH_PREFIX}")
+
+# LibTorch's CUDA build configures against the CUDA toolkit; no GPU is needed for that.
+if(NOT DEFINED CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
+  set(CUDAToolkit_ROOT /usr/local/cuda)
+endif()
+if(NOT DEFINED CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+  set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+endif()
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST)
+  set(TORCH_CUDA_ARCH_LIST "9.0")  # H200; only used by LibTorch's CMake when compiling CUDA
+endif()
+find_package(Torch REQUIRED)
+# TorchConfig adds its flags to CMAKE_CXX_FLAGS; the ABI define must match the wheel.
+
+find_package(Threads REQUIRED)
+find_package(ZLIB REQUIRED)
+find_package(DCMTK REQUIRED CONFIG)
+find_package(spdlog REQUIRED CONFIG)
+find_package(yaml-cpp REQUIRED CONFIG)
+find_package(nlohmann_json REQUIRED CONFIG)
+find_package(SQLite3 REQUIRED)
+find_package(CAF REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)

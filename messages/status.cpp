@@ -1,0 +1,29 @@
+#include "messages/status.hpp"
+
+namespace segflow {
+
+const char* to_string(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::ok: return "ok";
+    case ErrorCode::invalid_argument: return "invalid_argument";
+    case ErrorCode::not_found: return "not_found";
+    case ErrorCode::io_error: return "io_error";
+    case ErrorCode::corrupt_data: return "corrupt_data";
+    case ErrorCode::unsupported: return "unsupported";
+    case ErrorCode::invalid_config: return "invalid_config";
+    case ErrorCode::internal: return "internal";
+  }
+  return "unknown";
+}
+
+Status Status::with_context(const std::string& prefix) const {
+  if (is_ok()) return *this;
+  return {code_, prefix + ": " + message_};
+}
+
+std::string Status::to_string() const {
+  if (is_ok()) return "ok";
+  return std::string(segflow::to_string(code_)) + ": " + message_;
+}
+
+}  // namespace segflow

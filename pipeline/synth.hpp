@@ -1,0 +1,43 @@
+#pragma once
+// Synthetic CT-like phantoms: the embedded default dataset (`segflow synth`).
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "messages/status.hpp"
+#include "pipeline/io/image.hpp"
+
+namespace segflow::pipeline {
+
+/// Options of `segflow synth`.
+struct SynthOptions {
+  int cases = 24;                    ///< number of cases, >= 1
+  int size = 96;                     ///< in-plane size in voxels (x = y = size), 16..512
+  std::string format = "nifti";      ///< dicom | nifti | npy
+  std::string compress = "none";     ///< DICOM only: none | rle | jpeg-ls | jpeg-lossless
+  std::filesystem::path out;         ///< output folder (created)
+  std::uint64_t seed = 0;            ///< dataset seed; case i uses (seed, i)
+};
+
+/// One phantom: HU image (1, Z, Y, X) float32 with integer values and its label map
+/// (1, Z, Y, X) uint8: 0 background/body, 1 liver, 2 spleen, 3 kidneys, 4 spine.
+struct Phantom {
+  Image image;
+  Image label;
+};
+
+/// Number of foreground structures in every phantom (labels 1..kPhantomLabels).
+inline constexpr int kPhantomLabels = 4;
+/// Names of labels 0..kPhantomLabels.
+const char* phantom_label_name(int label);
+
+/// Makes case `index` of a dataset seeded with `seed`: random anisotropic spacing, an
+/// oblique orientation on every third case, Gaussian noise and a smooth bias field.
+Phantom make_phantom(int size, std::uint64_t seed, int index);
+
+/// Writes a whole dataset in the layout of its format (MSD for nifti, DICOM case folders
+/// with a DICOM SEG for dicom, MedSAM imgs/ gts/ for npy). Validates options first.
+Status synthesize_dataset(const SynthOptions& options);
+
+}  // namespace segflow::pipeline

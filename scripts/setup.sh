@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine for segflow: Debian -dev packages, a project-local
+# Python venv (.venv) with LibTorch from the torch==2.11.0 wheel, and the Python packages
+# the tests use as independent readers. Idempotent: re-running skips what is there.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+debs=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libcaf-dev libdcmtk-dev dcmtk
+  libzmq3-dev cppzmq-dev libspdlog-dev libfmt-dev doctest-dev libyaml-cpp-dev
+  nlohmann-json3-dev libsqlite3-dev sqlite3 zlib1g-dev libssl-dev libsodium-dev
+  python3-pydicom python3-venv
+)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+PY="${SEGFLOW_PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.11.0') else 1)" 2>/dev/null; then
+  echo "setup: installing torch==2.11.0 (LibTorch for the C++ build)"
+  .venv/bin/python -m pip install -q "torch==2.11.0"
+fi
+# Independent readers for the tests (values and geometry are checked against them).
+.venv/bin/python -m pip install -q "numpy<3" "pydicom>=2.4,<4" "nibabel>=5" "SimpleITK>=2.3"
+echo "setup: done"

@@ -1,0 +1,104 @@
+#pragma once
+// Helpers shared by the test suites: temporary folders, running commands (the segflow
+// binary, the Python reference readers) and reading their output.
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+namespace segflow::testing {
+
+/// A fresh folder under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "segflow") {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() /
+            (tag + "_" + std::to_string(rd()) + "_" + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!std::getenv("SEGFLOW_KEEP_TEMP")) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& s) const { return path_ / s; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Result of a command: exit status and what it printed (stdout; stderr when merged).
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+};
+
+/// Runs a shell command, capturing stdout (append " 2>&1" to capture stderr as well).
+inline CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) throw std::runtime_error("popen failed: " + cmd);
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int st = pclose(p);
+  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+/// Single-quotes a string for the shell.
+inline std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'') q += "'\\''";
+    else q += c;
+  }
+  return q + "'";
+}
+
+/// The project venv's Python (has numpy, pydicom, nibabel, SimpleITK).
+inline std::string python() { return SEGFLOW_PYTHON_EXE; }
+
+/// Path of a file in the source tree.
+inline std::filesystem::path source_path(const std::string& rel) {
+  return std::filesystem::path(SEGFLOW_SOURCE_DIR) / rel;
+}
+
+/// The built `segflow` binary (from SEGFLOW_BIN, set by CTest).
+inline std::string segflow_bin() {
+  const char* d = std::getenv("SEGFLOW_BIN");
+  return d ? std::string(d) + "/segflow" : std::string("segflow");
+}
+
+/// Runs tests/tools/reference.py (an independent reader) and parses its JSON output.
+inline nlohmann::json reference_read(const std::string& reader, const std::filesystem::path& p) {
+  auto r = run_command(shell_quote(python()) + " " +
+                       shell_quote(source_path("tests/tools/reference.py").string()) + " " +
+                       reader + " " + shell_quote(p.string()));
+  if (r.exit_code != 0) throw std::runtime_error("reference.py " + reader + " failed on " + p.string() + ": " + r.out);
+  return nlohmann::json::parse(r.out);
+}
+
+/// Writes bytes to a file.
+inline void write_file(const std::filesystem::path& p, const std::string& bytes) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+/// Reads a whole file.
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace segflow::testing
