@@ -1,0 +1,231 @@
+#include "models/layers.hpp"
+
+#include <cmath>
+#include <ostream>
+
+namespace segflow::models {
+
+Result<NormKind> parse_norm(const std::string& s) {
+  if (s == "batch") return NormKind::batch;
+  if (s == "instance") return NormKind::instance;
+  if (s == "none") return NormKind::none;
+  return invalid_argument("norm: expected one of batch, instance, none, got '" + s + "'");
+}
+
+Result<ActKind> parse_act(const std::string& s) {
+  if (s == "relu") return ActKind::relu;
+  if (s == "prelu") return ActKind::prelu;
+  if (s == "leakyrelu") return ActKind::leakyrelu;
+  if (s == "gelu") return ActKind::gelu;
+  if (s == "none") return ActKind::none;
+  return invalid_argument("act: expected one of relu, prelu, leakyrelu, gelu, none, got '" + s + "'");
+}
+
+const char* to_string(NormKind k) noexcept {
+  switch (k) {
+    case NormKind::none: return "none";
+    case NormKind::batch: return "batch";
+    case NormKind::instance: return "instance";
+  }
+  return "?";
+}
+
+const char* to_string(ActKind k) noexcept {
+  switch (k) {
+    case ActKind::none: return "none";
+    case ActKind::relu: return "relu";
+    case ActKind::prelu: return "prelu";
+    case ActKind::leakyrelu: return "leakyrelu";
+    case ActKind::gelu: return "gelu";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------- ConvNd
+
+ConvNdImpl::ConvNdImpl(ConvOptions o) : options(o) { reset(); }
+
+void ConvNdImpl::reset() {
+  const auto& o = options;
+  TORCH_CHECK(o.spatial_dims == 2 || o.spatial_dims == 3, "ConvNd: spatial_dims must be 2 or 3, got ",
+              o.spatial_dims);
+  TORCH_CHECK(o.in_channels > 0 && o.out_channels > 0 && o.kernel_size > 0 && o.stride > 0,
+              "ConvNd: channels, kernel_size and stride must be positive");
+  std::vector<int64_t> shape = o.transposed ? std::vector<int64_t>{o.in_channels, o.out_channels}
+                                            : std::vector<int64_t>{o.out_channels, o.in_channels};
+  for (int d = 0; d < o.spatial_dims; ++d) shape.push_back(o.kernel_size);
+  weight = register_parameter("weight", torch::empty(shape));
+  if (o.bias) {
+    bias = register_parameter("bias", torch::empty({o.out_channels}));
+  } else {
+    bias = at::Tensor();
+  }
+  reset_parameters();
+}
+
+void ConvNdImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (bias.defined()) {
+    auto [fan_in, fan_out] = torch::nn::init::_calculate_fan_in_and_fan_out(weight);
+    (void)fan_out;
+    const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+    torch::nn::init::uniform_(bias, -bound, bound);
+  }
+}
+
+at::Tensor ConvNdImpl::forward(const at::Tensor& x) {
+  const auto& o = options;
+  TORCH_CHECK(x.dim() == o.spatial_dims + 2, "ConvNd: expected a ", o.spatial_dims + 2,
+              "-d input (N, C, *spatial), got shape ", x.sizes());
+  const int64_t pad = o.padding < 0 ? (o.kernel_size - 1) / 2 : o.padding;
+  std::vector<int64_t> stride(o.spatial_dims, o.stride), padding(o.spatial_dims, pad),
+      dilation(o.spatial_dims, 1), out_pad(o.spatial_dims, o.transposed ? o.output_padding : 0);
+  return at::convolution(x, weight, bias, stride, padding, dilation, o.transposed, out_pad, 1);
+}
+
+void ConvNdImpl::pretty_print(std::ostream& s) const {
+  const auto& o = options;
+  s << "segflow::models::ConvNd(" << o.spatial_dims << "d" << (o.transposed ? ", transposed" : "")
+    << ", " << o.in_channels << ", " << o.out_channels << ", kernel_size=" << o.kernel_size
+    << ", stride=" << o.stride << ", padding=" << (o.padding < 0 ? (o.kernel_size - 1) / 2 : o.padding);
+  if (o.transposed && o.output_padding) s << ", output_padding=" << o.output_padding;
+  if (!o.bias) s << ", bias=false";
+  s << ")";
+}
+
+// ------------------------------------------------------------------------------------ Norm
+
+NormImpl::NormImpl(NormOptions o) : options(o) { reset(); }
+
+void NormImpl::reset() {
+  const auto& o = options;
+  TORCH_CHECK(o.kind != NormKind::none, "Norm: kind none has no module");
+  if (o.affine) {
+    weight = register_parameter("weight", torch::ones({o.channels}));
+    bias = register_parameter("bias", torch::zeros({o.channels}));
+  }
+  if (o.kind == NormKind::batch) {
+    running_mean = register_buffer("running_mean", torch::zeros({o.channels}));
+    running_var = register_buffer("running_var", torch::ones({o.channels}));
+    num_batches_tracked = register_buffer("num_batches_tracked", torch::zeros({}, torch::kLong));
+  }
+}
+
+at::Tensor NormImpl::forward(const at::Tensor& x) {
+  const auto& o = options;
+  TORCH_CHECK(x.dim() >= 3 && x.size(1) == o.channels, "Norm: expected (N, ", o.channels,
+              ", *spatial), got shape ", x.sizes());
+  if (o.kind == NormKind::batch) {
+    if (is_training()) {
+      torch::NoGradGuard no_grad;
+      num_batches_tracked.add_(1);
+    }
+    return at::batch_norm(x, weight, bias, running_mean, running_var, is_training(), o.momentum, o.eps,
+                          /*cudnn_enabled=*/true);
+  }
+  return at::instance_norm(x, weight, bias, {}, {}, /*use_input_stats=*/true, o.momentum, o.eps,
+                           /*cudnn_enabled=*/true);
+}
+
+void NormImpl::pretty_print(std::ostream& s) const {
+  s << "segflow::models::Norm(" << to_string(options.kind) << ", " << options.channels
+    << ", eps=" << options.eps << (options.affine ? "" : ", affine=false") << ")";
+}
+
+// ------------------------------------------------------------------------------ Activation
+
+ActivationImpl::ActivationImpl(ActOptions o) : options(o) { reset(); }
+
+void ActivationImpl::reset() {
+  if (options.kind == ActKind::prelu) {
+    weight = register_parameter("weight", torch::full({1}, options.prelu_init));
+  }
+}
+
+at::Tensor ActivationImpl::forward(const at::Tensor& x) {
+  switch (options.kind) {
+    case ActKind::none: return x;
+    case ActKind::relu: return at::relu(x);
+    case ActKind::prelu: return at::prelu(x, weight);
+    case ActKind::leakyrelu: return at::leaky_relu(x, options.negative_slope);
+    case ActKind::gelu: return at::gelu(x);
+  }
+  return x;
+}
+
+void ActivationImpl::pretty_print(std::ostream& s) const {
+  s << "segflow::models::Activation(" << to_string(options.kind);
+  if (options.kind == ActKind::leakyrelu) s << ", negative_slope=" << options.negative_slope;
+  s << ")";
+}
+
+// ------------------------------------------------------------------------------- ConvBlock
+
+ConvBlockImpl::ConvBlockImpl(ConvBlockOptions o) : options(std::move(o)) { reset(); }
+
+void ConvBlockImpl::reset() {
+  const auto& o = options;
+  TORCH_CHECK(o.dropout >= 0.0 && o.dropout < 1.0, "ConvBlock: dropout must be in [0, 1), got ", o.dropout);
+  conv = register_module("conv", ConvNd(o.conv));
+  norm = nullptr;
+  act = nullptr;
+  if (o.conv_only) return;
+  if (o.norm != NormKind::none) {
+    norm = register_module("norm", Norm(NormOptions{o.norm, o.conv.out_channels}));
+  }
+  if (o.act.kind != ActKind::none) act = register_module("act", Activation(o.act));
+}
+
+at::Tensor ConvBlockImpl::forward(const at::Tensor& x) {
+  auto y = conv->forward(x);
+  if (options.conv_only) return y;
+  if (norm) y = norm->forward(y);
+  if (options.dropout > 0.0) y = at::dropout(y, options.dropout, is_training());
+  if (act) y = act->forward(y);
+  return y;
+}
+
+void ConvBlockImpl::pretty_print(std::ostream& s) const {
+  s << "segflow::models::ConvBlock(" << (options.conv_only ? "conv_only" : to_string(options.norm));
+  if (!options.conv_only) s << ", " << to_string(options.act.kind);
+  if (options.dropout > 0) s << ", dropout=" << options.dropout;
+  s << ")";
+}
+
+// ----------------------------------------------------------------------------- LayerNorm2d
+
+LayerNorm2dImpl::LayerNorm2dImpl(int64_t c, double e) : channels(c), eps(e) { reset(); }
+
+void LayerNorm2dImpl::reset() {
+  weight = register_parameter("weight", torch::ones({channels}));
+  bias = register_parameter("bias", torch::zeros({channels}));
+}
+
+at::Tensor LayerNorm2dImpl::forward(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 4 && x.size(1) == channels, "LayerNorm2d: expected (N, ", channels,
+              ", H, W), got shape ", x.sizes());
+  auto u = x.mean(1, /*keepdim=*/true);
+  auto s = (x - u).pow(2).mean(1, /*keepdim=*/true);
+  auto y = (x - u) / torch::sqrt(s + eps);
+  return weight.view({1, -1, 1, 1}) * y + bias.view({1, -1, 1, 1});
+}
+
+void LayerNorm2dImpl::pretty_print(std::ostream& s) const {
+  s << "segflow::models::LayerNorm2d(" << channels << ", eps=" << eps << ")";
+}
+
+// --------------------------------------------------------------------------------- helpers
+
+void mirror_requires_grad(const torch::nn::Module& source, torch::nn::Module& copy) {
+  auto src = source.named_parameters(/*recurse=*/true);
+  for (auto& p : copy.named_parameters(/*recurse=*/true)) {
+    if (const auto* s = src.find(p.key())) p.value().set_requires_grad(s->requires_grad());
+  }
+}
+
+void set_requires_grad(torch::nn::Module& module, bool requires_grad) {
+  for (auto& p : module.parameters(/*recurse=*/true)) p.set_requires_grad(requires_grad);
+}
+
+}  // namespace segflow::models

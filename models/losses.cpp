@@ -1,0 +1,271 @@
+#include "models/losses.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+#include "models/detail/json_options.hpp"
+
+namespace segflow::models {
+namespace F = torch::nn::functional;
+namespace {
+
+// Label map (N, 1, ...) -> one-hot float (N, C, ...).
+at::Tensor one_hot(const at::Tensor& labels, int64_t num_classes, at::ScalarType dtype) {
+  TORCH_CHECK(labels.dim() >= 2 && labels.size(1) == 1, "one-hot: expected a label map (N, 1, *spatial), got shape ",
+              labels.sizes());
+  auto shape = labels.sizes().vec();
+  shape[1] = num_classes;
+  auto out = torch::zeros(shape, labels.options().dtype(dtype));
+  return out.scatter_(1, labels.to(torch::kLong), 1.0);
+}
+
+at::Tensor activate(const at::Tensor& input, LossActivation act) {
+  switch (act) {
+    case LossActivation::softmax:
+      TORCH_CHECK(input.size(1) >= 2, "dice loss: softmax needs at least 2 channels, got shape ", input.sizes(),
+                  " (use sigmoid for a single channel)");
+      return torch::softmax(input, 1);
+    case LossActivation::sigmoid: return torch::sigmoid(input);
+    case LossActivation::none: return input;
+  }
+  return input;
+}
+
+// Target as float (N, C, ...): one-hot a label map when asked (and C >= 2), else convert.
+at::Tensor prepare_target(const at::Tensor& input, const at::Tensor& target, bool to_onehot_y) {
+  TORCH_CHECK(target.dim() == input.dim(), "loss: target must have the input's number of dims (N, C, *spatial); input ",
+              input.sizes(), ", target ", target.sizes());
+  at::Tensor t = target;
+  if (to_onehot_y && input.size(1) > 1) t = one_hot(target, input.size(1), input.scalar_type());
+  else t = target.to(input.scalar_type());
+  TORCH_CHECK(t.sizes() == input.sizes(), "loss: target shape ", t.sizes(), " does not match input shape ",
+              input.sizes(), to_onehot_y ? "" : " (a label map needs to_onehot_y)");
+  return t;
+}
+
+at::Tensor reduce(const at::Tensor& f, LossReduction r) {
+  switch (r) {
+    case LossReduction::mean: return f.mean();
+    case LossReduction::sum: return f.sum();
+    case LossReduction::none: return f;
+  }
+  return f;
+}
+
+}  // namespace
+
+Status DiceLossOptions::validate() const {
+  if (!(smooth_nr >= 0)) return invalid_argument("loss: smooth_nr: expected >= 0, got " + std::to_string(smooth_nr));
+  if (!(smooth_dr > 0))
+    return invalid_argument("loss: smooth_dr: expected > 0 (0 gives NaN for empty classes), got " +
+                            std::to_string(smooth_dr));
+  return Status::ok();
+}
+
+at::Tensor dice_loss(const at::Tensor& input_logits, const at::Tensor& target_in, const DiceLossOptions& o) {
+  TORCH_CHECK(input_logits.dim() >= 3, "dice loss: expected input (N, C, *spatial), got shape ", input_logits.sizes());
+  auto input = activate(input_logits, o.act);
+  auto target = prepare_target(input, target_in, o.to_onehot_y);
+  if (!o.include_background && input.size(1) > 1) {
+    using torch::indexing::Slice;
+    input = input.index({Slice(), Slice(1)});
+    target = target.index({Slice(), Slice(1)});
+  }
+  std::vector<int64_t> axes;
+  if (o.batch) axes.push_back(0);
+  for (int64_t d = 2; d < input.dim(); ++d) axes.push_back(d);
+  auto intersection = (target * input).sum(axes);
+  auto ground_o = o.squared_pred ? (target * target).sum(axes) : target.sum(axes);
+  auto pred_o = o.squared_pred ? (input * input).sum(axes) : input.sum(axes);
+  auto denominator = ground_o + pred_o;
+  if (o.jaccard) denominator = 2.0 * (denominator - intersection);
+  auto f = 1.0 - (2.0 * intersection + o.smooth_nr) / (denominator + o.smooth_dr);
+  return reduce(f, o.reduction);
+}
+
+at::Tensor ce_loss(const at::Tensor& input, const at::Tensor& target, const std::vector<double>& w) {
+  TORCH_CHECK(input.dim() >= 2, "cross entropy: expected input (N, C, ...), got shape ", input.sizes());
+  auto opts = F::CrossEntropyFuncOptions().reduction(torch::kMean);
+  if (!w.empty()) {
+    TORCH_CHECK(static_cast<int64_t>(w.size()) == input.size(1), "cross entropy: ", w.size(),
+                " class weights for ", input.size(1), " classes");
+    opts = opts.weight(torch::tensor(w, input.options()));
+  }
+  at::Tensor t = target;
+  if (t.dim() == input.dim() && t.size(1) == 1 && input.size(1) != 1) {
+    t = t.squeeze(1).to(torch::kLong);  // label map
+  } else if (t.dim() == input.dim() - 1) {
+    t = t.to(torch::kLong);
+  } else {
+    t = t.to(input.scalar_type());  // class probabilities
+  }
+  return F::cross_entropy(input, t, opts);
+}
+
+at::Tensor bce_with_logits_loss(const at::Tensor& input, const at::Tensor& target) {
+  TORCH_CHECK(target.sizes() == input.sizes(), "bce: target shape ", target.sizes(), " does not match input shape ",
+              input.sizes());
+  return F::binary_cross_entropy_with_logits(input, target.to(input.scalar_type()));
+}
+
+at::Tensor focal_loss(const at::Tensor& input, const at::Tensor& target_in, const FocalLossOptions& o) {
+  auto target = prepare_target(input, target_in, o.to_onehot_y);
+  at::Tensor loss;
+  if (o.use_softmax) {
+    TORCH_CHECK(input.size(1) >= 2, "focal loss: softmax needs at least 2 channels, got shape ", input.sizes());
+    auto ls = torch::log_softmax(input, 1);
+    loss = -(1 - ls.exp()).pow(o.gamma) * ls * target;
+    if (o.alpha) loss = loss * (target * *o.alpha + (1 - target) * (1 - *o.alpha));
+  } else {
+    // BCE with logits in a stable form, times (1 - p_t)^gamma computed in log space (MONAI).
+    loss = input - input * target - F::logsigmoid(input);
+    auto invprobs = F::logsigmoid(-input * (target * 2 - 1));
+    loss = (invprobs * o.gamma).exp() * loss;
+    if (o.alpha) loss = loss * (target * *o.alpha + (1 - target) * (1 - *o.alpha));
+  }
+  if (!o.include_background && input.size(1) > 1) loss = loss.index({torch::indexing::Slice(), torch::indexing::Slice(1)});
+  return loss.mean();
+}
+
+Status LossOptions::validate() const {
+  SEGFLOW_RETURN_IF_ERROR(dice.validate());
+  if (!(lambda_dice >= 0)) return invalid_argument("loss: lambda_dice: expected >= 0, got " + std::to_string(lambda_dice));
+  if (!(lambda_ce >= 0)) return invalid_argument("loss: lambda_ce: expected >= 0, got " + std::to_string(lambda_ce));
+  if (!(lambda_focal >= 0))
+    return invalid_argument("loss: lambda_focal: expected >= 0, got " + std::to_string(lambda_focal));
+  if (!(gamma >= 0)) return invalid_argument("loss: gamma: expected >= 0, got " + std::to_string(gamma));
+  if (alpha && !(*alpha >= 0 && *alpha <= 1))
+    return invalid_argument("loss: alpha: expected a number in [0, 1], got " + std::to_string(*alpha));
+  for (double w : ce_weight)
+    if (!(w >= 0)) return invalid_argument("loss: ce_weight: expected non-negative numbers");
+  return Status::ok();
+}
+
+Result<LossFn> make_loss(const LossOptions& o) {
+  SEGFLOW_RETURN_IF_ERROR(o.validate());
+  const DiceLossOptions dice = o.dice;
+  FocalLossOptions focal;
+  focal.gamma = o.gamma;
+  focal.alpha = o.alpha;
+  focal.use_softmax = o.focal_softmax;
+  focal.include_background = o.dice.include_background;
+  focal.to_onehot_y = o.dice.to_onehot_y;
+  const auto w = o.ce_weight;
+  const double ld = o.lambda_dice, lc = o.lambda_ce, lf = o.lambda_focal;
+  switch (o.kind) {
+    case LossKind::dice:
+      return LossFn([dice](const at::Tensor& x, const at::Tensor& t) { return dice_loss(x, t, dice); });
+    case LossKind::ce:
+      return LossFn([w](const at::Tensor& x, const at::Tensor& t) { return ce_loss(x, t, w); });
+    case LossKind::bce:
+      return LossFn([](const at::Tensor& x, const at::Tensor& t) { return bce_with_logits_loss(x, t); });
+    case LossKind::dice_ce:
+      return LossFn([dice, w, ld, lc](const at::Tensor& x, const at::Tensor& t) {
+        auto ce = x.size(1) == 1 ? bce_with_logits_loss(x, t) : ce_loss(x, t, w);
+        return ld * dice_loss(x, t, dice) + lc * ce;
+      });
+    case LossKind::dice_bce:
+      return LossFn([dice, ld, lc](const at::Tensor& x, const at::Tensor& t) {
+        return ld * dice_loss(x, t, dice) + lc * bce_with_logits_loss(x, prepare_target(x, t, dice.to_onehot_y));
+      });
+    case LossKind::focal:
+      return LossFn([focal](const at::Tensor& x, const at::Tensor& t) { return focal_loss(x, t, focal); });
+    case LossKind::dice_focal:
+      return LossFn([dice, focal, ld, lf](const at::Tensor& x, const at::Tensor& t) {
+        return ld * dice_loss(x, t, dice) + lf * focal_loss(x, t, focal);
+      });
+  }
+  return invalid_argument("loss: unknown kind");
+}
+
+std::vector<std::string> loss_names() { return {"dice", "ce", "bce", "dice_ce", "dice_bce", "focal", "dice_focal"}; }
+
+Result<LossOptions> parse_loss_options(const nlohmann::json& j) {
+  detail::OptionReader r(j, "loss",
+                         {"name", "softmax", "sigmoid", "include_background", "to_onehot_y", "squared_pred", "jaccard",
+                          "smooth_nr", "smooth_dr", "batch", "ce_weight", "lambda_dice", "lambda_ce", "lambda_focal",
+                          "gamma", "alpha", "focal_softmax"});
+  SEGFLOW_RETURN_IF_ERROR(r.check_keys());
+  LossOptions o;
+  std::string name = "dice_ce";
+  SEGFLOW_RETURN_IF_ERROR(r.get("name", name));
+  const auto names = loss_names();
+  size_t k = 0;
+  while (k < names.size() && names[k] != name) ++k;
+  if (k == names.size()) {
+    std::string known;
+    for (size_t i = 0; i < names.size(); ++i) known += (i ? ", " : "") + names[i];
+    return invalid_argument("loss: name: expected one of " + known + ", got '" + name + "'");
+  }
+  o.kind = static_cast<LossKind>(k);
+  // Default activation: sigmoid for bce / dice_bce, softmax otherwise; setting one of the
+  // two flags true turns the other off unless it is set as well.
+  const bool default_sigmoid = o.kind == LossKind::dice_bce || o.kind == LossKind::bce;
+  bool softmax = !default_sigmoid, sigmoid = default_sigmoid;
+  SEGFLOW_RETURN_IF_ERROR(r.get("softmax", softmax));
+  SEGFLOW_RETURN_IF_ERROR(r.get("sigmoid", sigmoid));
+  if (r.has("sigmoid") && sigmoid && !r.has("softmax")) softmax = false;
+  if (r.has("softmax") && softmax && !r.has("sigmoid")) sigmoid = false;
+  if (softmax && sigmoid) return invalid_argument("loss: softmax and sigmoid: expected at most one true, got both");
+  o.dice.act = softmax ? LossActivation::softmax : sigmoid ? LossActivation::sigmoid : LossActivation::none;
+  SEGFLOW_RETURN_IF_ERROR(r.get("include_background", o.dice.include_background));
+  SEGFLOW_RETURN_IF_ERROR(r.get("to_onehot_y", o.dice.to_onehot_y));
+  SEGFLOW_RETURN_IF_ERROR(r.get("squared_pred", o.dice.squared_pred));
+  SEGFLOW_RETURN_IF_ERROR(r.get("jaccard", o.dice.jaccard));
+  SEGFLOW_RETURN_IF_ERROR(r.get("smooth_nr", o.dice.smooth_nr));
+  SEGFLOW_RETURN_IF_ERROR(r.get("smooth_dr", o.dice.smooth_dr));
+  SEGFLOW_RETURN_IF_ERROR(r.get("batch", o.dice.batch));
+  SEGFLOW_RETURN_IF_ERROR(r.get("ce_weight", o.ce_weight));
+  SEGFLOW_RETURN_IF_ERROR(r.get("lambda_dice", o.lambda_dice));
+  SEGFLOW_RETURN_IF_ERROR(r.get("lambda_ce", o.lambda_ce));
+  SEGFLOW_RETURN_IF_ERROR(r.get("lambda_focal", o.lambda_focal));
+  SEGFLOW_RETURN_IF_ERROR(r.get("gamma", o.gamma));
+  SEGFLOW_RETURN_IF_ERROR(r.get("alpha", o.alpha));
+  SEGFLOW_RETURN_IF_ERROR(r.get("focal_softmax", o.focal_softmax));
+  SEGFLOW_RETURN_IF_ERROR(o.validate());
+  return o;
+}
+
+// ---------------------------------------------------------------------- DeepSupervisionLoss
+
+DeepSupervisionLoss::DeepSupervisionLoss(LossFn loss, bool zero_lowest) : loss_(std::move(loss)), zero_lowest_(zero_lowest) {}
+
+std::vector<double> DeepSupervisionLoss::weights(size_t n, bool zero_lowest) {
+  std::vector<double> w(n);
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    w[i] = (zero_lowest && n > 1 && i == n - 1) ? 0.0 : std::pow(0.5, static_cast<double>(i));
+    sum += w[i];
+  }
+  for (auto& x : w) x /= sum;
+  return w;
+}
+
+at::Tensor DeepSupervisionLoss::downsample_target(const at::Tensor& target, at::IntArrayRef spatial) {
+  if (target.sizes().slice(2) == spatial) return target;
+  // ATen's nearest-exact kernels directly: F::interpolate warns about align_corners for it.
+  auto t = target.to(torch::kFloat);
+  switch (spatial.size()) {
+    case 1: t = at::_upsample_nearest_exact1d(t, spatial); break;
+    case 2: t = at::_upsample_nearest_exact2d(t, spatial); break;
+    case 3: t = at::_upsample_nearest_exact3d(t, spatial); break;
+    default: TORCH_CHECK(false, "deep supervision: expected 1 to 3 spatial dims, got ", spatial.size());
+  }
+  return t.to(target.scalar_type());
+}
+
+at::Tensor DeepSupervisionLoss::operator()(const std::vector<at::Tensor>& outputs, const at::Tensor& target) const {
+  TORCH_CHECK(!outputs.empty(), "deep supervision loss: no outputs");
+  const auto w = weights(outputs.size(), zero_lowest_);
+  at::Tensor total;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (w[i] == 0.0) continue;
+    auto t = downsample_target(target, outputs[i].sizes().slice(2));
+    auto l = w[i] * loss_(outputs[i], t);
+    total = total.defined() ? total + l : l;
+  }
+  return total;
+}
+
+}  // namespace segflow::models

@@ -1,0 +1,85 @@
+#pragma once
+// Models by name with options from a job config: create_model("unet" | "plain_unet" | "sam",
+// options) -> ModelHandle, a uniform front over the three networks.
+//
+// Option keys (all optional; unknown keys are errors that list the known ones):
+//   every model: spatial_dims, in_channels, out_channels, weights (path of a segflow tensor
+//     archive loaded after construction), weights_strict (default true)
+//   unet:        channels, strides, kernel_size, up_kernel_size, num_res_units, norm
+//                (batch|instance|none), act (relu|prelu|leakyrelu), dropout, bias
+//   plain_unet:  n_stages, base_features, max_features, n_conv_per_stage,
+//                n_conv_per_stage_decoder, kernel_size, strides, deep_supervision, conv_bias,
+//                negative_slope, norm   (out_channels = number of classes)
+//   sam:         preset (tiny|small|vit_b, default tiny), img_size, patch_size, embed_dim,
+//                depth, num_heads, mlp_ratio, out_chans, use_rel_pos, window_size,
+//                global_attn_indexes, decoder_depth, decoder_heads, decoder_mlp_dim,
+//                num_multimask_outputs, iou_head, freeze_image_encoder,
+//                freeze_prompt_encoder (default true), freeze_mask_decoder
+//                (spatial_dims must be 2, out_channels 1; in_channels maps to in_chans)
+// Defaults are those of the option structs (UNetOptions, PlainConvUNetOptions, SamOptions).
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <nlohmann/json_fwd.hpp>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "messages/status.hpp"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace segflow::models {
+
+/// What a caller needs to know to feed a model and read its outputs.
+struct ModelInfo {
+  std::string name;              ///< "unet", "plain_unet", "sam"
+  int spatial_dims = 3;          ///< 2 or 3
+  int64_t in_channels = 1;
+  int64_t out_channels = 2;      ///< logit channels (1 for sam: sigmoid)
+  bool needs_box = false;        ///< forward needs a (B, 4) box tensor (sam)
+  bool deep_supervision = false; ///< forward returns several resolutions
+  int64_t size_divisor = 1;      ///< every spatial input size must be a multiple of this
+  int64_t fixed_size = 0;        ///< > 0: inputs must be exactly this size per axis (sam)
+};
+
+/// A network with a uniform forward. Copies share the module; clone() makes an independent
+/// copy (per device). Not thread-safe: one handle per trainer thread.
+class ModelHandle {
+ public:
+  using ForwardFn = std::function<std::vector<at::Tensor>(torch::nn::Module&, const at::Tensor&, const at::Tensor&)>;
+  ModelHandle(ModelInfo info, std::shared_ptr<torch::nn::Module> module, ForwardFn forward);
+
+  /// image (N, C, *spatial), box (N, 4) for needs_box models (ignored otherwise) -> logits,
+  /// full resolution first (one tensor unless deep supervision is on).
+  std::vector<at::Tensor> forward(const at::Tensor& image, const at::Tensor& box = {}) const;
+  /// The full-resolution logits only (for inference and sliding windows).
+  at::Tensor predict(const at::Tensor& image, const at::Tensor& box = {}) const;
+  /// Deep copy of the module (Cloneable::clone), optionally onto a device.
+  ModelHandle clone(const std::optional<c10::Device>& device = std::nullopt) const;
+  const ModelInfo& info() const { return info_; }
+  torch::nn::Module& module() const { return *module_; }
+  const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
+  /// Parameters that require grad (what the optimizer gets).
+  std::vector<at::Tensor> trainable_parameters() const;
+
+ private:
+  ModelInfo info_;
+  std::shared_ptr<torch::nn::Module> module_;
+  ForwardFn forward_;
+};
+
+/// Builds a model. invalid_argument for an unknown name (listing the known ones), an unknown
+/// option key (listing the known keys) or a bad value; errors of `weights` loading pass
+/// through with the path.
+Result<ModelHandle> create_model(const std::string& name, const nlohmann::json& options);
+
+/// "unet", "plain_unet", "sam".
+std::vector<std::string> known_models();
+
+}  // namespace segflow::models

@@ -1,0 +1,50 @@
+#pragma once
+// Sliding-window inference over 2D and 3D volumes (MONAI sliding_window_inference): windows
+// of roi_size placed with the given overlap (the last window of each axis flush with the
+// end), run through the predictor sw_batch_size at a time, blended with constant or
+// Gaussian weights and divided by the summed weights. A volume smaller than the ROI is
+// padded symmetrically with `padding_value` and the output cropped back.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "messages/status.hpp"
+
+namespace segflow::models {
+
+/// How overlapping windows are weighted.
+enum class BlendMode { constant, gaussian };
+
+struct SlidingWindowOptions {
+  std::vector<int64_t> roi_size;   ///< one per spatial dim (Z, Y, X) / (Y, X); <= 0 = whole axis
+  double overlap = 0.25;           ///< fraction of the ROI shared by neighbours, in [0, 1)
+  int64_t sw_batch_size = 1;       ///< windows per predictor call, >= 1
+  BlendMode mode = BlendMode::constant;
+  double sigma_scale = 0.125;      ///< Gaussian sigma = sigma_scale * roi_size per axis
+  double padding_value = 0.0;      ///< value of the padding for volumes smaller than the ROI
+  bool no_grad = true;             ///< run under NoGradGuard
+
+  Status validate(int spatial_dims) const;
+};
+
+/// Model call on a batch of windows: (B, C_in, *roi) -> (B, C_out, *roi).
+using Predictor = std::function<at::Tensor(const at::Tensor&)>;
+
+/// Windows' start offsets per axis for an image of `image_size` (MONAI dense_patch_slices).
+std::vector<std::vector<int64_t>> window_starts(const std::vector<int64_t>& image_size,
+                                                const std::vector<int64_t>& roi_size, double overlap);
+
+/// Weights of one window (*roi) float32: ones, or the separable Gaussian (clamped at its
+/// minimum, at least 1e-3), as MONAI compute_importance_map.
+at::Tensor importance_map(const std::vector<int64_t>& roi_size, BlendMode mode, double sigma_scale,
+                          const at::TensorOptions& options);
+
+/// inputs (N, C_in, *spatial) -> (N, C_out, *spatial) float, on the predictor's device.
+/// Throws c10::Error for bad options or a predictor output of the wrong spatial size.
+at::Tensor sliding_window_inference(const at::Tensor& inputs, const SlidingWindowOptions& options,
+                                    const Predictor& predictor);
+
+}  // namespace segflow::models
