@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Reference outputs of segment_anything's SAM and MONAI's UNet for segflow's C++ models.
+
+    make_reference.py sam  OUT_DIR   # needs segment_anything (torchvision is stubbed if absent)
+    make_reference.py unet OUT_DIR   # needs monai
+
+Each writes OUT_DIR/<model>_weights.sfta (the reference model's random weights under
+segflow's names) and OUT_DIR/<model>_io.sfta (inputs and reference outputs), both segflow
+tensor archives written by scripts/convert_sam_weights.py. Exit code 3 when the reference
+package cannot be imported (the C++ test then skips with a message).
+The configurations here must match tests/models/test_reference.cpp.
+"""
+
+import os
+import re
+import sys
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "scripts"))
+
+import torch  # noqa: E402
+from convert_sam_weights import write_archive  # noqa: E402
+
+
+def randomize(module, gen):
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2 + (1.0 if name.endswith("norm.weight") else 0.0))
+
+
+def stub_torchvision():
+    # segment_anything imports torchvision only for its predictor utilities.
+    try:
+        import torchvision  # noqa: F401
+        return
+    except ImportError:
+        pass
+    tv = types.ModuleType("torchvision")
+    tr = types.ModuleType("torchvision.transforms")
+    fn = types.ModuleType("torchvision.transforms.functional")
+    ops = types.ModuleType("torchvision.ops")
+    boxes = types.ModuleType("torchvision.ops.boxes")
+    fn.resize = fn.to_pil_image = boxes.batched_nms = boxes.box_area = lambda *a, **k: None
+    sys.modules.update({"torchvision": tv, "torchvision.transforms": tr, "torchvision.transforms.functional": fn,
+                        "torchvision.ops": ops, "torchvision.ops.boxes": boxes})
+
+
+def sam(out):
+    stub_torchvision()
+    try:
+        from segment_anything.modeling import ImageEncoderViT, MaskDecoder, PromptEncoder, TwoWayTransformer
+    except ImportError as e:
+        print(f"segment_anything not importable: {e}")
+        return 3
+    from functools import partial
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    enc = ImageEncoderViT(img_size=64, patch_size=8, in_chans=3, embed_dim=64, depth=2, num_heads=2, mlp_ratio=4.0,
+                          out_chans=64, qkv_bias=True, norm_layer=partial(torch.nn.LayerNorm, eps=1e-6),
+                          use_rel_pos=True, window_size=3, global_attn_indexes=(1,))
+    pe = PromptEncoder(embed_dim=64, image_embedding_size=(8, 8), input_image_size=(64, 64), mask_in_chans=16)
+    dec = MaskDecoder(num_multimask_outputs=3,
+                      transformer=TwoWayTransformer(depth=2, embedding_dim=64, mlp_dim=128, num_heads=2),
+                      transformer_dim=64, iou_head_depth=3, iou_head_hidden_dim=64)
+    model = torch.nn.ModuleDict({"image_encoder": enc, "prompt_encoder": pe, "mask_decoder": dec})
+    gen = torch.Generator().manual_seed(1)
+    randomize(model, gen)
+    model.eval()
+    image = torch.randn(2, 3, 64, 64, generator=gen)
+    box = torch.tensor([[5.0, 7.0, 40.0, 50.0], [20.0, 3.0, 60.0, 33.0]])
+    with torch.no_grad():
+        emb = enc(image)
+        sparse, dense = pe(points=None, boxes=box[:, None, :], masks=None)
+        # MedSAM's pairing: image i with box i (segment_anything repeats the image per box).
+        tokens = torch.cat([dec.iou_token.weight, dec.mask_tokens.weight], 0).unsqueeze(0).expand(2, -1, -1)
+        tokens = torch.cat([tokens, sparse], 1)
+        src = emb + dense
+        pos = torch.repeat_interleave(pe.get_dense_pe(), 2, dim=0)
+        hs, src = dec.transformer(src, pos, tokens)
+        b, c, h, w = emb.shape
+        up = dec.output_upscaling(src.transpose(1, 2).view(b, c, h, w))
+        hyper = torch.stack([dec.output_hypernetworks_mlps[i](hs[:, 1 + i, :]) for i in range(4)], 1)
+        bb, cc, hh, ww = up.shape
+        masks = (hyper @ up.view(bb, cc, hh * ww)).view(bb, -1, hh, ww)
+        iou = dec.iou_prediction_head(hs[:, 0, :])
+        low = masks[:, 0:1]
+        full = F.interpolate(low, size=(64, 64), mode="bilinear", align_corners=False)
+    write_archive(os.path.join(out, "sam_weights.sfta"), dict(model.state_dict()))
+    write_archive(os.path.join(out, "sam_io.sfta"), {"image": image, "box": box, "embedding": emb, "low_res": low,
+                                                     "masks": full, "iou": iou[:, 0:1]})
+    return 0
+
+
+def monai_to_segflow(name, n_levels):
+    """MONAI UNet parameter name -> segflow UNet name (num_res_units > 0)."""
+    rest = name[len("model."):]
+    level = 0
+    while rest.startswith("1.submodule."):
+        rest = rest[len("1.submodule."):]
+        level += 1
+        if level == n_levels:  # the bottom ResidualUnit inside the deepest skip connection
+            return "bottom." + unit_names(rest)
+    head, rest = rest.split(".", 1)
+    if head == "0":
+        return f"down.{level}." + unit_names(rest)
+    assert head == "2", name
+    first, rest = rest.split(".", 1)
+    if first == "0":  # the transposed Convolution
+        return f"up.{level}.conv." + adn_names(rest)
+    return f"up.{level}.ru." + unit_names(rest)
+
+
+def adn_names(rest):
+    return rest.replace("adn.N.", "norm.").replace("adn.A.", "act.")
+
+
+def unit_names(rest):
+    m = re.match(r"conv\.unit(\d+)\.(.*)", rest)
+    if m:
+        return f"conv.{m.group(1)}." + adn_names(m.group(2))
+    return rest  # residual.weight / residual.bias
+
+
+def unet(out):
+    try:
+        from monai.networks.layers import Norm
+        from monai.networks.nets import UNet
+    except ImportError as e:
+        print(f"monai not importable: {e}")
+        return 3
+    torch.manual_seed(0)
+    channels = (4, 8, 16)
+    model = UNet(spatial_dims=3, in_channels=1, out_channels=2, channels=channels, strides=(2, 2),
+                 num_res_units=2, norm=Norm.BATCH)
+    gen = torch.Generator().manual_seed(1)
+    randomize(model, gen)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("running_mean"):
+                b.copy_(torch.randn(b.shape, generator=gen) * 0.1)
+            elif name.endswith("running_var"):
+                b.copy_(torch.rand(b.shape, generator=gen) + 0.5)
+    x = torch.randn(2, 1, 8, 12, 16, generator=gen)
+    model.eval()
+    with torch.no_grad():
+        y_eval = model(x)
+    sd = {monai_to_segflow(k, len(channels) - 1): v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    with torch.no_grad():
+        y_train = model(x)
+    write_archive(os.path.join(out, "unet_weights.sfta"), sd)
+    write_archive(os.path.join(out, "unet_io.sfta"), {"x": x, "y_eval": y_eval, "y_train": y_train})
+    return 0
+
+
+if __name__ == "__main__":
+    which, out = sys.argv[1], sys.argv[2]
+    sys.exit({"sam": sam, "unet": unet}[which](out))

@@ -1,0 +1,92 @@
+// Numerical agreement with the reference implementations (segment_anything's SAM modules,
+// MONAI's UNet) on the same random weights. tests/models/reference/make_reference.py makes
+// the weights and outputs; it needs those packages, which the project venv does not ship:
+// point SEGFLOW_REFERENCE_PYTHONPATH at a folder holding them (e.g. pip install --target DIR
+// --no-deps monai segment-anything). Without them the cases skip with a message.
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+
+#include "model_checks.hpp"
+#include "models/sam.hpp"
+#include "models/unet.hpp"
+#include "models/weights.hpp"
+#include "test_util.hpp"
+
+using namespace segflow::models;
+using segflow::testing::TempDir;
+
+namespace {
+
+// Runs make_reference.py; false (with a message) when the reference package is missing.
+bool make_reference(const std::string& which, const TempDir& dir) {
+  using segflow::testing::shell_quote;
+  std::string env;
+  if (const char* p = std::getenv("SEGFLOW_REFERENCE_PYTHONPATH")) env = "PYTHONPATH=" + shell_quote(p) + " ";
+  auto r = segflow::testing::run_command(
+      env + shell_quote(segflow::testing::python()) + " " +
+      shell_quote(segflow::testing::source_path("tests/models/reference/make_reference.py").string()) + " " + which +
+      " " + shell_quote(dir.path().string()) + " 2>&1");
+  if (r.exit_code == 3) {
+    MESSAGE("skipped: the reference package for " << which << " is not installed (" << r.out
+                                                  << "); set SEGFLOW_REFERENCE_PYTHONPATH");
+    return false;
+  }
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  return true;
+}
+
+double rel_diff(const at::Tensor& a, const at::Tensor& b) {
+  REQUIRE(a.sizes() == b.sizes());
+  auto d = (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+  return d / (b.to(torch::kDouble).abs().max().item<double>() + 1e-12);
+}
+
+}  // namespace
+
+TEST_CASE("our SAM reproduces segment_anything's encoder, prompt encoder and decoder on the same weights") {
+  TempDir dir("ref_sam");
+  if (!make_reference("sam", dir)) return;
+  auto o = *SamOptions::preset("tiny");
+  o.image_encoder.use_rel_pos = true;
+  o.image_encoder.window_size = 3;
+  o.image_encoder.global_attn_indexes = {1};
+  o.mask_decoder.num_multimask_outputs = 3;
+  o.mask_decoder.iou_head = true;
+  o.mask_decoder.iou_head_hidden_dim = 64;
+  Sam sam(o);
+  auto weights = read_tensor_archive(dir / "sam_weights.sfta");
+  REQUIRE(weights.is_ok());
+  auto st = load_into(*sam, *weights, /*strict=*/true);  // identity name map
+  REQUIRE_MESSAGE(st.is_ok(), st.message());
+  auto io = *read_tensor_archive(dir / "sam_io.sfta");
+  sam->eval();
+  torch::NoGradGuard no_grad;
+  CHECK(rel_diff(sam->image_encoder->forward(io["image"]), io["embedding"]) < 1e-4);
+  auto out = sam->forward_full(io["image"], io["box"]);
+  CHECK(rel_diff(out.low_res_masks, io["low_res"]) < 1e-4);
+  CHECK(rel_diff(out.masks, io["masks"]) < 1e-4);
+  CHECK(rel_diff(out.iou_predictions, io["iou"]) < 1e-4);
+}
+
+TEST_CASE("our UNet reproduces MONAI's UNet with residual units and batch norm on the same weights") {
+  TempDir dir("ref_unet");
+  if (!make_reference("unet", dir)) return;
+  UNetOptions o;
+  o.channels = {4, 8, 16};
+  o.strides = {2, 2};
+  o.num_res_units = 2;
+  o.norm = NormKind::batch;
+  UNet net(o);
+  auto weights = read_tensor_archive(dir / "unet_weights.sfta");
+  REQUIRE(weights.is_ok());
+  auto st = load_into(*net, *weights, /*strict=*/true);
+  REQUIRE_MESSAGE(st.is_ok(), st.message());
+  auto io = *read_tensor_archive(dir / "unet_io.sfta");
+  torch::NoGradGuard no_grad;
+  net->eval();
+  CHECK(rel_diff(net->forward(io["x"]), io["y_eval"]) < 1e-4);
+  net->train();
+  CHECK(rel_diff(net->forward(io["x"]), io["y_train"]) < 1e-4);
+}

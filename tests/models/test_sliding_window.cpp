@@ -1,0 +1,102 @@
+// Sliding-window inference against the direct forward.
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include "model_checks.hpp"
+#include "models/sliding_window.hpp"
+#include "models/unet.hpp"
+
+using namespace segflow::models;
+using segflow::testing::max_abs_diff;
+
+TEST_CASE("window starts cover the axis with the last window flush with the end") {
+  CHECK(window_starts({10}, {4}, 0.5) == std::vector<std::vector<int64_t>>{{0, 2, 4, 6}});
+  CHECK(window_starts({10}, {4}, 0.0) == std::vector<std::vector<int64_t>>{{0, 4, 6}});
+  CHECK(window_starts({8, 5}, {8, 4}, 0.25) == std::vector<std::vector<int64_t>>{{0}, {0, 1}});
+}
+
+TEST_CASE("the Gaussian importance map peaks at the centre with sigma 0.125 of the ROI") {
+  auto w = importance_map({9, 9}, BlendMode::gaussian, 0.125, torch::TensorOptions());
+  CHECK(w[4][4].item<double>() == doctest::Approx(1.0));
+  const double sigma = 9 * 0.125;
+  CHECK(w[4][0].item<double>() == doctest::Approx(std::exp(-16.0 / (2 * sigma * sigma))).epsilon(1e-5));
+  CHECK(max_abs_diff(w, w.transpose(0, 1)) < 1e-7);
+  CHECK(w.min().item<double>() >= 1e-3);
+  CHECK(importance_map({3, 4}, BlendMode::constant, 0.125, torch::TensorOptions()).sum().item<double>() == 12.0);
+}
+
+TEST_CASE("sliding-window inference reproduces the full-volume forward when the ROI covers the volume") {
+  torch::manual_seed(0);
+  UNetOptions o;
+  o.channels = {4, 8, 16};
+  o.strides = {2, 2};
+  o.num_res_units = 1;
+  UNet net(o);
+  net->eval();
+  auto x = torch::randn({2, 1, 8, 12, 16});
+  torch::NoGradGuard no_grad;
+  auto direct = net->forward(x);
+  SlidingWindowOptions sw;
+  sw.roi_size = {8, 12, 16};
+  auto y = sliding_window_inference(x, sw, [&](const at::Tensor& b) { return net->forward(b); });
+  CHECK(max_abs_diff(direct, y) < 1e-5);  // windows run one sample at a time: float rounding differs
+  sw.roi_size = {-1, 0, 16};  // non-positive: the whole axis
+  CHECK(max_abs_diff(direct, sliding_window_inference(x, sw, [&](const at::Tensor& b) { return net->forward(b); })) < 1e-5);
+}
+
+TEST_CASE("overlapping Gaussian-weighted windows of a pointwise model equal the direct forward in 3D and 2D") {
+  torch::manual_seed(1);
+  ConvNd conv(ConvOptions{3, 2, 3, 1, 1, 0});  // 1x1x1 conv: translation equivariant
+  auto x = torch::randn({2, 2, 13, 20, 17});
+  torch::NoGradGuard no_grad;
+  int calls = 0;
+  auto pred = [&](const at::Tensor& b) {
+    ++calls;
+    CHECK(b.size(0) <= 3);
+    return conv->forward(b);
+  };
+  SlidingWindowOptions sw;
+  sw.roi_size = {8, 8, 8};
+  sw.overlap = 0.5;
+  sw.sw_batch_size = 3;
+  sw.mode = BlendMode::gaussian;
+  auto y = sliding_window_inference(x, sw, pred);
+  CHECK(y.sizes() == at::IntArrayRef({2, 3, 13, 20, 17}));
+  CHECK(max_abs_diff(y, conv->forward(x)) < 1e-5);
+  CHECK(calls > 2);
+
+  ConvNd conv2(ConvOptions{2, 1, 2, 1, 1, 0});
+  auto x2 = torch::randn({1, 1, 30, 21});
+  SlidingWindowOptions s2;
+  s2.roi_size = {16, 16};
+  s2.overlap = 0.25;
+  CHECK(max_abs_diff(sliding_window_inference(x2, s2, [&](const at::Tensor& b) { return conv2->forward(b); }),
+                     conv2->forward(x2)) < 1e-5);
+}
+
+TEST_CASE("a volume smaller than the ROI is padded for the predictor and cropped back") {
+  ConvNd conv(ConvOptions{3, 1, 2, 1, 1, 0});
+  auto x = torch::randn({1, 1, 5, 7, 9});
+  torch::NoGradGuard no_grad;
+  SlidingWindowOptions sw;
+  sw.roi_size = {8, 8, 8};
+  auto y = sliding_window_inference(x, sw, [&](const at::Tensor& b) {
+    CHECK(b.sizes() == at::IntArrayRef({1, 1, 8, 8, 8}));  // z, y padded to 8; x (9) takes two windows
+    return conv->forward(b);
+  });
+  CHECK(y.sizes() == at::IntArrayRef({1, 2, 5, 7, 9}));
+  CHECK(max_abs_diff(y, conv->forward(x)) < 1e-6);
+}
+
+TEST_CASE("bad sliding-window options and predictor outputs are reported") {
+  SlidingWindowOptions sw;
+  sw.roi_size = {8, 8};
+  CHECK(sw.validate(3).message().find("roi_size") != std::string::npos);
+  sw.roi_size = {8, 8, 8};
+  sw.overlap = 1.0;
+  CHECK(sw.validate(3).message().find("overlap") != std::string::npos);
+  sw.overlap = 0.25;
+  auto x = torch::zeros({1, 1, 8, 8, 8});
+  CHECK_THROWS_WITH_AS(sliding_window_inference(x, sw, [](const at::Tensor& b) { return b.index({"...", torch::indexing::Slice(0, 4)}); }),
+                       doctest::Contains("predictor returned"), c10::Error);
+}
