@@ -6,15 +6,11 @@
 #include <iostream>
 #include <map>
 
-#include "apps/cli_args.hpp"
-#include "pipeline/inspect.hpp"
-#include "pipeline/synth.hpp"
+#include "apps/commands.hpp"
 
 namespace {
 
-using segflow::Status;
-using segflow::apps::Args;
-using segflow::apps::parse_args;
+using namespace segflow::apps;
 
 constexpr const char* kUsage = R"(segflow — fast medical-image segmentation training
 
@@ -25,57 +21,17 @@ commands:
            [--compress none|rle|jpeg-ls|jpeg-lossless] [--seed K]
                          write a synthetic CT-like dataset with label maps
   inspect  PATH [--json] geometry and value summary of a file, series, case or dataset
+  stages   [--json] [--plugins DIR]
+                         every pipeline stage with its options and defaults
+  train    CONFIG [--set key=value ...] [--resume PATH] [--plugins DIR] [--quiet]
+                         train in the foreground; writes a run folder under runs/
+  ctl      COMMAND ...    talk to segflowd (start, stop, pause, resume, status, list, ...)
+  infer    --checkpoint PATH --input PATH --output out.nii.gz|seg.dcm|DIR [--device D]
+                         sliding-window inference; label map in the input's geometry
   help                   this text
 
 Every command exits non-zero with one line on stderr for bad input.
 )";
-
-/// Prints "segflow CMD: message" on stderr and returns the exit code for `st`.
-int fail(const std::string& cmd, const Status& st) {
-  std::fprintf(stderr, "segflow %s: %s\n", cmd.c_str(), st.message().c_str());
-  return st.code() == segflow::ErrorCode::invalid_argument ? 2 : 1;
-}
-
-int cmd_synth(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {"out", "cases", "size", "format", "compress", "seed"}, {});
-  if (!a.is_ok()) return fail("synth", a.status());
-  segflow::pipeline::SynthOptions o;
-  o.out = a->get("out");
-  o.format = a->get("format", o.format);
-  o.compress = a->get("compress", o.compress);
-  for (auto [key, dst] : {std::pair{"cases", &o.cases}, std::pair{"size", &o.size}}) {
-    if (!a->has(key)) continue;
-    auto v = segflow::apps::parse_int(std::string("--") + key, a->get(key));
-    if (!v.is_ok()) return fail("synth", v.status());
-    *dst = static_cast<int>(*v);
-  }
-  if (a->has("seed")) {
-    auto v = segflow::apps::parse_int("--seed", a->get("seed"));
-    if (!v.is_ok() || *v < 0) return fail("synth", segflow::invalid_argument("--seed: expected an integer >= 0, got '" + a->get("seed") + "'"));
-    o.seed = static_cast<std::uint64_t>(*v);
-  }
-  if (!a->positional.empty())
-    return fail("synth", segflow::invalid_argument("unexpected argument '" + a->positional[0] + "'"));
-  Status st = segflow::pipeline::synthesize_dataset(o);
-  if (!st.is_ok()) return fail("synth", st);
-  std::printf("wrote %d %s cases of size %d to %s\n", o.cases, o.format.c_str(), o.size, o.out.c_str());
-  return 0;
-}
-
-int cmd_inspect(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {}, {"json"});
-  if (!a.is_ok()) return fail("inspect", a.status());
-  if (a->positional.size() != 1)
-    return fail("inspect", segflow::invalid_argument("expected one PATH, got " + std::to_string(a->positional.size())));
-  auto j = segflow::pipeline::inspect_path(a->positional[0]);
-  if (!j.is_ok()) return fail("inspect", j.status());
-  if (a->flag("json")) {
-    std::cout << j->dump() << '\n';
-  } else {
-    for (auto it = j->begin(); it != j->end(); ++it) std::cout << it.key() << ": " << it.value().dump() << '\n';
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -86,8 +42,8 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   static const std::map<std::string, std::function<int(int, char**)>> commands = {
-      {"synth", cmd_synth},
-      {"inspect", cmd_inspect},
+      {"synth", cmd_synth},   {"inspect", cmd_inspect}, {"stages", cmd_stages},
+      {"train", cmd_train},   {"infer", cmd_infer},     {"ctl", cmd_ctl},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);

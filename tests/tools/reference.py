@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Independent reference readers for segflow's tests.
 
-usage: reference.py {sitk|nibabel|pydicom|npy} PATH
+usage: reference.py {sitk|nibabel|pydicom|pydicom_czyx|pydicom_czyx_list|pydicom_seg|npy} PATH
+
+(pydicom_czyx_list: PATH is a text file naming one DICOM file a line; prints one object
+mapping each name to its pydicom_czyx result, so a test pays for one Python start-up.)
+       reference.py many {sitk|nibabel|pydicom|npy} PATH... (one object keyed by path)
 
 Prints one JSON object: size (x, y, z), spacing, origin, direction (row-major, LPS),
 dtype, min, max, mean, sum, and `checksum` values at a few voxels, as read by SimpleITK,
@@ -107,6 +111,75 @@ def read_pydicom(path):
     return res
 
 
+def read_pydicom_czyx(path):
+    """One DICOM file as pydicom decodes it, laid out (C, Z, Y, X) like segflow's tensors:
+    frames are slices, colour samples are channels; rescale applied to monochrome only.
+    Voxels are sampled at "czyx" positions."""
+    import pydicom
+    ds = pydicom.dcmread(path)
+    a = ds.pixel_array.astype(np.float64)
+    spp = int(getattr(ds, "SamplesPerPixel", 1))
+    frames = int(getattr(ds, "NumberOfFrames", 1) or 1)
+    if frames == 1:
+        a = a[None]
+    if spp > 1:
+        a = np.moveaxis(a, -1, 0)  # (Z, Y, X, C) -> (C, Z, Y, X)
+    else:
+        a = a * float(getattr(ds, "RescaleSlope", 1.0)) + float(getattr(ds, "RescaleIntercept", 0.0))
+        a = a[None]
+    res = {"shape": list(a.shape)}
+    res.update(stats(a))
+    rng = np.random.default_rng(1234)
+    res["voxels"] = []
+    for _ in range(32):
+        idx = tuple(int(rng.integers(0, s)) for s in a.shape)
+        res["voxels"].append({"czyx": list(idx), "value": float(a[idx])})
+    return res
+
+
+def read_pydicom_czyx_list(path):
+    with open(path) as f:
+        names = [line.strip() for line in f if line.strip()]
+    return {name: read_pydicom_czyx(name) for name in names}
+
+
+def read_pydicom_seg(path):
+    """A DICOM SEG as pydicom reads it: segments, shared geometry and, per frame, the
+    referenced segment, the plane position, the source SOP instance and the set-pixel count."""
+    import pydicom
+    ds = pydicom.dcmread(path)
+    px = ds.pixel_array
+    if px.ndim == 2:
+        px = px[None]
+    shared = ds.SharedFunctionalGroupsSequence[0]
+    res = {
+        "sop_class": str(ds.SOPClassUID),
+        "modality": str(ds.Modality),
+        "rows": int(ds.Rows),
+        "columns": int(ds.Columns),
+        "segmentation_type": str(ds.SegmentationType),
+        "segments": [{"number": int(s.SegmentNumber), "label": str(s.SegmentLabel)} for s in ds.SegmentSequence],
+        "frames": [],
+    }
+    if "PlaneOrientationSequence" in shared:
+        res["orientation"] = [float(v) for v in shared.PlaneOrientationSequence[0].ImageOrientationPatient]
+    if "PixelMeasuresSequence" in shared:
+        res["pixel_spacing"] = [float(v) for v in shared.PixelMeasuresSequence[0].PixelSpacing]
+    if "ReferencedSeriesSequence" in ds:
+        res["referenced_series"] = [str(s.SeriesInstanceUID) for s in ds.ReferencedSeriesSequence]
+    for i, fg in enumerate(ds.PerFrameFunctionalGroupsSequence[: px.shape[0]]):
+        fr = {
+            "segment": int(fg.SegmentIdentificationSequence[0].ReferencedSegmentNumber),
+            "position": [float(v) for v in fg.PlanePositionSequence[0].ImagePositionPatient],
+            "count": int(np.count_nonzero(px[i])),
+        }
+        if "DerivationImageSequence" in fg:
+            src = fg.DerivationImageSequence[0].SourceImageSequence[0]
+            fr["source_sop"] = str(src.ReferencedSOPInstanceUID)
+        res["frames"].append(fr)
+    return res
+
+
 def read_npy(path):
     a = np.load(path)
     res = {"shape": list(a.shape)}
@@ -116,9 +189,28 @@ def read_npy(path):
     return res
 
 
+def read_many(kind, paths):
+    """`many READER PATH...`: {PATH: READER's object, or {"error": message}} in one process."""
+    fn = {"sitk": read_sitk, "nibabel": read_nibabel, "pydicom": read_pydicom, "npy": read_npy,
+          "pydicom_czyx": read_pydicom_czyx, "pydicom_czyx_list": read_pydicom_czyx_list,
+          "pydicom_seg": read_pydicom_seg}[kind]
+    out = {}
+    for p in paths:
+        try:
+            out[p] = fn(p)
+        except Exception as e:  # one unreadable file does not hide the others
+            out[p] = {"error": "%s: %s" % (type(e).__name__, e)}
+    return out
+
+
 def main():
+    if sys.argv[1] == "many":
+        print(json.dumps(read_many(sys.argv[2], sys.argv[3:])))
+        return
     kind, path = sys.argv[1], sys.argv[2]
-    fn = {"sitk": read_sitk, "nibabel": read_nibabel, "pydicom": read_pydicom, "npy": read_npy}[kind]
+    fn = {"sitk": read_sitk, "nibabel": read_nibabel, "pydicom": read_pydicom, "npy": read_npy,
+          "pydicom_czyx": read_pydicom_czyx, "pydicom_czyx_list": read_pydicom_czyx_list,
+          "pydicom_seg": read_pydicom_seg}[kind]
     print(json.dumps(fn(path)))
 
 

@@ -1,0 +1,18 @@
+#include "actors/batch_sources.hpp"
+
+#include <torch/torch.h>
+
+#include "pipeline/simple_loader.hpp"
+
+namespace segflow::actors {
+
+Result<std::unique_ptr<pipeline::BatchSource>> make_batch_source(const std::string& kind,
+                                                                 const pipeline::LoaderOptions& options) {
+  if (kind == "simple") {
+    SEGFLOW_ASSIGN_OR_RETURN(auto s, pipeline::SimpleLoader::make(options));
+    return std::unique_ptr<pipeline::BatchSource>(std::move(s));
+  }
+  return invalid_argument("train.loader: expected actors or simple, got \"" + kind + "\"");
+}
+
+}  // namespace segflow::actors

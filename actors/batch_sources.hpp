@@ -1,0 +1,17 @@
+#pragma once
+// Picks the data path of a job: "actors" (the CAF pipeline: decode pool, cache, augmenter,
+// bounded prefetch) or "simple" (synchronous, in the trainer's thread: the baseline).
+
+#include <memory>
+#include <string>
+
+#include "messages/status.hpp"
+#include "pipeline/batch_source.hpp"
+
+namespace segflow::actors {
+
+/// Builds the BatchSource named `kind` for `options` (invalid_argument for another name).
+Result<std::unique_ptr<pipeline::BatchSource>> make_batch_source(const std::string& kind,
+                                                                 const pipeline::LoaderOptions& options);
+
+}  // namespace segflow::actors

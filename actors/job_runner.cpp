@@ -1,0 +1,225 @@
+#include "actors/job_runner.hpp"
+
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <mutex>
+
+#include "actors/batch_sources.hpp"
+#include "messages/log.hpp"
+#include "pipeline/pipeline_spec.hpp"
+#include "pipeline/plugin.hpp"
+#include "pipeline/stage.hpp"
+#include "pipeline/stage_registry.hpp"
+#include "pipeline/synth.hpp"
+
+namespace segflow::actors {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+Split split_cases(const std::vector<pipeline::CaseEntry>& cases, const models::JobConfig& cfg) {
+  std::vector<pipeline::CaseEntry> sorted = cases;
+  std::sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.id < b.id; });
+  const auto n = static_cast<std::int64_t>(sorted.size());
+  std::int64_t nval = cfg.data.val_cases >= 0 ? cfg.data.val_cases
+                                              : std::llround(cfg.data.val_fraction * static_cast<double>(n));
+  if (cfg.data.val_cases < 0 && cfg.data.val_fraction > 0 && n > 1) nval = std::max<std::int64_t>(nval, 1);
+  nval = std::min(nval, std::max<std::int64_t>(0, n - 1));
+  // Seeded Fisher-Yates over the sorted ids.
+  pipeline::Rng rng(pipeline::mix_seed({cfg.seed, 0x5711});
+  std::vector<std::size_t> order(sorted.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  for (std::int64_t i = n - 1; i > 0; --i) std::swap(order[i], order[rng.integer(0, i)]);
+  std::vector<bool> is_val(sorted.size(), false);
+  for (std::int64_t i = 0; i < nval; ++i) is_val[order[i]] = true;
+  Split s;
+  for (std::size_t i = 0; i < sorted.size(); ++i) (is_val[i] ? s.val : s.train).push_back(sorted[i]);
+  return s;
+}
+
+Status ensure_dataset(const models::JobConfig& cfg) {
+  std::error_code ec;
+  if (fs::exists(cfg.data.root, ec)) return Status::ok();
+  if (cfg.data.synth.is_null())
+    return not_found(cfg.file + ": data.root: " + cfg.data.root + " does not exist (and no data.synth to make it)");
+  pipeline::SynthOptions o;
+  o.out = cfg.data.root;
+  const json& s = cfg.data.synth;
+  for (auto it = s.begin(); it != s.end(); ++it) {
+    const std::string& k = it.key();
+    const json& v = it.value();
+    const bool is_int = v.is_number_integer();
+    if (k == "cases" && is_int) o.cases = v.get<int>();
+    else if (k == "size" && is_int) o.size = v.get<int>();
+    else if (k == "seed" && is_int) o.seed = v.get<std::uint64_t>();
+    else if (k == "format" && v.is_string()) o.format = v.get<std::string>();
+    else if (k == "compress" && v.is_string()) o.compress = v.get<std::string>();
+    else
+      return invalid_config(cfg.file + ": data.synth." + k + ": unknown key or wrong type " +
+                            "(expected cases, size, seed: integers; format, compress: strings)");
+  }
+  log::info("making dataset " + cfg.data.root + " (" + std::to_string(o.cases) + " " + o.format + " cases of size " +
+            std::to_string(o.size) + ")");
+  // Write next to the target and rename, so a half-written dataset never looks complete.
+  const fs::path final_root = cfg.data.root;
+  o.out = final_root.string() + ".partial";
+  fs::remove_all(o.out, ec);
+  SEGFLOW_RETURN_IF_ERROR(pipeline::synthesize_dataset(o).with_context(cfg.file + ": data.synth"));
+  fs::create_directories(final_root.parent_path().empty() ? "." : final_root.parent_path(), ec);
+  fs::rename(o.out, final_root, ec);
+  if (ec) return io_error(final_root.string() + ": rename of the synthesised dataset failed: " + ec.message());
+  return Status::ok();
+}
+
+namespace {
+
+/// Validation samples: the deterministic part on whole volumes; for box-prompted models
+/// (fixed-size 2D inputs) also the random part with a fixed per-case seed, so every
+/// validation sees the same slices and boxes.
+Result<std::vector<Sample>> make_validation_samples(const std::vector<pipeline::CaseEntry>& val,
+                                                    const pipeline::Pipeline& pipe, const models::ModelInfo& info,
+                                                    std::uint64_t seed, models::TrainObserver& observer) {
+  std::vector<Sample> out;
+  const bool patches = info.needs_box || info.fixed_size > 0;
+  for (std::size_t i = 0; i < val.size(); ++i) {
+    auto s = pipe.run_deterministic(val[i]);
+    if (!s.is_ok()) {
+      observer.on_case_failure({val[i].id, s.status().message()});
+      continue;
+    }
+    if (!patches) {
+      out.push_back(std::move(*s));
+      continue;
+    }
+    std::vector<Sample> v{std::move(*s)};
+    pipeline::Rng rng = pipeline::Rng::for_sample(seed, 0, 0xFFFFFFFFull, i);
+    Status st = pipe.run_random(v, rng);
+    if (!st.is_ok()) {
+      observer.on_case_failure({val[i].id, st.message()});
+      continue;
+    }
+    for (auto& x : v) out.push_back(std::move(x));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& opts, models::TrainObserver& observer) {
+  SEGFLOW_RETURN_IF_ERROR(ensure_dataset(cfg));
+  SEGFLOW_ASSIGN_OR_RETURN(auto index, pipeline::scan_dataset(cfg.data.root, pipeline::ScanOptions{.validate = false}));
+  for (auto& s : index.skipped) observer.on_case_failure({s.path.string(), s.reason});
+  if (index.cases.empty()) return invalid_argument(cfg.data.root + ": no usable cases");
+  Split split = split_cases(index.cases, cfg);
+  if (split.train.empty()) return invalid_argument(cfg.data.root + ": no training cases after the split");
+
+  pipeline::StageRegistry registry = pipeline::builtin_registry();
+  if (!opts.plugin_dir.empty()) SEGFLOW_RETURN_IF_ERROR(pipeline::load_plugins(opts.plugin_dir, registry).status());
+  SEGFLOW_ASSIGN_OR_RETURN(pipeline::Pipeline pipe, pipeline::build_pipeline(cfg.stages, registry, cfg.file));
+
+  SEGFLOW_ASSIGN_OR_RETURN(c10::Device device, models::resolve_device(cfg.train.device));
+  SEGFLOW_ASSIGN_OR_RETURN(auto trainer, models::Trainer::create(cfg, device));
+
+  fs::path run_dir = opts.run_dir ? *opts.run_dir : fs::path(cfg.runs_dir) / models::run_name(cfg);
+  std::optional<fs::path> resume = opts.resume;
+  if (resume) run_dir = opts.run_dir ? *opts.run_dir : resume->parent_path();
+  if (!resume && opts.resume_last && fs::exists(run_dir / "last.pt")) resume = run_dir / "last.pt";
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) return io_error(run_dir.string() + ": cannot create the run folder: " + ec.message());
+  {
+    std::ofstream f(run_dir / "config.json");
+    f << cfg.resolved.dump(2) << '\n';
+  }
+  if (resume) {
+    SEGFLOW_RETURN_IF_ERROR(trainer->load_checkpoint(*resume));
+    log::info("resumed from " + resume->string() + " at epoch " + std::to_string(trainer->state().epoch));
+  }
+
+  pipeline::LoaderOptions lo;
+  lo.cases = split.train;
+  lo.pipeline = &pipe;
+  lo.batch_size = cfg.train.batch_size;
+  lo.seed = cfg.seed;
+  lo.device = device.str();
+  lo.decode_workers = static_cast<int>(cfg.train.decode_workers);
+  lo.max_inflight_batches = static_cast<int>(cfg.train.prefetch);
+  lo.cache_rate = cfg.train.cache_rate;
+  lo.cache_bytes = cfg.train.cache_bytes;
+  lo.disk_cache_dir = cfg.train.disk_cache;
+  SEGFLOW_ASSIGN_OR_RETURN(auto source, make_batch_source(cfg.train.loader, lo));
+
+  // Steps per epoch for the schedule: cases x samples per case / (batch x accumulate).
+  std::int64_t per_case = 1;
+  {
+    auto probe = pipe.run_deterministic(split.train.front());
+    if (probe.is_ok()) {
+      std::vector<Sample> v{std::move(*probe)};
+      pipeline::Rng rng(0);
+      if (pipe.run_random(v, rng).is_ok()) per_case = std::max<std::int64_t>(1, static_cast<std::int64_t>(v.size()));
+    }
+  }
+  const auto ncases = static_cast<std::int64_t>(split.train.size());
+  const std::int64_t batches = (ncases * per_case + cfg.train.batch_size - 1) / cfg.train.batch_size;
+  std::int64_t steps = (batches + cfg.train.accumulate - 1) / cfg.train.accumulate;
+  if (cfg.train.steps_per_epoch > 0) steps = std::min(steps, cfg.train.steps_per_epoch);
+
+  SEGFLOW_ASSIGN_OR_RETURN(auto val, make_validation_samples(split.val, pipe, trainer->model().info(), cfg.seed, observer));
+  log::info("run " + run_dir.string() + ": " + std::to_string(split.train.size()) + " training cases, " +
+            std::to_string(val.size()) + " validation samples, " + std::to_string(steps) + " steps per epoch on " +
+            device.str() + " (" + cfg.train.loader + " loader)");
+
+  JsonlMetricsObserver metrics(run_dir / "metrics.jsonl", cfg.train.log_every);
+  ObserverList all;
+  all.add(&metrics);
+  all.add(&observer);
+  SEGFLOW_RETURN_IF_ERROR(trainer->fit(*source, steps, val, run_dir, all));
+  return run_dir;
+}
+
+struct JsonlMetricsObserver::Impl {
+  std::ofstream out;
+  std::int64_t every = 10;
+  std::mutex mu;
+  void write(const json& j) {
+    std::lock_guard<std::mutex> lock(mu);
+    out << j.dump() << '\n';
+    out.flush();
+  }
+};
+
+JsonlMetricsObserver::JsonlMetricsObserver(const fs::path& file, std::int64_t log_every) : impl_(std::make_unique<Impl>()) {
+  impl_->out.open(file, std::ios::app);
+  impl_->every = std::max<std::int64_t>(1, log_every);
+}
+JsonlMetricsObserver::~JsonlMetricsObserver() = default;
+
+void JsonlMetricsObserver::on_step(const models::StepInfo& i) {
+  if (i.step % impl_->every != 0 && !i.skipped) return;
+  impl_->write({{"type", "step"}, {"epoch", i.epoch}, {"step", i.step}, {"loss", i.loss}, {"lr", i.lr},
+                {"step_ms", i.step_s * 1e3}, {"data_wait_ms", i.data_wait_s * 1e3}, {"samples", i.samples},
+                {"skipped", i.skipped}});
+}
+void JsonlMetricsObserver::on_epoch_end(const models::EpochInfo& i) {
+  impl_->write({{"type", "epoch"}, {"epoch", i.epoch}, {"steps", i.steps}, {"loss", i.loss}, {"seconds", i.seconds},
+                {"samples_per_s", i.samples_per_s}, {"data_wait_s", i.data_wait_s}, {"lr", i.lr}});
+}
+void JsonlMetricsObserver::on_validation(const models::ValidationInfo& i) {
+  json per = json::array();
+  for (double d : i.dice_per_class) per.push_back(std::isfinite(d) ? json(d) : json(nullptr));
+  impl_->write({{"type", "validation"}, {"epoch", i.epoch}, {"mean_dice", std::isfinite(i.mean_dice) ? json(i.mean_dice) : json(nullptr)},
+                {"dice_per_class", per}, {"cases", i.cases}, {"seconds", i.seconds}, {"best", i.best}});
+}
+void JsonlMetricsObserver::on_checkpoint(const fs::path& p, const std::string& kind) {
+  impl_->write({{"type", "checkpoint"}, {"kind", kind}, {"path", p.string()}});
+}
+void JsonlMetricsObserver::on_case_failure(const pipeline::CaseFailure& f) {
+  impl_->write({{"type", "case_failure"}, {"case", f.case_id}, {"reason", f.reason}});
+}
+
+}  // namespace segflow::actors

@@ -1,0 +1,85 @@
+#pragma once
+// One training job end to end, as `segflow train` and the daemon's job supervisor run it:
+// data (synthesised on first use when the config says so), split, pipeline, data path
+// (the CAF actor pipeline, or the synchronous baseline), trainer, run folder.
+//
+// Run folder (runs_dir/run_name(cfg)/): config.json (resolved), metrics.jsonl, log.txt,
+// last.pt, best.pt. Re-running the same config resumes from last.pt when `resume_last`.
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "messages/sample.hpp"
+#include "messages/status.hpp"
+#include "models/job_config.hpp"
+#include "models/trainer.hpp"
+#include "pipeline/io/dataset.hpp"
+
+namespace segflow::actors {
+
+/// How to run a job.
+struct RunOptions {
+  std::optional<std::filesystem::path> resume;  ///< checkpoint to resume from
+  bool resume_last = false;                     ///< resume from the run folder's last.pt if present
+  std::filesystem::path plugin_dir;             ///< extra stages (shared libraries); empty = none
+  std::optional<std::filesystem::path> run_dir; ///< override the deterministic run folder
+};
+
+/// The train/validation split of a dataset (deterministic for a seed).
+struct Split {
+  std::vector<pipeline::CaseEntry> train;
+  std::vector<pipeline::CaseEntry> val;
+};
+/// Holds out val_cases (or round(val_fraction * n), at least 1 when n > 1 and the fraction
+/// is > 0) chosen by a seeded shuffle of the case ids.
+Split split_cases(const std::vector<pipeline::CaseEntry>& cases, const models::JobConfig& cfg);
+
+/// Makes the dataset of `cfg` when data.root does not exist and data.synth is set.
+Status ensure_dataset(const models::JobConfig& cfg);
+
+/// Runs the job to the end (or until observer.should_stop()). Returns the run folder.
+Result<std::filesystem::path> run_training(const models::JobConfig& cfg, const RunOptions& options,
+                                           models::TrainObserver& observer);
+
+/// Observer fan-out: forwards every event to each observer, in order.
+class ObserverList : public models::TrainObserver {
+ public:
+  void add(models::TrainObserver* o) { list_.push_back(o); }
+  void on_epoch_start(std::int64_t e, std::int64_t n) override { for (auto* o : list_) o->on_epoch_start(e, n); }
+  void on_step(const models::StepInfo& i) override { for (auto* o : list_) o->on_step(i); }
+  void on_epoch_end(const models::EpochInfo& i) override { for (auto* o : list_) o->on_epoch_end(i); }
+  void on_validation(const models::ValidationInfo& i) override { for (auto* o : list_) o->on_validation(i); }
+  void on_checkpoint(const std::filesystem::path& p, const std::string& k) override { for (auto* o : list_) o->on_checkpoint(p, k); }
+  void on_case_failure(const pipeline::CaseFailure& f) override { for (auto* o : list_) o->on_case_failure(f); }
+  bool should_stop() override {
+    bool stop = false;
+    for (auto* o : list_) stop |= o->should_stop();
+    return stop;
+  }
+
+ private:
+  std::vector<models::TrainObserver*> list_;
+};
+
+/// Writes metrics.jsonl: one JSON object per line with "type" step|epoch|validation|
+/// checkpoint|case_failure, flushed per line.
+class JsonlMetricsObserver : public models::TrainObserver {
+ public:
+  explicit JsonlMetricsObserver(const std::filesystem::path& file, std::int64_t log_every = 10);
+  ~JsonlMetricsObserver() override;
+  void on_step(const models::StepInfo& i) override;
+  void on_epoch_end(const models::EpochInfo& i) override;
+  void on_validation(const models::ValidationInfo& i) override;
+  void on_checkpoint(const std::filesystem::path& p, const std::string& kind) override;
+  void on_case_failure(const pipeline::CaseFailure& f) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace segflow::actors

@@ -1,0 +1,317 @@
+// segflow ctl: the daemon client. One ZeroMQ REQ round trip per command (protocol in
+// actors/daemon/control.hpp), readable output or the raw reply with --json.
+#include <zmq.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "actors/daemon/curve.hpp"
+#include "apps/cli_args.hpp"
+#include "apps/commands.hpp"
+
+namespace segflow::apps {
+
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr const char* kCtlUsage = R"(usage: segflow ctl [--endpoint E] [--json] [--timeout S]
+                   [--curve-server-key FILE --curve-client-keys DIR] COMMAND ...
+
+commands:
+  start CONFIG [--set key=value ...]   submit a job (the config is sent inline); prints its id
+  stop JOB | pause JOB [--now] | resume JOB
+  status [JOB]                          state, epoch, step, loss, best Dice, samples/s, devices
+  list | datasets | stages | ping
+  shutdown [--now]                      stop the daemon (running jobs checkpoint first)
+  keygen --out DIR                      write a CURVE key pair: DIR/public.key, DIR/secret.key
+
+--endpoint defaults to $SEGFLOW_CTL_ENDPOINT or ipc://state/control.sock (segflowd's default
+with state_dir "state"); --timeout is in seconds (default 5).
+)";
+
+struct Client {
+  std::string endpoint;
+  int timeout_ms = 5000;
+  std::string server_key, public_key, secret_key;  // CURVE when server_key is set
+};
+
+Result<json> call(const Client& c, const json& request) {
+  try {
+    zmq::context_t ctx(1);
+    zmq::socket_t s(ctx, zmq::socket_type::req);
+    s.set(zmq::sockopt::linger, 0);
+    if (!c.server_key.empty()) {
+      s.set(zmq::sockopt::curve_serverkey, c.server_key);
+      s.set(zmq::sockopt::curve_publickey, c.public_key);
+      s.set(zmq::sockopt::curve_secretkey, c.secret_key);
+    }
+    try {
+      s.connect(c.endpoint);
+    } catch (const zmq::error_t& e) {
+      return invalid_argument("--endpoint " + c.endpoint + ": " + e.what());
+    }
+    const std::string text = request.dump(-1, ' ', false, json::error_handler_t::replace);
+    s.send(zmq::buffer(text), zmq::send_flags::none);
+    zmq::pollitem_t items[] = {{s.handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, 1, std::chrono::milliseconds(c.timeout_ms));
+    if (!(items[0].revents & ZMQ_POLLIN)) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g", c.timeout_ms / 1000.0);
+      return io_error("no answer from " + c.endpoint + " within " + secs +
+                      " s (is segflowd running there" + (c.server_key.empty() ? "" : ", and is this client's key authorized") +
+                      "?)");
+    }
+    zmq::message_t reply;
+    if (!s.recv(reply, zmq::recv_flags::dontwait)) return io_error("no reply from " + c.endpoint);
+    try {
+      return json::parse(reply.to_string());
+    } catch (const std::exception& e) {
+      return corrupt_data("the daemon's reply is not JSON: " + std::string(e.what()));
+    }
+  } catch (const zmq::error_t& e) {
+    return io_error(std::string("ZeroMQ: ") + e.what());
+  }
+}
+
+/// j[k], or null when j is not an object or has no k (never UB on a const json).
+json field(const json& j, const char* k) {
+  if (!j.is_object()) return json();
+  auto it = j.find(k);
+  return it == j.end() ? json() : *it;
+}
+
+std::string num(const json& v, const char* fmt = "%.4g") {
+  if (!v.is_number()) return "-";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, fmt, v.get<double>());
+  return buf;
+}
+
+std::string str(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_null()) return "-";
+  return v.dump();
+}
+
+std::string devices_text(const json& j) {
+  std::string d;
+  const json devs = field(j, "devices");
+  if (devs.is_array())
+    for (const auto& x : devs) d += (d.empty() ? "" : ",") + str(x);
+  return d.empty() ? "-" : d;
+}
+
+void print_jobs(const json& jobs) {
+  if (jobs.empty()) {
+    std::printf("no jobs\n");
+    return;
+  }
+  std::printf("%-4s %-22s %-10s %-9s %-7s %-8s %-7s %-10s %-7s %s\n", "ID", "NAME", "STATE", "EPOCH", "STEP", "LOSS",
+              "DICE", "SAMPLES/S", "DEVICE", "REASON");
+  for (const auto& j : jobs) {
+    if (!j.is_object()) continue;
+    const std::string epoch = str(j.value("epoch", json())) + "/" + str(j.value("epochs", json()));
+    std::string state = str(j.value("state", json()));
+    if (field(j, "pending").is_string()) state += "*";
+    std::printf("%-4s %-22s %-10s %-9s %-7s %-8s %-7s %-10s %-7s %s\n", str(j.value("id", json())).c_str(),
+                str(j.value("name", json())).c_str(), state.c_str(), epoch.c_str(),
+                str(field(j, "step")).c_str(), num(j.value("loss", json())).c_str(),
+                num(j.value("best_dice", json()), "%.3f").c_str(), num(j.value("samples_per_s", json()), "%.1f").c_str(),
+                devices_text(j).c_str(), str(field(j, "reason")).c_str());
+  }
+}
+
+void print_job(const json& j) {
+  std::printf("job %s (%s): %s\n", str(field(j, "id")).c_str(), str(field(j, "name")).c_str(), str(field(j, "state")).c_str());
+  auto line = [](const char* k, const std::string& v) {
+    if (!v.empty() && v != "-") std::printf("  %-12s %s\n", k, v.c_str());
+  };
+  line("epoch", str(field(j, "epoch")) + "/" + str(field(j, "epochs")));
+  line("step", str(field(j, "step")));
+  line("loss", num(field(j, "loss")));
+  line("best dice", num(field(j, "best_dice"), "%.4f"));
+  line("samples/s", num(field(j, "samples_per_s"), "%.2f"));
+  line("devices", devices_text(j));
+  line("run folder", str(field(j, "run_dir")));
+  line("dataset", str(field(j, "dataset")));
+  line("config", str(field(j, "file")));
+  line("pending", str(field(j, "pending")));
+  line("reason", str(field(j, "reason")));
+}
+
+void print_datasets(const json& r) {
+  const json& ds = field(r, "datasets");
+  if (r.value("ready", true) == false) std::printf("(the first index of the data folder is still running)\n");
+  if (ds.empty()) {
+    std::printf("no datasets under %s\n", str(r.value("data_root", json())).c_str());
+    return;
+  }
+  std::printf("%-20s %-11s %-6s %-4s %-8s %s\n", "DATASET", "LAYOUT", "CASES", "BAD", "PENDING", "PATH");
+  for (const auto& d : ds) {
+    std::printf("%-20s %-11s %-6s %-4s %-8s %s\n", str(field(d, "name")).c_str(), str(field(d, "layout")).c_str(),
+                str(field(d, "cases")).c_str(), str(field(d, "bad")).c_str(), str(field(d, "pending")).c_str(), str(field(d, "path")).c_str());
+    if (d.value("error", std::string()) != "") std::printf("  not a dataset: %s\n", str(field(d, "error")).c_str());
+    for (const auto& b : field(d, "bad_files")) std::printf("  bad %s: %s\n", str(field(b, "case")).c_str(), str(field(b, "reason")).c_str());
+    for (const auto& b : field(d, "pending_files"))
+      std::printf("  pending %s: %s\n", str(field(b, "case")).c_str(), str(field(b, "reason")).c_str());
+  }
+}
+
+void print_stages(const json& stages) {
+  for (const auto& s : stages) {
+    std::printf("%-24s %-13s %s\n", str(field(s, "name")).c_str(),
+                s.value("deterministic", true) ? "deterministic" : "random", str(s.value("doc", json())).c_str());
+  }
+}
+
+Result<std::int64_t> job_arg(const Args& a, const std::string& cmd) {
+  if (a.positional.size() != 2) return invalid_argument(cmd + ": expected one JOB id");
+  auto v = parse_int("JOB", a.positional[1]);
+  if (!v.is_ok()) return v.status();
+  if (*v < 1) return invalid_argument("JOB: expected a job id >= 1, got " + a.positional[1]);
+  return static_cast<std::int64_t>(*v);
+}
+
+int keygen(const Args& a) {
+  if (!a.has("out")) return fail("ctl keygen", invalid_argument("--out DIR: required"));
+  auto kp = actors::daemon::write_keypair(a.get("out"));
+  if (!kp.is_ok()) return fail("ctl keygen", kp.status());
+  const fs::path dir = a.get("out");
+  if (a.flag("json")) {
+    std::cout << json{{"public_key", kp->public_key},
+                      {"public_key_file", (dir / "public.key").string()},
+                      {"secret_key_file", (dir / "secret.key").string()}}
+                     .dump()
+              << '\n';
+  } else {
+    std::printf("wrote %s and %s (mode 0600)\npublic key: %s\n", (dir / "public.key").c_str(),
+                (dir / "secret.key").c_str(), kp->public_key.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int cmd_ctl(int argc, char** argv) {
+  auto parsed = parse_args(argc, argv, 2, {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out"},
+                           {"json", "now", "help"});
+  if (!parsed.is_ok()) return fail("ctl", parsed.status());
+  const Args& a = *parsed;
+  if (a.flag("help")) {
+    std::fputs(kCtlUsage, stdout);
+    return 0;
+  }
+  if (a.positional.empty()) {
+    std::fputs(kCtlUsage, stderr);
+    return 2;
+  }
+  const std::string cmd = a.positional[0];
+  if (cmd == "keygen") return keygen(a);
+  const std::string where = "ctl " + cmd;
+
+  Client c;
+  const char* env = std::getenv("SEGFLOW_CTL_ENDPOINT");
+  c.endpoint = a.get("endpoint", env && *env ? env : "ipc://state/control.sock");
+  if (a.has("timeout")) {
+    char* end = nullptr;
+    const std::string t = a.get("timeout");
+    const double s = std::strtod(t.c_str(), &end);
+    if (t.empty() || *end != '\0' || !(s > 0) || s > 3600)
+      return fail(where, invalid_argument("--timeout: expected seconds in (0, 3600], got '" + t + "'"));
+    c.timeout_ms = static_cast<int>(std::lround(s * 1000));
+  }
+  if (a.has("curve-server-key") != a.has("curve-client-keys"))
+    return fail(where, invalid_argument("--curve-server-key and --curve-client-keys go together"));
+  if (a.has("curve-server-key")) {
+    auto sk = actors::daemon::read_key_file(a.get("curve-server-key"));
+    if (!sk.is_ok()) return fail(where, sk.status().with_context("--curve-server-key"));
+    const fs::path dir = a.get("curve-client-keys");
+    auto pk = actors::daemon::read_key_file(dir / "public.key");
+    if (!pk.is_ok()) return fail(where, pk.status().with_context("--curve-client-keys"));
+    auto sec = actors::daemon::read_key_file(dir / "secret.key");
+    if (!sec.is_ok()) return fail(where, sec.status().with_context("--curve-client-keys"));
+    c.server_key = *sk;
+    c.public_key = *pk;
+    c.secret_key = *sec;
+  }
+
+  json req;
+  if (cmd == "start") {
+    if (a.positional.size() != 2) return fail(where, invalid_argument("expected one CONFIG file"));
+    std::ifstream f(a.positional[1]);
+    if (!f) return fail(where, not_found(a.positional[1] + ": cannot open job config"));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    req = {{"cmd", "start"}, {"config", ss.str()}, {"file", a.positional[1]}, {"set", a.all("set")}};
+  } else if (cmd == "stop" || cmd == "pause" || cmd == "resume") {
+    auto id = job_arg(a, cmd);
+    if (!id.is_ok()) return fail(where, id.status());
+    req = {{"cmd", cmd}, {"job", *id}};
+    if (cmd == "pause" && a.flag("now")) req["now"] = true;
+  } else if (cmd == "status") {
+    req = {{"cmd", "status"}};
+    if (a.positional.size() > 1) {
+      auto id = job_arg(a, cmd);
+      if (!id.is_ok()) return fail(where, id.status());
+      req["job"] = *id;
+    }
+  } else if (cmd == "list" || cmd == "datasets" || cmd == "stages" || cmd == "ping" || cmd == "shutdown") {
+    if (a.positional.size() > 1 && !(cmd == "datasets" && a.positional.size() == 2))
+      return fail(where, invalid_argument("unexpected argument '" + a.positional[1] + "'"));
+    req = {{"cmd", cmd}};
+    if (cmd == "datasets" && a.positional.size() == 2) req["dataset"] = a.positional[1];
+    if (cmd == "shutdown" && a.flag("now")) req["now"] = true;
+  } else {
+    return fail("ctl", invalid_argument("unknown command '" + cmd +
+                                        "' (start, stop, pause, resume, status, list, datasets, stages, ping, "
+                                        "shutdown, keygen)"));
+  }
+
+  auto reply = call(c, req);
+  if (!reply.is_ok()) return fail(where, reply.status());
+  const json& r = *reply;
+  const bool ok = r.is_object() && r.value("ok", false);
+  if (a.flag("json")) {
+    std::cout << r.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
+    if (!ok) std::fprintf(stderr, "segflow %s: %s\n", where.c_str(), r.value("error", std::string("failed")).c_str());
+    return ok ? 0 : 1;
+  }
+  if (!ok) {
+    std::fprintf(stderr, "segflow %s: %s\n", where.c_str(),
+                 r.is_object() ? r.value("error", std::string("failed")).c_str() : "unexpected reply");
+    return 1;
+  }
+  if (cmd == "start") {
+    std::printf("job %s %s (run folder %s)\n", str(field(r, "job")).c_str(), str(field(r, "state")).c_str(), str(field(r, "run_dir")).c_str());
+  } else if (cmd == "stop" || cmd == "pause" || cmd == "resume") {
+    std::printf("job %s: %s%s\n", str(field(r, "job")).c_str(), str(field(r, "state")).c_str(),
+                field(r, "pending").is_string()
+                    ? (" (" + field(r, "pending").get<std::string>() + " pending: a checkpoint is written first)").c_str()
+                    : "");
+  } else if (cmd == "status") {
+    if (r.contains("job")) print_job(field(r, "job"));
+    else print_jobs(field(r, "jobs"));
+  } else if (cmd == "list") {
+    print_jobs(field(r, "jobs"));
+  } else if (cmd == "datasets") {
+    print_datasets(r);
+  } else if (cmd == "stages") {
+    print_stages(field(r, "stages"));
+  } else if (cmd == "ping") {
+    std::printf("segflowd pid %s: control %s, events %s, devices %s\n", str(field(r, "pid")).c_str(),
+                str(field(r, "control")).c_str(), str(field(r, "events")).c_str(), devices_text(r).c_str());
+  } else if (cmd == "shutdown") {
+    std::printf("segflowd is shutting down (running jobs write a checkpoint first)\n");
+  }
+  return 0;
+}
+
+}  // namespace segflow::apps

@@ -1,0 +1,61 @@
+// segflow synth, segflow inspect.
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "apps/cli_args.hpp"
+#include "apps/commands.hpp"
+#include "pipeline/inspect.hpp"
+#include "pipeline/synth.hpp"
+
+namespace segflow::apps {
+
+/// Prints "segflow CMD: message" on stderr and returns the exit code for `st`.
+int fail(const std::string& cmd, const Status& st) {
+  std::fprintf(stderr, "segflow %s: %s\n", cmd.c_str(), st.message().c_str());
+  return st.code() == segflow::ErrorCode::invalid_argument ? 2 : 1;
+}
+
+int cmd_synth(int argc, char** argv) {
+  auto a = parse_args(argc, argv, 2, {"out", "cases", "size", "format", "compress", "seed"}, {});
+  if (!a.is_ok()) return fail("synth", a.status());
+  segflow::pipeline::SynthOptions o;
+  o.out = a->get("out");
+  o.format = a->get("format", o.format);
+  o.compress = a->get("compress", o.compress);
+  for (auto [key, dst] : {std::pair{"cases", &o.cases}, std::pair{"size", &o.size}}) {
+    if (!a->has(key)) continue;
+    auto v = parse_int(std::string("--") + key, a->get(key));
+    if (!v.is_ok()) return fail("synth", v.status());
+    *dst = static_cast<int>(*v);
+  }
+  if (a->has("seed")) {
+    auto v = parse_int("--seed", a->get("seed"));
+    if (!v.is_ok() || *v < 0) return fail("synth", segflow::invalid_argument("--seed: expected an integer >= 0, got '" + a->get("seed") + "'"));
+    o.seed = static_cast<std::uint64_t>(*v);
+  }
+  if (!a->positional.empty())
+    return fail("synth", segflow::invalid_argument("unexpected argument '" + a->positional[0] + "'"));
+  Status st = segflow::pipeline::synthesize_dataset(o);
+  if (!st.is_ok()) return fail("synth", st);
+  std::printf("wrote %d %s cases of size %d to %s\n", o.cases, o.format.c_str(), o.size, o.out.c_str());
+  return 0;
+}
+
+int cmd_inspect(int argc, char** argv) {
+  auto a = parse_args(argc, argv, 2, {}, {"json"});
+  if (!a.is_ok()) return fail("inspect", a.status());
+  if (a->positional.size() != 1)
+    return fail("inspect", segflow::invalid_argument("expected one PATH, got " + std::to_string(a->positional.size())));
+  auto j = segflow::pipeline::inspect_path(a->positional[0]);
+  if (!j.is_ok()) return fail("inspect", j.status());
+  if (a->flag("json")) {
+    std::cout << j->dump() << '\n';
+  } else {
+    for (auto it = j->begin(); it != j->end(); ++it) std::cout << it.key() << ": " << it.value().dump() << '\n';
+  }
+  return 0;
+}
+
+}  // namespace segflow::apps

@@ -1,0 +1,153 @@
+// segflow train, segflow infer, segflow stages.
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "actors/job_runner.hpp"
+#include "apps/cli_args.hpp"
+#include "apps/commands.hpp"
+#include "messages/log.hpp"
+#include "models/inference.hpp"
+#include "models/job_config.hpp"
+#include "pipeline/plugin.hpp"
+#include "pipeline/stage_registry.hpp"
+
+namespace segflow::apps {
+
+namespace {
+
+std::string clock_text(double s) {
+  if (!std::isfinite(s) || s < 0) return "--:--";
+  const long t = std::lround(s);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+/// The progress bar of `segflow train`: one updating line on a terminal (a line per epoch
+/// otherwise), with epoch, step, loss, samples/s and ETA; a line per validation.
+class ProgressObserver : public models::TrainObserver {
+ public:
+  ProgressObserver(std::int64_t steps_hint, bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0) {
+    (void)steps_hint;
+  }
+  void on_epoch_start(std::int64_t epoch, std::int64_t total) override {
+    epoch_ = epoch;
+    total_ = total;
+    if (!started_) {
+      start_ = std::chrono::steady_clock::now();
+      first_epoch_ = epoch;
+      started_ = true;
+    }
+  }
+  void on_step(const models::StepInfo& i) override {
+    samples_ += i.samples;
+    last_steps_ = std::max(last_steps_, i.step_in_epoch);
+    if (quiet_ || !tty_) return;
+    const double el = elapsed();
+    std::fprintf(stderr, "\r\033[Kepoch %lld/%lld step %lld loss %.4f lr %.3g %.1f samples/s ETA %s",
+                 static_cast<long long>(i.epoch + 1), static_cast<long long>(total_),
+                 static_cast<long long>(i.step_in_epoch), i.loss, i.lr, el > 0 ? samples_ / el : 0.0,
+                 clock_text(eta(i.step_in_epoch)).c_str());
+    std::fflush(stderr);
+  }
+  void on_epoch_end(const models::EpochInfo& i) override {
+    steps_per_epoch_ = std::max(steps_per_epoch_, i.steps);
+    if (quiet_) return;
+    std::fprintf(stderr, "%sepoch %lld/%lld: %lld steps, loss %.4f, %.1f s, %.1f samples/s, data wait %.1f s, ETA %s\n",
+                 tty_ ? "\r\033[K" : "", static_cast<long long>(i.epoch + 1), static_cast<long long>(total_),
+                 static_cast<long long>(i.steps), i.loss, i.seconds, i.samples_per_s, i.data_wait_s,
+                 clock_text(eta(i.steps)).c_str());
+  }
+  void on_validation(const models::ValidationInfo& v) override {
+    if (quiet_) return;
+    std::string per;
+    for (double d : v.dice_per_class) {
+      char buf[24];
+      std::snprintf(buf, sizeof buf, "%s%.3f", per.empty() ? "" : " ", d);
+      per += buf;
+    }
+    std::fprintf(stderr, "validation epoch %lld: mean Dice %.4f [%s] over %lld cases (%.1f s)%s\n",
+                 static_cast<long long>(v.epoch + 1), v.mean_dice, per.c_str(), static_cast<long long>(v.cases),
+                 v.seconds, v.best ? " (best)" : "");
+  }
+  void on_case_failure(const pipeline::CaseFailure& f) override {
+    std::fprintf(stderr, "%sskipped %s: %s\n", tty_ ? "\r\033[K" : "", f.case_id.c_str(), f.reason.c_str());
+  }
+
+ private:
+  double elapsed() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  /// Seconds left, from the average time per step so far.
+  double eta(std::int64_t step_in_epoch) const {
+    const std::int64_t spe = std::max(steps_per_epoch_, last_steps_);
+    const double done = static_cast<double>((epoch_ - first_epoch_) * spe + step_in_epoch);
+    const double left = static_cast<double>((total_ - epoch_) * spe - step_in_epoch);
+    return done > 0 ? elapsed() / done * left : NAN;
+  }
+  bool quiet_, tty_;
+  bool started_ = false;
+  std::chrono::steady_clock::time_point start_;
+  std::int64_t epoch_ = 0, total_ = 0, first_epoch_ = 0, steps_per_epoch_ = 0, last_steps_ = 0;
+  double samples_ = 0;
+};
+
+}  // namespace
+
+int cmd_train(int argc, char** argv) {
+  auto a = parse_args(argc, argv, 2, {"set", "resume", "plugins", "run-dir"}, {"quiet", "resume-last"});
+  if (!a.is_ok()) return fail("train", a.status());
+  if (a->positional.size() != 1)
+    return fail("train", invalid_argument("expected one CONFIG file, got " + std::to_string(a->positional.size())));
+  auto cfg = models::load_job_config(a->positional[0], a->all("set"));
+  if (!cfg.is_ok()) return fail("train", cfg.status());
+  actors::RunOptions ro;
+  if (a->has("resume")) ro.resume = a->get("resume");
+  if (a->has("run-dir")) ro.run_dir = a->get("run-dir");
+  ro.resume_last = a->flag("resume-last");
+  ro.plugin_dir = a->get("plugins");
+  ProgressObserver progress(0, a->flag("quiet"));
+  auto run = actors::run_training(*cfg, ro, progress);
+  if (!run.is_ok()) return fail("train", run.status());
+  std::printf("run folder: %s\n", run->string().c_str());
+  return 0;
+}
+
+int cmd_infer(int argc, char** argv) {
+  auto a = parse_args(argc, argv, 2, {"checkpoint", "input", "output", "device"}, {});
+  if (!a.is_ok()) return fail("infer", a.status());
+  for (const char* k : {"checkpoint", "input", "output"})
+    if (!a->has(k)) return fail("infer", invalid_argument(std::string("--") + k + ": required"));
+  models::InferOptions o;
+  o.checkpoint = a->get("checkpoint");
+  o.input = a->get("input");
+  o.output = a->get("output");
+  o.device = a->get("device", "auto");
+  auto r = models::run_inference(o);
+  if (!r.is_ok()) return fail("infer", r.status());
+  nlohmann::json j = {{"output", r->output.string()}, {"size", r->size}, {"labels", r->labels}, {"seconds", r->seconds}};
+  std::cout << j.dump() << '\n';
+  return 0;
+}
+
+int cmd_stages(int argc, char** argv) {
+  auto a = parse_args(argc, argv, 2, {"plugins"}, {"json"});
+  if (!a.is_ok()) return fail("stages", a.status());
+  pipeline::StageRegistry registry = pipeline::builtin_registry();
+  if (a->has("plugins")) {
+    auto p = pipeline::load_plugins(a->get("plugins"), registry);
+    if (!p.is_ok()) return fail("stages", p.status());
+  }
+  if (a->flag("json")) std::cout << pipeline::describe_stages(registry).dump(2) << '\n';
+  else std::cout << pipeline::format_stages(registry);
+  return 0;
+}
+
+}  // namespace segflow::apps

@@ -1,0 +1,21 @@
+#pragma once
+// The subcommands of `segflow`. Each parses its own arguments (argv[2..]) and returns the
+// process exit code: 0 ok, 2 bad usage, 1 failure (one line on stderr).
+
+#include <string>
+
+#include "messages/status.hpp"
+
+namespace segflow::apps {
+
+int cmd_synth(int argc, char** argv);
+int cmd_inspect(int argc, char** argv);
+int cmd_stages(int argc, char** argv);
+int cmd_train(int argc, char** argv);
+int cmd_infer(int argc, char** argv);
+int cmd_ctl(int argc, char** argv);  ///< apps/cmd_ctl.cpp: the daemon client
+
+/// Prints "segflow CMD: message" on stderr; returns 2 for invalid_argument, else 1.
+int fail(const std::string& cmd, const Status& st);
+
+}  // namespace segflow::apps

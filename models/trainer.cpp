@@ -1,0 +1,458 @@
+#include "models/trainer.hpp"
+
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+
+#include "models/losses.hpp"
+#include "models/metrics.hpp"
+#include "models/optim.hpp"
+#include "models/sliding_window.hpp"
+
+namespace segflow::models {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// Autocast for one forward pass (bf16 on CPU or CUDA, fp16 on CUDA).
+class AutocastGuard {
+ public:
+  AutocastGuard(const c10::Device& device, const std::string& amp) {
+    if (amp == "none") return;
+    type_ = device.type();
+    prev_enabled_ = at::autocast::is_autocast_enabled(type_);
+    prev_dtype_ = at::autocast::get_autocast_dtype(type_);
+    at::autocast::set_autocast_enabled(type_, true);
+    at::autocast::set_autocast_dtype(type_, amp == "fp16" ? at::kHalf : at::kBFloat16);
+    at::autocast::increment_nesting();
+    active_ = true;
+  }
+  ~AutocastGuard() {
+    if (!active_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(type_, prev_enabled_);
+    at::autocast::set_autocast_dtype(type_, prev_dtype_);
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool active_ = false;
+  c10::DeviceType type_ = c10::DeviceType::CPU;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
+};
+
+std::string tensor_to_string(const at::Tensor& t) {
+  at::Tensor c = t.contiguous().to(torch::kCPU);
+  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<std::size_t>(c.numel()));
+}
+
+at::Tensor string_to_tensor(const std::string& s) {
+  return torch::from_blob(const_cast<char*>(s.data()), {static_cast<std::int64_t>(s.size())}, torch::kUInt8).clone();
+}
+
+}  // namespace
+
+Result<c10::Device> resolve_device(const std::string& text) {
+  if (text == "auto") return torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  if (text == "cpu") return c10::Device(c10::kCPU);
+  if (text.rfind("cuda", 0) == 0) {
+    if (!torch::cuda::is_available())
+      return invalid_argument("device " + text + ": CUDA is not available on this machine (use cpu or auto)");
+    try {
+      c10::Device d(text);
+      if (d.has_index() && d.index() >= static_cast<int>(torch::cuda::device_count()))
+        return invalid_argument("device " + text + ": only " + std::to_string(torch::cuda::device_count()) + " CUDA devices");
+      return d.has_index() ? d : c10::Device(c10::kCUDA, 0);
+    } catch (const std::exception& e) {
+      return invalid_argument("device " + text + ": " + e.what());
+    }
+  }
+  return invalid_argument("device: expected auto, cpu, cuda or cuda:N, got \"" + text + "\"");
+}
+
+struct Trainer::Impl {
+  LossFn loss;
+  std::optional<DeepSupervisionLoss> ds_loss;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<LrSchedule> schedule;
+  double base_lr = 1e-3;
+  std::vector<at::Tensor> params;
+};
+
+Trainer::Trainer(JobConfig cfg, c10::Device device, ModelHandle model)
+    : cfg_(std::move(cfg)), device_(device), model_(std::move(model)), impl_(std::make_unique<Impl>()) {}
+Trainer::~Trainer() = default;
+
+Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10::Device& device) {
+  try {
+    if (cfg.train.amp == "fp16" && !device.is_cuda())
+      return invalid_config(cfg.file + ": train.amp: fp16 needs a CUDA device (use bf16 on the CPU), got device " + device.str());
+    if (cfg.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg.train.threads));
+    torch::manual_seed(cfg.seed);
+    if (device.is_cuda()) {
+      at::globalContext().setBenchmarkCuDNN(cfg.train.cudnn_benchmark);
+    }
+    auto model = create_model(cfg.model_name, cfg.model_options);
+    if (!model.is_ok()) return model.status().with_context(cfg.file + ": model");
+    std::unique_ptr<Trainer> t(new Trainer(cfg, device, *model));
+    t->model_.module().to(device);
+    if (device.is_cuda() && cfg.train.channels_last && t->model_.info().spatial_dims == 2)
+      t->model_.module().to(device, /*non_blocking=*/false);
+    t->num_classes_ = cfg.data.num_classes > 0 ? cfg.data.num_classes
+                                              : std::max<std::int64_t>(2, t->model_.info().out_channels);
+
+    auto lo = parse_loss_options(cfg.loss);
+    if (!lo.is_ok()) return lo.status().with_context(cfg.file + ": loss");
+    auto loss = make_loss(*lo);
+    if (!loss.is_ok()) return loss.status().with_context(cfg.file + ": loss");
+    t->impl_->loss = *loss;
+    if (t->model_.info().deep_supervision) t->impl_->ds_loss.emplace(*loss);
+
+    auto oo = parse_optimizer_options(cfg.optimizer);
+    if (!oo.is_ok()) return oo.status().with_context(cfg.file + ": optimizer");
+    t->impl_->params = t->model_.trainable_parameters();
+    auto opt = make_optimizer(*oo, t->impl_->params);
+    if (!opt.is_ok()) return opt.status().with_context(cfg.file + ": optimizer");
+    t->impl_->optimizer = std::move(*opt);
+    t->impl_->base_lr = oo->lr;
+    auto so = parse_schedule_options(cfg.schedule);
+    if (!so.is_ok()) return so.status().with_context(cfg.file + ": schedule");
+    t->impl_->schedule = std::make_unique<LrSchedule>(*so, oo->lr);
+    return t;
+  } catch (const std::exception& e) {
+    return internal_error(cfg.file + ": building the trainer: " + e.what());
+  }
+}
+
+Status Trainer::save_checkpoint(const fs::path& path) const {
+  try {
+    torch::serialize::OutputArchive root;
+    torch::serialize::OutputArchive model_ar, opt_ar;
+    model_.module().save(model_ar);
+    impl_->optimizer->save(opt_ar);
+    root.write("model", model_ar);
+    root.write("optimizer", opt_ar);
+    json meta = {{"format", "segflow-checkpoint-1"},
+                 {"epoch", state_.epoch},
+                 {"step", state_.step},
+                 {"best_metric", state_.best_metric},
+                 {"best_epoch", state_.best_epoch},
+                 {"loss_scale", state_.loss_scale},
+                 {"good_steps", state_.good_steps},
+                 {"num_classes", num_classes_},
+                 {"config", cfg_.resolved}};
+    root.write("meta", string_to_tensor(meta.dump()));
+    root.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
+    if (device_.is_cuda()) {
+      auto& gen = at::globalContext().defaultGenerator(device_);
+      root.write("rng_cuda", gen.get_state());
+    }
+    std::error_code ec;
+    fs::create_directories(path.parent_path(), ec);
+    const fs::path tmp = path.string() + ".tmp";
+    root.save_to(tmp.string());
+    fs::rename(tmp, path, ec);
+    if (ec) return io_error(path.string() + ": rename failed: " + ec.message());
+    return Status::ok();
+  } catch (const std::exception& e) {
+    return io_error(path.string() + ": writing the checkpoint failed: " + e.what());
+  }
+}
+
+namespace {
+Result<json> read_meta(torch::serialize::InputArchive& root, const fs::path& path) {
+  at::Tensor meta_t;
+  if (!root.try_read("meta", meta_t)) return corrupt_data(path.string() + ": not a segflow checkpoint (no 'meta' record)");
+  try {
+    json meta = json::parse(tensor_to_string(meta_t));
+    if (meta.value("format", "") != "segflow-checkpoint-1")
+      return corrupt_data(path.string() + ": meta.format: expected segflow-checkpoint-1, got " + meta.value("format", "nothing"));
+    return meta;
+  } catch (const std::exception& e) {
+    return corrupt_data(path.string() + ": meta: invalid JSON: " + e.what());
+  }
+}
+
+Result<torch::serialize::InputArchive> open_archive(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return not_found(path.string() + ": no such checkpoint");
+  try {
+    torch::serialize::InputArchive root;
+    root.load_from(path.string());
+    return root;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (auto nl = what.find('\n'); nl != std::string::npos) what = what.substr(0, nl);
+    return corrupt_data(path.string() + ": unreadable checkpoint: " + what);
+  }
+}
+}  // namespace
+
+Status Trainer::load_checkpoint(const fs::path& path) {
+  SEGFLOW_ASSIGN_OR_RETURN(auto root, open_archive(path));
+  SEGFLOW_ASSIGN_OR_RETURN(json meta, read_meta(root, path));
+  try {
+    torch::serialize::InputArchive model_ar, opt_ar;
+    if (!root.try_read("model", model_ar)) return corrupt_data(path.string() + ": no 'model' record");
+    model_.module().load(model_ar);
+    if (!root.try_read("optimizer", opt_ar)) return corrupt_data(path.string() + ": no 'optimizer' record");
+    impl_->optimizer->load(opt_ar);
+    // Optimizer state tensors follow the parameters' device.
+    at::Tensor rng;
+    if (root.try_read("rng_cpu", rng)) {
+      at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
+      cpu_gen.set_state(rng);
+    }
+    if (device_.is_cuda() && root.try_read("rng_cuda", rng)) {
+      at::Generator cuda_gen = at::globalContext().defaultGenerator(device_);
+      cuda_gen.set_state(rng);
+    }
+    state_.epoch = meta.at("epoch").get<std::int64_t>();
+    state_.step = meta.at("step").get<std::int64_t>();
+    state_.best_metric = meta.at("best_metric").get<double>();
+    state_.best_epoch = meta.at("best_epoch").get<std::int64_t>();
+    state_.loss_scale = meta.at("loss_scale").get<double>();
+    state_.good_steps = meta.at("good_steps").get<std::int64_t>();
+    return Status::ok();
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (auto nl = what.find('\n'); nl != std::string::npos) what = what.substr(0, nl);
+    return corrupt_data(path.string() + ": checkpoint does not fit this model/optimizer: " + what);
+  }
+}
+
+Result<std::unique_ptr<Trainer>> load_for_inference(const fs::path& checkpoint, const std::string& device) {
+  SEGFLOW_ASSIGN_OR_RETURN(auto root, open_archive(checkpoint));
+  SEGFLOW_ASSIGN_OR_RETURN(json meta, read_meta(root, checkpoint));
+  SEGFLOW_ASSIGN_OR_RETURN(JobConfig cfg, job_config_from_json(meta.at("config"), checkpoint.string() + " (config)"));
+  cfg.model_options.erase("weights");  // the checkpoint holds the weights
+  SEGFLOW_ASSIGN_OR_RETURN(c10::Device dev, resolve_device(device));
+  if (cfg.train.amp == "fp16" && !dev.is_cuda()) cfg.train.amp = "none";
+  SEGFLOW_ASSIGN_OR_RETURN(auto t, Trainer::create(cfg, dev));
+  SEGFLOW_RETURN_IF_ERROR(t->load_checkpoint(checkpoint));
+  return t;
+}
+
+namespace {
+/// Image and target of a batch on `device`, shaped for the model.
+std::pair<at::Tensor, at::Tensor> model_inputs(const Batch& b, const ModelInfo& info, const c10::Device& device,
+                                               bool channels_last) {
+  at::Tensor image = b.tensors.at("image").to(device, at::kFloat, /*non_blocking=*/true);
+  at::Tensor label = b.tensors.at("label").to(device, /*non_blocking=*/true);
+  // 2D models take (N, C, 1, H, W) crops of volumes as (N, C, H, W).
+  if (info.spatial_dims == 2 && image.dim() == 5 && image.size(2) == 1) {
+    image = image.squeeze(2);
+    if (label.dim() == 5) label = label.squeeze(2);
+  }
+  if (channels_last && device.is_cuda())
+    image = image.contiguous(image.dim() == 5 ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast);
+  if (!at::isFloatingType(label.scalar_type())) label = label.to(at::kLong);
+  return {image, label};
+}
+}  // namespace
+
+Result<EpochInfo> Trainer::train_epoch(pipeline::BatchSource& source, std::int64_t steps_per_epoch,
+                                       TrainObserver& observer) {
+  try {
+    const auto& tr = cfg_.train;
+    const std::int64_t total_steps = std::max<std::int64_t>(1, tr.epochs * steps_per_epoch);
+    SEGFLOW_RETURN_IF_ERROR(source.start_epoch(state_.epoch));
+    model_.module().train();
+    auto& opt = *impl_->optimizer;
+    opt.zero_grad();
+    const auto t_epoch = Clock::now();
+    EpochInfo ep;
+    ep.epoch = state_.epoch;
+    std::int64_t samples_total = 0;
+    double loss_sum = 0.0;
+    bool done = false;
+    while (!done) {
+      if (tr.steps_per_epoch > 0 && ep.steps >= tr.steps_per_epoch) break;
+      if (observer.should_stop()) break;
+      const auto t_step = Clock::now();
+      StepInfo si;
+      si.epoch = state_.epoch;
+      std::int64_t micro = 0;
+      double step_loss = 0.0;
+      const double lr = impl_->schedule->lr_at(state_.step, total_steps);
+      set_learning_rate(opt, lr);
+      // Gather up to `accumulate` micro-batches; gradients add up (no step in between).
+      std::vector<at::Tensor> losses;
+      while (micro < tr.accumulate) {
+        SEGFLOW_ASSIGN_OR_RETURN(auto batch, source.next());
+        si.data_wait_s += source.last_wait_s();
+        for (auto& f : source.take_failures()) observer.on_case_failure(f);
+        if (!batch) {
+          done = true;
+          break;
+        }
+        auto [image, label] = model_inputs(*batch, model_.info(), device_, tr.channels_last);
+        at::Tensor box;
+        if (model_.info().needs_box) box = batch->tensors.at("box").to(device_, at::kFloat);
+        at::Tensor loss;
+        {
+          AutocastGuard ac(device_, tr.amp);
+          auto outs = model_.forward(image, box);
+          for (auto& o : outs) o = o.to(at::kFloat);
+          loss = impl_->ds_loss ? (*impl_->ds_loss)(outs, label) : impl_->loss(outs[0], label);
+        }
+        const double scale = tr.amp == "fp16" ? state_.loss_scale : 1.0;
+        (loss * (scale / static_cast<double>(tr.accumulate))).backward();
+        step_loss += loss.item<double>();
+        si.samples += image.size(0);
+        ++micro;
+      }
+      if (micro == 0) break;
+      // A short last step (epoch ended mid-accumulation) is rescaled to a full mean.
+      if (micro < tr.accumulate) {
+        const double fix = static_cast<double>(tr.accumulate) / static_cast<double>(micro);
+        for (auto& p : impl_->params)
+          if (p.grad().defined()) p.mutable_grad().mul_(fix);
+      }
+      bool finite = true;
+      if (tr.amp == "fp16") {
+        const double inv = 1.0 / state_.loss_scale;
+        for (auto& p : impl_->params)
+          if (p.grad().defined()) p.mutable_grad().mul_(inv);
+      }
+      if (tr.grad_clip > 0.0 || tr.amp == "fp16") {
+        const double norm = clip_grad_norm(impl_->params, tr.grad_clip > 0 ? tr.grad_clip : 1e30);
+        finite = std::isfinite(norm);
+      }
+      if (finite) {
+        opt.step();
+        if (tr.amp == "fp16" && ++state_.good_steps >= 2000) {
+          state_.loss_scale *= 2.0;
+          state_.good_steps = 0;
+        }
+      } else {
+        si.skipped = true;
+        state_.loss_scale = std::max(1.0, state_.loss_scale * 0.5);
+        state_.good_steps = 0;
+      }
+      opt.zero_grad();
+      ++state_.step;
+      ++ep.steps;
+      si.step = state_.step;
+      si.step_in_epoch = ep.steps;
+      si.loss = step_loss / static_cast<double>(micro);
+      si.lr = lr;
+      si.step_s = seconds_since(t_step);
+      loss_sum += si.loss;
+      samples_total += si.samples;
+      ep.data_wait_s += si.data_wait_s;
+      ep.lr = lr;
+      observer.on_step(si);
+    }
+    ep.seconds = seconds_since(t_epoch);
+    ep.loss = ep.steps ? loss_sum / static_cast<double>(ep.steps) : 0.0;
+    ep.samples_per_s = ep.seconds > 0 ? static_cast<double>(samples_total) / ep.seconds : 0.0;
+    ++state_.epoch;
+    return ep;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (auto nl = what.find('\n'); nl != std::string::npos) what = what.substr(0, nl);
+    return internal_error("training epoch " + std::to_string(state_.epoch) + ": " + what);
+  }
+}
+
+at::Tensor Trainer::predict(const at::Tensor& image, const at::Tensor& box) const {
+  torch::NoGradGuard ng;
+  const auto& info = model_.info();
+  at::Tensor x = image.to(device_, at::kFloat).unsqueeze(0);  // (1, C, *spatial)
+  AutocastGuard ac(device_, cfg_.train.amp);
+  if (info.needs_box) {
+    at::Tensor b = box.to(device_, at::kFloat).reshape({1, 4});
+    return model_.predict(x, b).to(at::kFloat)[0];
+  }
+  SlidingWindowOptions sw;
+  sw.overlap = cfg_.validation.overlap;
+  sw.sw_batch_size = cfg_.validation.sw_batch_size;
+  sw.mode = cfg_.validation.mode == "gaussian" ? BlendMode::gaussian : BlendMode::constant;
+  // Config sizes are (x, y, z); tensors are (Z, Y, X).
+  std::vector<std::int64_t> roi(cfg_.validation.roi_size.rbegin(), cfg_.validation.roi_size.rend());
+  auto predictor = [&](const at::Tensor& w) { return model_.predict(w).to(at::kFloat); };
+  if (info.spatial_dims == 2 && x.dim() == 5) {
+    // A 2D model on a volume: slices as a batch, (Z, C, Y, X).
+    at::Tensor slices = x[0].permute({1, 0, 2, 3}).contiguous();
+    if (roi.size() == 3) roi = {roi[1], roi[2]};
+    sw.roi_size = roi.empty() ? std::vector<std::int64_t>{slices.size(2), slices.size(3)} : roi;
+    at::Tensor out = sliding_window_inference(slices, sw, predictor);  // (Z, K, Y, X)
+    return out.permute({1, 0, 2, 3}).contiguous();
+  }
+  sw.roi_size = roi;
+  return sliding_window_inference(x, sw, predictor)[0];
+}
+
+Result<ValidationInfo> Trainer::validate(const std::vector<Sample>& samples) {
+  try {
+    const auto t0 = Clock::now();
+    model_.module().eval();
+    DiceMetricOptions mo;
+    mo.num_classes = model_.info().out_channels == 1 ? 2 : num_classes_;
+    DiceMetric metric(mo);
+    for (const auto& s : samples) {
+      at::Tensor box = s.has("box") ? s.at("box") : at::Tensor();
+      at::Tensor logits = predict(s.at("image"), box);
+      at::Tensor label = s.at("label").to(device_).to(at::kLong);
+      metric.update_from_logits(logits.unsqueeze(0), label.unsqueeze(0));
+    }
+    model_.module().train();
+    ValidationInfo v;
+    v.epoch = state_.epoch - 1;
+    v.dice_per_class = metric.per_class();
+    v.mean_dice = metric.mean();
+    v.cases = static_cast<std::int64_t>(samples.size());
+    v.seconds = seconds_since(t0);
+    return v;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (auto nl = what.find('\n'); nl != std::string::npos) what = what.substr(0, nl);
+    return internal_error("validation: " + what);
+  }
+}
+
+Status Trainer::fit(pipeline::BatchSource& source, std::int64_t steps_per_epoch, const std::vector<Sample>& val,
+                    const fs::path& run_dir, TrainObserver& observer) {
+  const auto& tr = cfg_.train;
+  while (state_.epoch < tr.epochs) {
+    observer.on_epoch_start(state_.epoch, tr.epochs);
+    SEGFLOW_ASSIGN_OR_RETURN(EpochInfo ep, train_epoch(source, steps_per_epoch, observer));
+    observer.on_epoch_end(ep);
+    const bool last = state_.epoch >= tr.epochs;
+    const bool stopping = observer.should_stop();
+    if (!val.empty() && tr.val_interval > 0 && (state_.epoch % tr.val_interval == 0 || last)) {
+      SEGFLOW_ASSIGN_OR_RETURN(ValidationInfo v, validate(val));
+      if (std::isfinite(v.mean_dice) && v.mean_dice > state_.best_metric) {
+        state_.best_metric = v.mean_dice;
+        state_.best_epoch = v.epoch;
+        v.best = true;
+        SEGFLOW_RETURN_IF_ERROR(save_checkpoint(run_dir / "best.pt"));
+        observer.on_checkpoint(run_dir / "best.pt", "best");
+      }
+      observer.on_validation(v);
+    }
+    if (state_.epoch % tr.checkpoint_interval == 0 || last || stopping) {
+      SEGFLOW_RETURN_IF_ERROR(save_checkpoint(run_dir / "last.pt"));
+      observer.on_checkpoint(run_dir / "last.pt", "last");
+    }
+    if (stopping) break;
+  }
+  return Status::ok();
+}
+
+}  // namespace segflow::models

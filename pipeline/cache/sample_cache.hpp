@@ -1,0 +1,72 @@
+#pragma once
+// The pieces of the cached data path that the synchronous SimpleLoader and the actor
+// pipeline share, so that both decide the same way: which cases may stay in memory
+// (cache_rate, byte budget), how a case is decoded (disk cache first), and how big a
+// sample is.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <unordered_map>
+
+#include "messages/sample.hpp"
+#include "messages/status.hpp"
+#include "pipeline/io/dataset.hpp"
+
+namespace segflow::pipeline {
+
+class DiskCache;
+class Pipeline;
+
+/// Bytes of a sample's tensors (numel * element size, summed).
+std::int64_t sample_bytes(const Sample& sample);
+
+/// Cases allowed in the memory cache for `rate` (MONAI CacheDataset: floor(n * rate),
+/// clamped to [0, n]). Cases with a dataset index below it are cacheable.
+std::int64_t cacheable_cases(std::int64_t n, double rate);
+
+/// A decoded case and where it came from.
+struct DecodedCase {
+  Sample sample;
+  bool from_disk = false;  ///< read back from the disk cache (no reader, no stages)
+};
+
+/// The deterministic sample of a case: from `disk` when it holds a valid entry, else read
+/// and run through the stages before the cache boundary, then written to `disk` (a failed
+/// write is counted by the cache, not an error). `det_spec` is deterministic_spec(pipeline)
+/// (computed once by the caller). `disk` may be null. Thread-safe; blocking.
+Result<DecodedCase> decode_case(const CaseEntry& entry, const Pipeline& pipeline, const DiskCache* disk,
+                                const nlohmann::json& det_spec);
+
+/// An in-memory cache of deterministic samples keyed by dataset index, with a byte budget.
+/// Admission, not eviction: a sample is kept when its index is cacheable and it fits in
+/// what is left of the budget, and then for good (an evicting cache would thrash under a
+/// shuffled epoch order). Admitted tensors are compacted (a view of a larger storage is
+/// cloned) so that the counted bytes are the bytes held. Not thread-safe: one owner.
+class MemoryCache {
+ public:
+  /// `cacheable`: indices [0, cacheable) may be kept; `budget_bytes` >= 0.
+  MemoryCache(std::int64_t cacheable, std::int64_t budget_bytes) : cacheable_(cacheable), budget_(budget_bytes) {}
+
+  /// The cached sample of `index`, or nullptr.
+  const Sample* find(std::int64_t index) const;
+  /// Offers a sample; returns true when it was admitted. `not_admitted()` counts cacheable
+  /// samples left out for the budget.
+  bool offer(std::int64_t index, const Sample& sample);
+
+  bool cacheable(std::int64_t index) const { return index >= 0 && index < cacheable_; }
+  std::int64_t cacheable_count() const { return cacheable_; }
+  std::int64_t entries() const { return static_cast<std::int64_t>(map_.size()); }
+  std::int64_t bytes() const { return bytes_; }
+  std::int64_t budget() const { return budget_; }
+  std::int64_t not_admitted() const { return not_admitted_; }
+
+ private:
+  std::int64_t cacheable_;
+  std::int64_t budget_;
+  std::int64_t bytes_ = 0;
+  std::int64_t not_admitted_ = 0;
+  std::unordered_map<std::int64_t, Sample> map_;
+};
+
+}  // namespace segflow::pipeline

@@ -1,0 +1,357 @@
+// DICOM SEG on DCMTK's dcmseg: a label map (1, Z, Y, X) as a binary segmentation with one
+// segment per label value (segment number = label value), and back onto a reference grid.
+#include <torch/torch.h>
+
+#include "pipeline/io/dicom.hpp"
+
+#include <dcmtk/dcmdata/dcuid.h>
+#include <dcmtk/dcmfg/fgderimg.h>
+#include <dcmtk/dcmfg/fgfracon.h>
+#include <dcmtk/dcmfg/fginterface.h>
+#include <dcmtk/dcmfg/fgpixmsr.h>
+#include <dcmtk/dcmfg/fgplanor.h>
+#include <dcmtk/dcmfg/fgplanpo.h>
+#include <dcmtk/dcmfg/fgseg.h>
+#include <dcmtk/dcmiod/iodmacro.h>
+#include <dcmtk/dcmiod/iodreferences.h>
+#include <dcmtk/dcmseg/segdoc.h>
+#include <dcmtk/dcmseg/segment.h>
+#include <dcmtk/dcmseg/segutils.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "pipeline/io/detail/dicom_common.hpp"
+
+namespace segflow::pipeline {
+
+namespace fs = std::filesystem;
+using namespace detail;
+
+namespace {
+
+constexpr int kMaxLabel = 255;  // read_dicom_seg returns uint8
+
+#define SEGFLOW_DCM(call, what)                                                                       \
+  do {                                                                                                \
+    OFCondition _c = (call);                                                                          \
+    if (_c.bad()) return internal_error(where + ": " + std::string(what) + ": " + _c.text());         \
+  } while (0)
+
+/// The source image of one slice of the label grid.
+struct SourceRef {
+  std::string sop_class, sop_instance;
+  fs::path file;
+};
+
+Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeriesInfo& series) {
+  ensure_dcmtk_ready();
+  const std::string where = file.string();
+  const at::Tensor& t = labels.voxels;
+  if (!t.defined() || t.dim() != 4 || t.size(0) != 1)
+    return invalid_argument(where + ": labels: expected a (1, Z, Y, X) label map, got " +
+                            (t.defined() ? std::to_string(t.dim()) + " dimensions" : std::string("none")));
+  const std::int64_t Z = t.size(1), Y = t.size(2), X = t.size(3);
+  if (Y > 65535 || X > 65535 || Z < 1)
+    return invalid_argument(where + ": labels: expected 1..65535 rows and columns, got " + std::to_string(Y) + " x " +
+                            std::to_string(X));
+  at::Tensor lab64 = t.select(0, 0).to(torch::kCPU, torch::kFloat64).contiguous();
+  if (!torch::equal(lab64, lab64.round()) || lab64.min().item<double>() < 0 ||
+      lab64.max().item<double>() > kMaxLabel)
+    return invalid_argument(where + ": labels: expected integer label values in 0.." + std::to_string(kMaxLabel) +
+                            ", got values in [" + std::to_string(lab64.min().item<double>()) + ", " +
+                            std::to_string(lab64.max().item<double>()) + "]");
+  at::Tensor lab = lab64.to(torch::kUInt8).contiguous();
+  const int max_label = lab.max().item<int>();
+  if (max_label == 0) return invalid_argument(where + ": labels: expected at least one label value > 0, got none");
+  if (series.files.empty()) return invalid_argument(where + ": series: expected the files of the source series, got none");
+
+  const Geometry& g = labels.geometry;
+  const Vec3 row = column(g.direction, 0), col = column(g.direction, 1), axis = column(g.direction, 2);
+
+  // Map each label slice to the source image at its position.
+  std::vector<std::optional<SourceRef>> refs(static_cast<std::size_t>(Z));
+  for (const fs::path& f : series.files) {
+    SEGFLOW_ASSIGN_OR_RETURN(auto ff, load_file(f));
+    DcmDataset& ds = *ff->getDataset();
+    auto pos = get_doubles<3>(ds, DCM_ImagePositionPatient);
+    if (!pos) return corrupt_data(f.string() + ": " + tag_name(DCM_ImagePositionPatient) + ": required tag is missing");
+    auto rows = get_integer(ds, DCM_Rows), cols = get_integer(ds, DCM_Columns);
+    if (!rows || !cols || *rows != Y || *cols != X)
+      return invalid_argument(f.string() + ": Rows x Columns: expected " + std::to_string(Y) + " x " +
+                              std::to_string(X) + " like the label map, got " + std::to_string(rows.value_or(0)) +
+                              " x " + std::to_string(cols.value_or(0)));
+    Vec3 d = sub(Vec3{(*pos)[0], (*pos)[1], (*pos)[2]}, g.origin);
+    double k = dot(d, axis) / g.spacing[2];
+    long kz = std::lround(k);
+    if (std::abs(k - static_cast<double>(kz)) > 1e-3 || std::abs(dot(d, row)) > 1e-3 * g.spacing[0] ||
+        std::abs(dot(d, col)) > 1e-3 * g.spacing[1] || kz < 0 || kz >= Z)
+      return invalid_argument(f.string() + ": " + tag_name(DCM_ImagePositionPatient) + ": " +
+                              format_numbers(pos->data(), 3) + " is not a slice of the label map's grid (" +
+                              describe(g) + ")");
+    SourceRef r;
+    r.sop_class = get_string(ds, DCM_SOPClassUID).value_or("");
+    r.sop_instance = get_string(ds, DCM_SOPInstanceUID).value_or("");
+    r.file = f;
+    if (r.sop_class.empty() || r.sop_instance.empty())
+      return corrupt_data(f.string() + ": SOPClassUID/SOPInstanceUID: required tags are missing");
+    refs[static_cast<std::size_t>(kz)] = r;
+  }
+
+  IODGeneralEquipmentModule::EquipmentInfo equipment("segflow", "segflow", "0", "0.1");
+  ContentIdentificationMacro content("1", "SEGFLOW", "segflow label map", "segflow");
+  DcmSegmentation* raw = nullptr;
+  SEGFLOW_DCM(DcmSegmentation::createBinarySegmentation(raw, static_cast<Uint16>(Y), static_cast<Uint16>(X), equipment,
+                                                        content),
+              "createBinarySegmentation");
+  std::unique_ptr<DcmSegmentation> seg(raw);
+  SEGFLOW_DCM(seg->importFromSourceImage(OFString(series.files.front().c_str())),
+              "importFromSourceImage(" + series.files.front().string() + ")");
+  SEGFLOW_DCM(seg->getSeries().setSeriesInstanceUID(generate_uid(SITE_SERIES_UID_ROOT).c_str()), "SeriesInstanceUID");
+  SEGFLOW_DCM(seg->getSeries().setSeriesDescription("segflow labels"), "SeriesDescription");
+  SEGFLOW_DCM(seg->getSegmentationSeriesModule().setSeriesNumber("100"), "SeriesNumber");
+
+  // Segments 1..max so that segment number == label value; values absent from the map get
+  // a segment too (with one empty frame, below).
+  const CodeSequenceMacro category("85756007", "SCT", "Tissue");
+  const CodeSequenceMacro type("85756007", "SCT", "Tissue");
+  for (int v = 1; v <= max_label; ++v) {
+    DcmSegment* segment = nullptr;
+    SEGFLOW_DCM(DcmSegment::create(segment, ("label_" + std::to_string(v)).c_str(), category, type,
+                                   DcmSegTypes::SAT_AUTOMATIC, "segflow"),
+                "DcmSegment::create");
+    Uint16 number = 0;
+    OFCondition c = seg->addSegment(segment, number);
+    if (c.bad()) {
+      delete segment;
+      return internal_error(where + ": addSegment: " + c.text());
+    }
+    if (number != v)
+      return internal_error(where + ": addSegment: expected segment number " + std::to_string(v) + ", got " +
+                            std::to_string(number));
+  }
+
+  FGPixelMeasures measures;
+  SEGFLOW_DCM(measures.setPixelSpacing((format_ds(g.spacing[1]) + "\\" + format_ds(g.spacing[0])).c_str()),
+              "PixelSpacing");
+  SEGFLOW_DCM(measures.setSliceThickness(format_ds(g.spacing[2]).c_str()), "SliceThickness");
+  SEGFLOW_DCM(measures.setSpacingBetweenSlices(format_ds(g.spacing[2]).c_str()), "SpacingBetweenSlices");
+  SEGFLOW_DCM(seg->addForAllFrames(measures), "addForAllFrames(PixelMeasures)");
+  FGPlaneOrientationPatient orientation;
+  SEGFLOW_DCM(orientation.setImageOrientationPatient(format_ds(row[0]).c_str(), format_ds(row[1]).c_str(),
+                                                     format_ds(row[2]).c_str(), format_ds(col[0]).c_str(),
+                                                     format_ds(col[1]).c_str(), format_ds(col[2]).c_str()),
+              "ImageOrientationPatient");
+  SEGFLOW_DCM(seg->addForAllFrames(orientation), "addForAllFrames(PlaneOrientation)");
+
+  const std::string dim_uid = generate_uid(SITE_INSTANCE_UID_ROOT);
+  IODMultiframeDimensionModule& dims = seg->getDimensions();
+  SEGFLOW_DCM(dims.addDimensionIndex(DCM_ReferencedSegmentNumber, dim_uid.c_str(), DCM_SegmentIdentificationSequence,
+                                     "ReferencedSegmentNumber"),
+              "addDimensionIndex(ReferencedSegmentNumber)");
+  SEGFLOW_DCM(dims.addDimensionIndex(DCM_ImagePositionPatient, dim_uid.c_str(), DCM_PlanePositionSequence,
+                                     "ImagePositionPatient"),
+              "addDimensionIndex(ImagePositionPatient)");
+
+  const std::uint8_t* data = lab.data_ptr<std::uint8_t>();
+  const std::int64_t plane = Y * X;
+  std::vector<Uint8> mask(static_cast<std::size_t>(plane));
+  auto add_frame = [&](int v, std::int64_t z) -> Status {
+    const auto& ref = refs[static_cast<std::size_t>(z)];
+    if (!ref)
+      return invalid_argument(where + ": series: expected a source image at slice " + std::to_string(z) +
+                              " of the label map, the series " + series.series_uid + " has none there");
+    const Vec3 p = add(g.origin, scale(axis, g.spacing[2] * static_cast<double>(z)));
+    FGPlanePosPatient position;
+    SEGFLOW_DCM(position.setImagePositionPatient(format_ds(p[0]).c_str(), format_ds(p[1]).c_str(),
+                                                 format_ds(p[2]).c_str()),
+                "ImagePositionPatient");
+    FGFrameContent frame_content;
+    SEGFLOW_DCM(frame_content.setDimensionIndexValues(static_cast<Uint32>(v), 0), "DimensionIndexValues");
+    SEGFLOW_DCM(frame_content.setDimensionIndexValues(static_cast<Uint32>(z + 1), 1), "DimensionIndexValues");
+    OFVector<ImageSOPInstanceReferenceMacro> sources(1);
+    SEGFLOW_DCM(sources[0].setReferencedSOPClassUID(ref->sop_class.c_str()), "ReferencedSOPClassUID");
+    SEGFLOW_DCM(sources[0].setReferencedSOPInstanceUID(ref->sop_instance.c_str()), "ReferencedSOPInstanceUID");
+    std::unique_ptr<FGDerivationImage> derivation(DcmSegmentation::createDerivationImageFG(sources, "segflow label map"));
+    if (!derivation) return internal_error(where + ": createDerivationImageFG failed");
+    OFVector<FGBase*> per_frame;
+    per_frame.push_back(&position);
+    per_frame.push_back(&frame_content);
+    per_frame.push_back(derivation.get());
+    SEGFLOW_DCM(seg->addFrame(mask.data(), static_cast<Uint16>(v), per_frame),
+                "addFrame(segment " + std::to_string(v) + ", slice " + std::to_string(z) + ")");
+    return Status::ok();
+  };
+  for (int v = 1; v <= max_label; ++v) {
+    bool added = false;
+    for (std::int64_t z = 0; z < Z; ++z) {
+      const std::uint8_t* s = data + z * plane;
+      bool any = false;
+      for (std::int64_t i = 0; i < plane; ++i) {
+        mask[static_cast<std::size_t>(i)] = s[i] == v ? 1 : 0;
+        any = any || s[i] == v;
+      }
+      if (!any) continue;
+      SEGFLOW_RETURN_IF_ERROR(add_frame(v, z));
+      added = true;
+    }
+    if (!added) {
+      // dcmseg wants at least as many frames as segments: a value absent from the map gets
+      // one empty frame on the first slice that has a source image.
+      std::fill(mask.begin(), mask.end(), Uint8{0});
+      std::int64_t z0 = 0;
+      while (z0 + 1 < Z && !refs[static_cast<std::size_t>(z0)]) ++z0;
+      SEGFLOW_RETURN_IF_ERROR(add_frame(v, z0));
+    }
+  }
+
+  IODReferences references;
+  OFVector<OFString> ref_files;
+  for (const auto& f : series.files) ref_files.push_back(f.c_str());
+  references.addFromFiles(ref_files);
+  seg->getCommonInstanceReference().addReferences(references);
+
+  std::error_code ec;
+  if (file.has_parent_path()) fs::create_directories(file.parent_path(), ec);
+  DcmFileFormat ff;
+  SEGFLOW_DCM(seg->writeDataset(*ff.getDataset()), "writing the segmentation");
+  return save_atomically(ff, file, EXS_LittleEndianExplicit);
+}
+
+/// Column-major `row\col` orientation of a frame, from its per-frame or shared group.
+std::optional<std::array<double, 6>> frame_orientation(FGInterface& fgs, Uint32 frame) {
+  FGBase* fg = fgs.get(frame, DcmFGTypes::EFG_PLANEORIENTPATIENT);
+  if (!fg) return std::nullopt;
+  auto* o = static_cast<FGPlaneOrientationPatient*>(fg);
+  std::array<double, 6> v{};
+  Float64 a, b, c, d, e, f;
+  if (o->getImageOrientationPatient(a, b, c, d, e, f).bad()) return std::nullopt;
+  v = {a, b, c, d, e, f};
+  return v;
+}
+
+Result<Image> read_seg_impl(const fs::path& file, const Image& reference) {
+  ensure_dcmtk_ready();
+  const std::string where = file.string();
+  const at::Tensor& rt = reference.voxels;
+  if (!rt.defined() || rt.dim() != 4)
+    return invalid_argument(where + ": reference: expected a (C, Z, Y, X) image, got none");
+  const std::int64_t Z = rt.size(1), Y = rt.size(2), X = rt.size(3);
+  long max_fractional = 255;
+  Uint16 rows = 0, cols = 0;
+  {
+    SEGFLOW_ASSIGN_OR_RETURN(auto probe, load_file(file));  // clear errors for missing/bad files
+    max_fractional = get_integer(*probe->getDataset(), DCM_MaximumFractionalValue).value_or(255);
+    rows = static_cast<Uint16>(get_integer(*probe->getDataset(), DCM_Rows).value_or(0));
+    cols = static_cast<Uint16>(get_integer(*probe->getDataset(), DCM_Columns).value_or(0));
+    auto sop = get_string(*probe->getDataset(), DCM_SOPClassUID).value_or("");
+    if (sop != UID_SegmentationStorage)
+      return invalid_argument(where + ": " + tag_name(DCM_SOPClassUID) + ": expected Segmentation Storage (" +
+                              UID_SegmentationStorage + "), got \"" + sop + "\"");
+  }
+  DcmSegmentation* raw = nullptr;
+  OFCondition c = DcmSegmentation::loadFile(OFString(file.c_str()), raw);
+  std::unique_ptr<DcmSegmentation> seg(raw);
+  if (c.bad() || !seg) return corrupt_data(where + ": cannot read DICOM SEG: " + c.text());
+
+  const bool fractional = seg->getSegmentationType() == DcmSegTypes::ST_FRACTIONAL;
+  if (seg->getSegmentationType() != DcmSegTypes::ST_BINARY && !fractional)
+    return unsupported(where + ": SegmentationType: expected BINARY or FRACTIONAL");
+  if (rows != Y || cols != X)
+    return invalid_argument(where + ": Rows x Columns: expected " + std::to_string(Y) + " x " + std::to_string(X) +
+                            " like the reference image, got " + std::to_string(rows) + " x " + std::to_string(cols));
+
+  const Geometry& g = reference.geometry;
+  const Vec3 row = column(g.direction, 0), col = column(g.direction, 1), axis = column(g.direction, 2);
+  at::Tensor out = torch::zeros({1, Z, Y, X}, torch::kUInt8);
+  std::uint8_t* dst = out.data_ptr<std::uint8_t>();
+  const std::int64_t plane = Y * X;
+  FGInterface& fgs = seg->getFunctionalGroups();
+  const std::size_t n_frames = seg->getNumberOfFrames();
+  for (std::size_t f = 0; f < n_frames; ++f) {
+    const Uint32 fu = static_cast<Uint32>(f);
+    const std::string frame_name = where + ": frame " + std::to_string(f + 1);
+    auto* seg_fg = static_cast<FGSegmentation*>(fgs.get(fu, DcmFGTypes::EFG_SEGMENTATION));
+    Uint16 number = 0;
+    if (!seg_fg || seg_fg->getReferencedSegmentNumber(number).bad() || number == 0)
+      return corrupt_data(frame_name + ": " + tag_name(DCM_ReferencedSegmentNumber) + ": required tag is missing");
+    if (number > kMaxLabel)
+      return unsupported(frame_name + ": " + tag_name(DCM_ReferencedSegmentNumber) + ": expected at most " +
+                         std::to_string(kMaxLabel) + " (uint8 label map), got " + std::to_string(number));
+    auto* pos_fg = static_cast<FGPlanePosPatient*>(fgs.get(fu, DcmFGTypes::EFG_PLANEPOSPATIENT));
+    Float64 px = 0, py = 0, pz = 0;
+    if (!pos_fg || pos_fg->getImagePositionPatient(px, py, pz).bad())
+      return corrupt_data(frame_name + ": PlanePositionSequence " + tag_name(DCM_ImagePositionPatient) + ": required tag is missing");
+    auto o = frame_orientation(fgs, fu);
+    if (!o)
+      return corrupt_data(frame_name +
+                          ": PlaneOrientationSequence " + tag_name(DCM_ImageOrientationPatient) +
+                          ": required tag is missing");
+    const double want[6] = {row[0], row[1], row[2], col[0], col[1], col[2]};
+    for (int i = 0; i < 6; ++i)
+      if (std::abs((*o)[i] - want[i]) > 1e-4)
+        return invalid_argument(frame_name + ": " + tag_name(DCM_ImageOrientationPatient) + ": expected " +
+                                format_numbers(want, 6) + " as in the reference image, got " +
+                                format_numbers(o->data(), 6));
+    const Vec3 p{px, py, pz};
+    const Vec3 d = sub(p, g.origin);
+    const double k = dot(d, axis) / g.spacing[2];
+    const long kz = std::lround(k);
+    if (std::abs(k - static_cast<double>(kz)) > 1e-3 || kz < 0 || kz >= Z ||
+        std::abs(dot(d, row)) > 1e-3 * g.spacing[0] || std::abs(dot(d, col)) > 1e-3 * g.spacing[1])
+      return invalid_argument(frame_name + ": " + tag_name(DCM_ImagePositionPatient) +
+                              ": expected the position of a slice of the reference image (" + describe(g) + "), got " +
+                              format_numbers(p.data(), 3));
+
+    const DcmIODTypes::Frame* frame = seg->getFrame(f);
+    if (!frame || !frame->pixData) return corrupt_data(frame_name + ": no pixel data");
+    std::unique_ptr<DcmIODTypes::Frame> unpacked;
+    const Uint8* bits = frame->pixData;
+    if (!fractional && frame->length < static_cast<std::size_t>(plane)) {
+      // dcmseg keeps binary frames packed (8 pixels a byte) in memory.
+      unpacked.reset(DcmSegUtils::unpackBinaryFrame(frame, rows, cols));
+      if (!unpacked) return corrupt_data(frame_name + ": cannot unpack the binary frame");
+      bits = unpacked->pixData;
+    }
+    const std::size_t len = unpacked ? unpacked->length : frame->length;
+    if (len < static_cast<std::size_t>(plane))
+      return corrupt_data(frame_name + ": expected " + std::to_string(plane) + " pixels, got " + std::to_string(len));
+    std::uint8_t* slice = dst + kz * plane;
+    // Fractional frames: a pixel belongs to the segment from half of the maximum up.
+    const long threshold = fractional ? std::max(1L, (max_fractional + 1) / 2) : 1L;
+    for (std::int64_t i = 0; i < plane; ++i)
+      if (bits[i] >= threshold) slice[i] = static_cast<std::uint8_t>(number);
+  }
+
+  Image img;
+  img.voxels = out;
+  img.geometry = g;
+  img.source = file;
+  img.modality = "SEG";
+  return img;
+}
+
+}  // namespace
+
+Status write_dicom_seg(const fs::path& file, const Image& labels, const DicomSeriesInfo& series) {
+  try {
+    return write_seg_impl(file, labels, series);
+  } catch (const c10::Error& e) {
+    return internal_error(file.string() + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return internal_error(file.string() + ": " + e.what());
+  }
+}
+
+Result<Image> read_dicom_seg(const fs::path& seg_file, const Image& reference) {
+  try {
+    return read_seg_impl(seg_file, reference);
+  } catch (const c10::Error& e) {
+    return internal_error(seg_file.string() + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return internal_error(seg_file.string() + ": " + e.what());
+  }
+}
+
+}  // namespace segflow::pipeline

@@ -1,0 +1,77 @@
+#include <torch/torch.h>
+
+#include "pipeline/options.hpp"
+#include "pipeline/stage_registry.hpp"
+#include "pipeline/transforms/crop.hpp"
+#include "pipeline/transforms/detail/tensor_util.hpp"
+#include "pipeline/transforms/register.hpp"
+
+namespace segflow::pipeline {
+
+void FgBgIndicesOptions::bind(OptionParser& p) {
+  p.string("label_key", label_key, "foreground: label > 0 (any channel)");
+  p.string("image_key", image_key, "when set, background also needs image > image_threshold");
+  p.number("image_threshold", image_threshold, Range::any(), "image units", "see image_key");
+  p.integer("max_per_class", max_per_class, Range::non_negative(), "voxels",
+            "keep at most this many indices of each class (even stride); 0 = all");
+  if (label_key.empty()) p.fail("label_key", "expected a non-empty name");
+}
+
+namespace {
+at::Tensor stride_subsample(const at::Tensor& idx, std::int64_t max) {
+  const std::int64_t n = idx.numel();
+  if (max <= 0 || n <= max) return idx;
+  auto sel = (torch::arange(max, torch::kFloat64) * (static_cast<double>(n) / static_cast<double>(max)))
+                 .floor()
+                 .to(torch::kLong)
+                 .to(idx.device());
+  return idx.index_select(0, sel);
+}
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> fg_bg_indices(const at::Tensor& label, const at::Tensor& image,
+                                                double image_threshold, std::int64_t max_per_class) {
+  const at::Tensor fg_mask = (label > 0).any(0).flatten();
+  at::Tensor bg_mask = fg_mask.logical_not();
+  if (image.defined()) bg_mask = bg_mask.logical_and((image > image_threshold).any(0).flatten());
+  at::Tensor fg = fg_mask.nonzero().flatten();
+  at::Tensor bg = bg_mask.nonzero().flatten();
+  return {stride_subsample(fg, max_per_class).contiguous(), stride_subsample(bg, max_per_class).contiguous()};
+}
+
+namespace {
+
+class FgBgIndicesStage final : public MapStage {
+ public:
+  using Options = FgBgIndicesOptions;
+  static constexpr const char* kName = "fg_bg_indices";
+  static constexpr const char* kDoc = "precompute foreground/background voxel indices for rand_crop_pos_neg";
+  static constexpr bool kDeterministic = true;
+
+  FgBgIndicesStage(Options o, nlohmann::json resolved)
+      : MapStage(kName, std::move(resolved), keys_of(o)), o_(std::move(o)) {}
+  bool deterministic() const override { return true; }
+
+  Status apply_sample(Sample& s, Rng&) const override {
+    SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, keys(), kName).status());
+    auto [fg, bg] = fg_bg_indices(s.at(o_.label_key), o_.image_key.empty() ? at::Tensor() : s.at(o_.image_key),
+                                  o_.image_threshold, o_.max_per_class);
+    s.tensors["fg_indices"] = fg;
+    s.tensors["bg_indices"] = bg;
+    return Status::ok();
+  }
+
+ private:
+  static std::vector<std::string> keys_of(const Options& o) {
+    std::vector<std::string> k{o.label_key};
+    if (!o.image_key.empty()) k.push_back(o.image_key);
+    return k;
+  }
+  Options o_;
+};
+
+}  // namespace
+
+Status register_fg_bg_indices_stage(StageRegistry& r) { return add_stage<FgBgIndicesStage>(r); }
+
+}  // namespace segflow::pipeline

@@ -1,0 +1,76 @@
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "pipeline/options.hpp"
+#include "pipeline/stage_registry.hpp"
+#include "pipeline/transforms/detail/tensor_util.hpp"
+#include "pipeline/transforms/register.hpp"
+#include "pipeline/transforms/spatial.hpp"
+
+namespace segflow::pipeline {
+
+void ResampleOptions::bind(OptionParser& p) {
+  p.strings("keys", keys, true, "tensors to resample (same grid)");
+  p.numbers("spacing", spacing, Range::positive(), false, "mm", "target spacing (x, y, z)");
+  p.choice("mode", mode, {"trilinear", "nearest"}, "interpolation of floating tensors (integer ones: nearest)");
+}
+
+Size3 resampled_size(const Size3& size, const std::array<double, 3>& spacing, const std::array<double, 3>& target) {
+  Size3 out{};
+  for (int a = 0; a < 3; ++a)
+    out[a] = std::max<std::int64_t>(1, std::llround(static_cast<double>(size[a]) * spacing[a] / target[a]));
+  return out;
+}
+
+at::Tensor resample_tensor(const at::Tensor& t, const Size3& size, bool linear) {
+  const std::vector<std::int64_t> out{size[2], size[1], size[0]};
+  if (t.size(1) == out[0] && t.size(2) == out[1] && t.size(3) == out[2]) return t;
+  if (linear && detail::is_floating(t)) return detail::resize_linear(t, out).contiguous();
+  return detail::resize_nearest(t, out).contiguous();
+}
+
+Geometry resample_geometry(const Geometry& g, const Size3& from, const Size3& to) {
+  Geometry out = g;
+  std::array<double, 3> first{};
+  for (int a = 0; a < 3; ++a) {
+    const double ratio = static_cast<double>(from[a]) / static_cast<double>(to[a]);
+    out.spacing[a] = g.spacing[a] * ratio;
+    first[a] = 0.5 * ratio - 0.5;  // old continuous index of the new voxel 0 (centres aligned)
+  }
+  out.origin = index_to_physical(g, first);
+  return out;
+}
+
+namespace {
+
+class ResampleStage final : public MapStage {
+ public:
+  using Options = ResampleOptions;
+  static constexpr const char* kName = "resample";
+  static constexpr const char* kDoc = "resample to a target spacing (trilinear images, nearest labels)";
+  static constexpr bool kDeterministic = true;
+
+  ResampleStage(Options o, nlohmann::json resolved) : MapStage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
+  bool deterministic() const override { return true; }
+
+  Status apply_sample(Sample& s, Rng&) const override {
+    SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, o_.keys, kName, true).status());
+    const Size3 from = detail::spatial_size_xyz(s.at(o_.keys.front()));
+    const Size3 to = resampled_size(from, s.geometry.spacing, o_.spacing);
+    if (from == to) return Status::ok();  // same grid: identity, exactly
+    for (const auto& k : o_.keys) s.at(k) = resample_tensor(s.at(k), to, o_.mode == "trilinear");
+    s.geometry = resample_geometry(s.geometry, from, to);
+    detail::drop_indices(s);
+    return Status::ok();
+  }
+
+ private:
+  Options o_;
+};
+
+}  // namespace
+
+Status register_resample_stage(StageRegistry& r) { return add_stage<ResampleStage>(r); }
+
+}  // namespace segflow::pipeline

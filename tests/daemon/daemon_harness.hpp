@@ -1,0 +1,340 @@
+#pragma once
+// Test harness for the daemon suite: the real segflowd as a child process (killed when the
+// guard dies, whatever happened), ZeroMQ request and subscription helpers, polling with
+// generous timeouts (the test machine is slow under load), and a tiny training job.
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace segflow::testing::daemon {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+/// The built segflowd: $SEGFLOWD_BIN, else next to segflow ($SEGFLOW_BIN/segflowd).
+inline std::string segflowd_bin() {
+  if (const char* d = std::getenv("SEGFLOWD_BIN")) return d;
+  const char* b = std::getenv("SEGFLOW_BIN");
+  return b ? std::string(b) + "/segflowd" : std::string("segflowd");
+}
+
+inline zmq::context_t& zmq_context() {
+  static zmq::context_t ctx(1);
+  return ctx;
+}
+
+/// A running segflowd; SIGKILLed and reaped on destruction unless it already exited.
+class DaemonProcess {
+ public:
+  DaemonProcess(const std::vector<std::string>& args, const fs::path& log) : log_(log) {
+    std::vector<std::string> all = {segflowd_bin()};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string log_path = log.string();
+    pid_ = ::fork();
+    REQUIRE_MESSAGE(pid_ >= 0, "fork failed");
+    if (pid_ == 0) {
+      const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, 1);
+        ::dup2(fd, 2);
+      }
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+  }
+  ~DaemonProcess() { kill_hard(); }
+  DaemonProcess(const DaemonProcess&) = delete;
+  DaemonProcess& operator=(const DaemonProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool alive() {
+    if (exited_) return false;
+    int st = 0;
+    const pid_t r = ::waitpid(pid_, &st, WNOHANG);
+    if (r == pid_) {
+      exited_ = true;
+      status_ = st;
+      return false;
+    }
+    return r == 0;
+  }
+  /// Waits for the exit; returns the exit code (128 + signal), or -1 on timeout.
+  int wait_exit(double timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (alive()) {
+      if (std::chrono::steady_clock::now() > end) return -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+  }
+  /// kill -9 and reap.
+  void kill_hard() {
+    if (pid_ <= 0 || !alive()) return;
+    ::kill(pid_, SIGKILL);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    exited_ = true;
+    status_ = st;
+  }
+  void signal(int sig) {
+    if (alive()) ::kill(pid_, sig);
+  }
+  /// The last `n` bytes of its log.
+  std::string log_tail(std::size_t n = 6000) const {
+    std::string s = read_file(log_);
+    return s.size() > n ? s.substr(s.size() - n) : s;
+  }
+
+ private:
+  fs::path log_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int status_ = 0;
+};
+
+/// A key file's text without surrounding whitespace.
+inline std::string trim_key(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  const auto e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+/// CURVE credentials of a client.
+struct CurveClient {
+  std::string server_public, client_public, client_secret;
+};
+
+/// Sends raw frames on a fresh REQ socket; the reply, or nothing within the timeout.
+inline std::optional<std::string> request_frames(const std::string& endpoint, const std::vector<std::string>& frames,
+                                                 int timeout_ms = 20000, const CurveClient* curve = nullptr) {
+  zmq::socket_t s(zmq_context(), zmq::socket_type::req);
+  s.set(zmq::sockopt::linger, 0);
+  if (curve) {
+    s.set(zmq::sockopt::curve_serverkey, curve->server_public);
+    s.set(zmq::sockopt::curve_publickey, curve->client_public);
+    s.set(zmq::sockopt::curve_secretkey, curve->client_secret);
+  }
+  s.connect(endpoint);
+  for (std::size_t i = 0; i < frames.size(); ++i)
+    s.send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+  zmq::pollitem_t items[] = {{s.handle(), 0, ZMQ_POLLIN, 0}};
+  zmq::poll(items, 1, std::chrono::milliseconds(timeout_ms));
+  if (!(items[0].revents & ZMQ_POLLIN)) return std::nullopt;
+  zmq::message_t m;
+  if (!s.recv(m)) return std::nullopt;
+  return m.to_string();
+}
+
+/// One JSON request; the parsed reply, or nothing within the timeout.
+inline std::optional<json> request(const std::string& endpoint, const json& req, int timeout_ms = 20000,
+                                   const CurveClient* curve = nullptr) {
+  auto r = request_frames(endpoint, {req.dump()}, timeout_ms, curve);
+  if (!r) return std::nullopt;
+  return json::parse(*r);
+}
+
+/// A request that must be answered; returns the reply (ok or not).
+inline json call(const std::string& endpoint, const json& req) {
+  auto r = request(endpoint, req);
+  REQUIRE_MESSAGE(r.has_value(), ("no reply to " + req.dump() + " from " + endpoint));
+  return *r;
+}
+
+/// A request that must succeed; returns the reply.
+inline json ok(const std::string& endpoint, const json& req) {
+  json r = call(endpoint, req);
+  REQUIRE_MESSAGE(r.value("ok", false), (req.dump() + " -> " + r.dump()));
+  return r;
+}
+
+/// Polls `pred` every 250 ms for up to `timeout_s`; true when it held.
+inline bool eventually(const std::function<bool()>& pred, double timeout_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    if (pred()) return true;
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+}
+
+/// A job's status object.
+inline json job_status(const std::string& endpoint, std::int64_t id) {
+  return ok(endpoint, {{"cmd", "status"}, {"job", id}})["job"];
+}
+
+/// Waits for a job to reach `state` (and `extra` to hold); fails with the daemon's log.
+inline json wait_job(DaemonProcess& d, const std::string& endpoint, std::int64_t id, const std::string& state,
+                     double timeout_s, const std::function<bool(const json&)>& extra = {}) {
+  json last;
+  const bool reached = eventually(
+      [&] {
+        REQUIRE_MESSAGE(d.alive(), ("segflowd died:\n" + d.log_tail()));
+        last = job_status(endpoint, id);
+        return last["state"] == state && (!extra || extra(last));
+      },
+      timeout_s);
+  REQUIRE_MESSAGE(reached, ("job " + std::to_string(id) + " did not reach " + state + "; last status " + last.dump() +
+                               "\n--- segflowd log ---\n" + d.log_tail()));
+  return last;
+}
+
+/// A SUB socket on the events endpoint collecting (topic, body) pairs.
+class Events {
+ public:
+  Events(const std::string& endpoint, const std::string& prefix = "") : s_(zmq_context(), zmq::socket_type::sub) {
+    s_.set(zmq::sockopt::linger, 0);
+    s_.set(zmq::sockopt::rcvhwm, 0);
+    s_.set(zmq::sockopt::subscribe, prefix);
+    s_.connect(endpoint);
+  }
+  /// Receives what is there (waiting up to `wait_ms` for the first message).
+  void drain(int wait_ms = 0) {
+    for (;;) {
+      zmq::pollitem_t items[] = {{s_.handle(), 0, ZMQ_POLLIN, 0}};
+      zmq::poll(items, 1, std::chrono::milliseconds(wait_ms));
+      if (!(items[0].revents & ZMQ_POLLIN)) return;
+      std::vector<zmq::message_t> parts;
+      if (!zmq::recv_multipart(s_, std::back_inserter(parts))) return;
+      if (parts.size() == 2) got.emplace_back(parts[0].to_string(), json::parse(parts[1].to_string()));
+      wait_ms = 0;
+    }
+  }
+  /// Waits until an event matches; returns it.
+  std::optional<json> wait_for(const std::function<bool(const std::string&, const json&)>& pred, double timeout_s) {
+    std::size_t seen = 0;
+    std::optional<json> hit;
+    eventually(
+        [&] {
+          drain(100);
+          for (; seen < got.size(); ++seen)
+            if (pred(got[seen].first, got[seen].second)) {
+              hit = got[seen].second;
+              return true;
+            }
+          return false;
+        },
+        timeout_s);
+    return hit;
+  }
+  std::vector<std::pair<std::string, json>> got;
+
+ private:
+  zmq::socket_t s_;
+};
+
+/// A free TCP port on 127.0.0.1 (bound and released).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t n = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+/// A daemon setup in a temporary folder: config file, data root, state folder.
+struct Setup {
+  TempDir dir{"segflowd"};
+  fs::path data = dir / "data";
+  fs::path state = dir / "state";
+  fs::path config = dir / "daemon.yaml";
+  std::string control = "ipc://" + (dir / "state" / "control.sock").string();
+  std::string events = "ipc://" + (dir / "state" / "events.sock").string();
+
+  /// Writes daemon.yaml with these extra lines.
+  void write_config(const std::string& extra = "") const {
+    write_file(config, "data_root: " + data.string() + "\nstate_dir: " + state.string() +
+                           "\nplugin_dir: " + (dir / "plugins").string() +
+                           "\nrescan_interval_s: 2\nsettle_s: 0.5\nlog_level: info\n" + extra);
+  }
+  /// Starts segflowd on this config and waits for it to answer ping.
+  std::unique_ptr<DaemonProcess> start(const std::string& log_name = "segflowd.log") const {
+    auto d = std::make_unique<DaemonProcess>(std::vector<std::string>{"--config", config.string()}, dir / log_name);
+    const bool up = eventually(
+        [&] {
+          REQUIRE_MESSAGE(d->alive(), ("segflowd exited at start:\n" + d->log_tail()));
+          auto r = request(control, {{"cmd", "ping"}}, 1000);
+          return r && r->value("ok", false);
+        },
+        120);
+    REQUIRE_MESSAGE(up, ("segflowd did not answer ping:\n" + d->log_tail()));
+    return d;
+  }
+};
+
+/// The tiny job of tests/apps/test_train.cpp (5 cases of size 24, 16^3 crops, a 3-level
+/// 4-channel UNet, simple loader, one thread, CPU): epochs take a second or two.
+inline std::string tiny_job(const fs::path& data_root, int epochs, const std::string& extra = "") {
+  return "name: tiny\n"
+         "seed: 3\n"
+         "data:\n"
+         "  root: " + data_root.string() + "\n"
+         "  synth: {cases: 5, size: 24, format: nifti, seed: 9}\n"
+         "  val_cases: 1\n"
+         "  num_classes: 5\n"
+         "stages:\n"
+         "  - name: load\n"
+         "  - name: resample\n"
+         "    options: {spacing: [2.5, 2.5, 3.0]}\n"
+         "  - name: scale_intensity_range\n"
+         "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
+         "  - name: fg_bg_indices\n"
+         "  - name: rand_crop_pos_neg\n"
+         "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 2}\n"
+         "  - name: rand_flip\n"
+         "    options: {prob: 0.5, spatial_axis: [0]}\n"
+         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, 16], strides: [2, 2], num_res_units: 1, norm: batch, dropout: 0.1}\n"
+         "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
+         "optimizer: {name: adam, lr: 0.01}\n"
+         "schedule: {name: constant}\n"
+         "train: {epochs: " + std::to_string(epochs) +
+         ", batch_size: 2, device: cpu, val_interval: 2, checkpoint_interval: 1, loader: simple, threads: 1, log_every: 1}\n"
+         "validation: {roi_size: [16, 16, 16], overlap: 0.25, sw_batch_size: 2}\n" + extra;
+}
+
+/// Runs `segflow ARGS` (stderr merged).
+inline CommandResult run_segflow(const std::string& args) { return run_command(shell_quote(segflow_bin()) + " " + args + " 2>&1"); }
+
+/// The epoch numbers of a run folder's metrics.jsonl epoch records, in file order.
+inline std::vector<std::int64_t> epoch_records(const fs::path& run_dir) {
+  std::vector<std::int64_t> out;
+  std::ifstream f(run_dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.empty()) continue;
+    json j = json::parse(line);
+    if (j.value("type", "") == "epoch") out.push_back(j["epoch"].get<std::int64_t>());
+  }
+  return out;
+}
+
+}  // namespace segflow::testing::daemon
