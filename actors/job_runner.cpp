@@ -31,7 +31,7 @@ Split split_cases(const std::vector<pipeline::CaseEntry>& cases, const models::J
   if (cfg.data.val_cases < 0 && cfg.data.val_fraction > 0 && n > 1) nval = std::max<std::int64_t>(nval, 1);
   nval = std::min(nval, std::max<std::int64_t>(0, n - 1));
   // Seeded Fisher-Yates over the sorted ids.
-  pipeline::Rng rng(pipeline::mix_seed({cfg.seed, 0x5711});
+  pipeline::Rng rng(pipeline::mix_seed({cfg.seed, 0x5711}));
   std::vector<std::size_t> order(sorted.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   for (std::int64_t i = n - 1; i > 0; --i) std::swap(order[i], order[rng.integer(0, i)]);
