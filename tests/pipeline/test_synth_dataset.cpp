@@ -7,6 +7,7 @@
 #include "pipeline/inspect.hpp"
 #include "pipeline/io/dataset.hpp"
 #include "pipeline/io/image_io.hpp"
+#include "pipeline/io/nifti.hpp"
 #include "pipeline/synth.hpp"
 #include "test_util.hpp"
 
@@ -33,7 +34,7 @@ TEST_CASE("a synthetic phantom has every structure, integer HU values and CT-lik
   const auto s = ph.image.size();
   CHECK(s[0] == 48);
   CHECK(s[1] == 48);
-  CHECK(ph.image.voxels.scalar_type() == torch::kFloat32);
+  CHECK((ph.image.voxels.scalar_type() == torch::kFloat32));
   CHECK(torch::equal(ph.image.voxels, ph.image.voxels.round()));
   CHECK(ph.image.voxels.min().item<float>() >= -1024);
   CHECK(ph.image.voxels.max().item<float>() <= 3071);
