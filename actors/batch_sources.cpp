@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "actors/actor_batch_source.hpp"
 #include "pipeline/simple_loader.hpp"
 
 namespace segflow::actors {
@@ -10,6 +11,10 @@ Result<std::unique_ptr<pipeline::BatchSource>> make_batch_source(const std::stri
                                                                  const pipeline::LoaderOptions& options) {
   if (kind == "simple") {
     SEGFLOW_ASSIGN_OR_RETURN(auto s, pipeline::SimpleLoader::make(options));
+    return std::unique_ptr<pipeline::BatchSource>(std::move(s));
+  }
+  if (kind == "actors") {
+    SEGFLOW_ASSIGN_OR_RETURN(auto s, ActorBatchSource::make(options));
     return std::unique_ptr<pipeline::BatchSource>(std::move(s));
   }
   return invalid_argument("train.loader: expected actors or simple, got \"" + kind + "\"");
