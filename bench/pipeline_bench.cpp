@@ -27,6 +27,7 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>  // complete YAML::Node: parse_pipeline_spec has a YAML overload
 
 #include "actors/actor_batch_source.hpp"
 #include "pipeline/io/dataset.hpp"

@@ -34,6 +34,7 @@ std::pair<at::Tensor, at::Tensor> fg_bg_indices(const at::Tensor& label, const a
 /// Options of stage "rand_crop_pos_neg" (MONAI RandCropByPosNegLabel).
 struct RandCropPosNegOptions {
   std::vector<std::string> keys{"image", "label"};  ///< tensors cropped together
+  bool allow_missing_keys = false;  ///< skip keys a sample lacks (e.g. no label at inference)
   std::string label_key = "label";                  ///< foreground: label > 0
   std::array<std::int64_t, 3> spatial_size{96, 96, 96};  ///< crop size (x, y, z), voxels; <= 0: full extent
   double pos = 1.0;   ///< weight of crops centred on foreground, >= 0

@@ -14,6 +14,7 @@ void CropForegroundOptions::bind(OptionParser& p) {
   p.number("threshold", threshold, Range::any(), "source units", "foreground: source > threshold");
   p.integers("margin", margin, Range::non_negative(), true, "voxels", "added on each side (x, y, z)");
   if (source_key.empty()) p.fail("source_key", "expected a non-empty name");
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 Box3 foreground_box(const at::Tensor& mask, const std::array<std::int64_t, 3>& margin) {
@@ -61,7 +62,8 @@ class CropForegroundStage final : public MapStage {
   bool deterministic() const override { return true; }
 
   Status apply_sample(Sample& s, Rng&) const override {
-    std::vector<std::string> all = o_.keys;
+    const auto keys = detail::present_keys(s, o_.keys, o_.allow_missing_keys);
+        std::vector<std::string> all = keys;
     all.push_back(o_.source_key);
     SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, all, kName).status());
     const at::Tensor& src = s.at(o_.source_key);
@@ -71,7 +73,7 @@ class CropForegroundStage final : public MapStage {
     bool whole = true;
     for (int a = 0; a < 3; ++a) whole = whole && box.start[a] == 0 && box.end[a] == size[a];
     if (whole) return Status::ok();
-    for (const auto& k : o_.keys) s.at(k) = crop_tensor(s.at(k), box).contiguous();
+    for (const auto& k : keys) s.at(k) = crop_tensor(s.at(k), box).contiguous();
     s.geometry = detail::crop_geometry(s.geometry, box.start);
     detail::drop_indices(s);
     return Status::ok();

@@ -13,6 +13,7 @@ void NormalizeIntensityOptions::bind(OptionParser& p) {
   p.boolean("nonzero", nonzero, "statistics over non-zero voxels only; zero voxels stay 0");
   p.boolean("channel_wise", channel_wise, "one mean/std per channel (else one over all channels)");
   p.string("mask_key", mask_key, "when set: statistics over mask > 0 only; voxels outside are set to 0");
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 namespace {
@@ -56,20 +57,22 @@ class NormalizeIntensityStage final : public MapStage {
   bool deterministic() const override { return true; }
 
   Status apply_sample(Sample& s, Rng&) const override {
+    const auto keys = detail::present_keys(s, o_.keys, o_.allow_missing_keys);
+    if (keys.empty()) return Status::ok();
     at::Tensor mask;
     if (!o_.mask_key.empty()) {
-      std::vector<std::string> all = o_.keys;
+      std::vector<std::string> all = keys;
       all.push_back(o_.mask_key);
       SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, all, kName).status());
       mask = s.at(o_.mask_key);
       if (mask.size(0) != 1)
-        for (const auto& k : o_.keys)
+        for (const auto& k : keys)
           if (s.at(k).size(0) != mask.size(0))
             return invalid_argument(std::string(kName) + ": sample '" + s.id + "': mask '" + o_.mask_key + "' has " +
                                     std::to_string(mask.size(0)) + " channels, '" + k + "' has " +
                                     std::to_string(s.at(k).size(0)) + "; expected 1 or equal");
     }
-    for (const auto& k : o_.keys) {
+    for (const auto& k : keys) {
       if (!s.has(k)) return detail::check_keys(s, {k}, kName).status();
       s.at(k) = normalize_intensity(s.at(k), mask, o_.nonzero, o_.channel_wise);
     }

@@ -20,6 +20,7 @@ void RandAffineOptions::bind(OptionParser& p) {
             "shift per axis uniform in [-t, t]");
   p.choice("mode", mode, {"bilinear", "nearest"}, "interpolation of floating tensors (integer ones: nearest)");
   p.choice("padding_mode", padding_mode, {"zeros", "border", "reflection"}, "values outside the input");
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 bool AffineParams::identity() const {
@@ -108,7 +109,9 @@ class RandAffineStage final : public MapStage {
   bool deterministic() const override { return false; }
 
   Status apply_sample(Sample& s, Rng& rng) const override {
-    SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, o_.keys, kName).status());
+    const auto keys = detail::present_keys(s, o_.keys, o_.allow_missing_keys);
+    if (keys.empty()) return Status::ok();
+    SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, keys, kName).status());
     if (!rng.bernoulli(o_.prob)) return Status::ok();
     AffineParams p;
     for (int a = 0; a < 3; ++a) {
@@ -117,8 +120,8 @@ class RandAffineStage final : public MapStage {
       p.translate[a] = rng.uniform(-o_.translate_range[a], o_.translate_range[a]);
     }
     if (p.identity()) return Status::ok();
-    const at::Tensor grid = affine_grid_for(s.at(o_.keys.front()), p);
-    for (const auto& k : o_.keys) s.at(k) = warp(s.at(k), grid, o_.mode == "bilinear", o_.padding_mode);
+    const at::Tensor grid = affine_grid_for(s.at(keys.front()), p);
+    for (const auto& k : keys) s.at(k) = warp(s.at(k), grid, o_.mode == "bilinear", o_.padding_mode);
     detail::drop_indices(s);  // geometry: the warped grid is no longer the scanner's; kept as is
     return Status::ok();
   }

@@ -21,11 +21,13 @@ void RandCropPosNegOptions::bind(OptionParser& p) {
   p.number("image_threshold", image_threshold, Range::any(), "image units", "see image_key");
   if (p.ok() && pos + neg <= 0) p.fail("neg", "expected pos + neg > 0, got pos 0 and neg 0");
   if (label_key.empty()) p.fail("label_key", "expected a non-empty name");
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& s, const RandCropPosNegOptions& o, Rng& rng) {
   static constexpr const char* kStage = "rand_crop_pos_neg";
-  std::vector<std::string> all = o.keys;
+  const auto keys = detail::present_keys(s, o.keys, o.allow_missing_keys);
+  std::vector<std::string> all = keys;
   all.push_back(o.label_key);
   if (!o.image_key.empty()) all.push_back(o.image_key);
   SEGFLOW_ASSIGN_OR_RETURN(const std::int64_t nsp, detail::check_keys(s, all, kStage));
@@ -94,7 +96,7 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& s, const RandCropPos
   std::map<std::string, at::Tensor> src;
   bool pad = false;
   for (std::int64_t d = 0; d < nsp; ++d) pad = pad || padded[d] != shape[d];
-  for (const auto& key : o.keys) {
+  for (const auto& key : keys) {
     at::Tensor t = s.at(key);
     if (pad) {
       std::vector<std::int64_t> p;  // last dim first, (before, after) pairs
@@ -133,7 +135,7 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& s, const RandCropPos
     o_s.geometry = detail::crop_geometry(s.geometry, start_xyz);
     for (const auto& [name, t] : s.tensors)
       if (name != "fg_indices" && name != "bg_indices") o_s.tensors[name] = t;
-    for (const auto& key : o.keys) {
+    for (const auto& key : keys) {
       at::Tensor t = src.at(key);
       for (std::int64_t d = 0; d < nsp; ++d) t = t.narrow(d + 1, start[d], crop[d]);
       o_s.tensors[key] = t.contiguous();

@@ -13,6 +13,7 @@ void RandFlipOptions::bind(OptionParser& p) {
   p.number("prob", prob, Range::closed(0, 1), "", "chance of flipping each axis");
   p.integer_list("spatial_axis", spatial_axis, Range::closed(0, 2), true,
                  "axes that may flip, 0 = x (axes a sample lacks are skipped)");
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 at::Tensor flip_tensor(const at::Tensor& t, const std::vector<int>& axes) {
@@ -36,13 +37,15 @@ class RandFlipStage final : public MapStage {
   bool deterministic() const override { return false; }
 
   Status apply_sample(Sample& s, Rng& rng) const override {
-    SEGFLOW_ASSIGN_OR_RETURN(const std::int64_t nsp, detail::check_keys(s, o_.keys, kName));
+    const auto keys = detail::present_keys(s, o_.keys, o_.allow_missing_keys);
+    if (keys.empty()) return Status::ok();
+    SEGFLOW_ASSIGN_OR_RETURN(const std::int64_t nsp, detail::check_keys(s, keys, kName));
     std::vector<int> axes;
     for (std::int64_t a : o_.spatial_axis)
       if (rng.bernoulli(o_.prob) && a < nsp) axes.push_back(static_cast<int>(a));
     if (axes.empty()) return Status::ok();
-    const Size3 size = detail::spatial_size_xyz(s.at(o_.keys.front()));
-    for (const auto& k : o_.keys) s.at(k) = flip_tensor(s.at(k), axes);
+    const Size3 size = detail::spatial_size_xyz(s.at(keys.front()));
+    for (const auto& k : keys) s.at(k) = flip_tensor(s.at(k), axes);
     for (int a : axes) s.geometry = detail::flip_geometry(s.geometry, size, a);
     detail::drop_indices(s);
     return Status::ok();

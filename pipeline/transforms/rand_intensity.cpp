@@ -14,12 +14,14 @@ void RandShiftIntensityOptions::bind(OptionParser& p) {
   p.strings("keys", keys, true, "tensors to shift (floating)");
   p.number("prob", prob, Range::closed(0, 1), "", "chance of shifting");
   p.number("offsets", offsets, Range::non_negative(), "intensity units", "offset uniform in [-offsets, offsets]");
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 void RandScaleIntensityOptions::bind(OptionParser& p) {
   p.strings("keys", keys, true, "tensors to scale (floating)");
   p.number("prob", prob, Range::closed(0, 1), "", "chance of scaling");
   p.number("factors", factors, Range::non_negative(), "", "x * (1 + f), f uniform in [-factors, factors]");
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 void RandGammaOptions::bind(OptionParser& p) {
@@ -28,6 +30,7 @@ void RandGammaOptions::bind(OptionParser& p) {
   p.numbers("gamma", gamma, Range::positive(), false, "", "gamma uniform in [lo, hi]");
   if (p.ok() && gamma[0] > gamma[1])
     p.fail("gamma", "expected [lo, hi] with lo <= hi, got " + format_value(nlohmann::json(gamma)));
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 void RandGaussianNoiseOptions::bind(OptionParser& p) {
@@ -36,6 +39,7 @@ void RandGaussianNoiseOptions::bind(OptionParser& p) {
   p.number("mean", mean, Range::any(), "intensity units", "noise mean");
   p.number("std", std, Range::non_negative(), "intensity units", "noise standard deviation (the maximum when sample_std)");
   p.boolean("sample_std", sample_std, "draw the std uniformly in [0, std] per sample");
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 at::Tensor adjust_gamma(const at::Tensor& x, double gamma) {
@@ -69,11 +73,12 @@ class RandIntensityStage : public MapStage {
   bool deterministic() const override { return false; }
 
   Status apply_sample(Sample& s, Rng& rng) const override {
-    SEGFLOW_RETURN_IF_ERROR(check_floating(s, o_.keys, Derived::kName));
+    const auto keys = detail::present_keys(s, o_.keys, o_.allow_missing_keys);
+    SEGFLOW_RETURN_IF_ERROR(check_floating(s, keys, Derived::kName));
     if (!rng.bernoulli(o_.prob)) return Status::ok();
     const auto& self = static_cast<const Derived&>(*this);
     const double param = self.draw(rng);
-    for (const auto& k : o_.keys) s.at(k) = self.map(s.at(k), param, rng);
+    for (const auto& k : keys) s.at(k) = self.map(s.at(k), param, rng);
     return Status::ok();
   }
 

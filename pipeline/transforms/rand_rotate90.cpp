@@ -15,6 +15,7 @@ void RandRotate90Options::bind(OptionParser& p) {
   p.integer_list("spatial_axes", spatial_axes, Range::closed(0, 2), true, "the plane of rotation, 2 axes, 0 = x");
   if (spatial_axes.size() != 2)
     p.fail("spatial_axes", "expected 2 distinct axes in [0, 2], got " + format_value(nlohmann::json(spatial_axes)));
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 at::Tensor rotate90_tensor(const at::Tensor& t, int k, int a0, int a1) {
@@ -36,7 +37,9 @@ class RandRotate90Stage final : public MapStage {
   bool deterministic() const override { return false; }
 
   Status apply_sample(Sample& s, Rng& rng) const override {
-    SEGFLOW_ASSIGN_OR_RETURN(const std::int64_t nsp, detail::check_keys(s, o_.keys, kName));
+    const auto keys = detail::present_keys(s, o_.keys, o_.allow_missing_keys);
+    if (keys.empty()) return Status::ok();
+    SEGFLOW_ASSIGN_OR_RETURN(const std::int64_t nsp, detail::check_keys(s, keys, kName));
     const int a0 = static_cast<int>(o_.spatial_axes[0]), a1 = static_cast<int>(o_.spatial_axes[1]);
     if (a0 >= nsp || a1 >= nsp)
       return invalid_argument(std::string(kName) + ": sample '" + s.id + "' has " + std::to_string(nsp) +
@@ -44,9 +47,9 @@ class RandRotate90Stage final : public MapStage {
                               "] do not exist");
     if (!rng.bernoulli(o_.prob)) return Status::ok();
     const int k = static_cast<int>(rng.integer(1, o_.max_k));
-    for (const auto& key : o_.keys) s.at(key) = rotate90_tensor(s.at(key), k, a0, a1).contiguous();
+    for (const auto& key : keys) s.at(key) = rotate90_tensor(s.at(key), k, a0, a1).contiguous();
     // Geometry: torch::rot90 is flip(a1) + swap for k = 1, flip(a0) + swap for k = 3.
-    Size3 size = detail::spatial_size_xyz(s.at(o_.keys.front()));
+    Size3 size = detail::spatial_size_xyz(s.at(keys.front()));
     if (k != 2) std::swap(size[a0], size[a1]);  // the size before the rotation
     Geometry g = s.geometry;
     if (k == 2) {

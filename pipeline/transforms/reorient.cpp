@@ -45,6 +45,7 @@ void ReorientOptions::bind(OptionParser& p) {
   p.strings("keys", keys, true, "tensors to reorient (same grid)");
   p.string("axcodes", axcodes, "where axes x, y, z point, one of L/R, P/A, I/S each (\"RAS\", \"LPS\")");
   if (Status st = check_axcodes(axcodes); !st.is_ok()) p.fail("axcodes", st.message());
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 ReorientPlan plan_reorient(const Geometry& g, const std::string& axcodes) {
@@ -107,11 +108,13 @@ class ReorientStage final : public MapStage {
   bool deterministic() const override { return true; }
 
   Status apply_sample(Sample& s, Rng&) const override {
-    SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, o_.keys, kName, true).status());
+    const auto keys = detail::present_keys(s, o_.keys, o_.allow_missing_keys);
+    if (keys.empty()) return Status::ok();
+    SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, keys, kName, true).status());
     const ReorientPlan plan = plan_reorient(s.geometry, o_.axcodes);
     if (plan.identity()) return Status::ok();
-    const Size3 size = detail::spatial_size_xyz(s.at(o_.keys.front()));
-    for (const auto& k : o_.keys) s.at(k) = reorient_tensor(s.at(k), plan);
+    const Size3 size = detail::spatial_size_xyz(s.at(keys.front()));
+    for (const auto& k : keys) s.at(k) = reorient_tensor(s.at(k), plan);
     s.geometry = reorient_geometry(s.geometry, size, plan);
     detail::drop_indices(s);
     return Status::ok();

@@ -14,6 +14,7 @@ void ResampleOptions::bind(OptionParser& p) {
   p.strings("keys", keys, true, "tensors to resample (same grid)");
   p.numbers("spacing", spacing, Range::positive(), false, "mm", "target spacing (x, y, z)");
   p.choice("mode", mode, {"trilinear", "nearest"}, "interpolation of floating tensors (integer ones: nearest)");
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 Size3 resampled_size(const Size3& size, const std::array<double, 3>& spacing, const std::array<double, 3>& target) {
@@ -55,11 +56,13 @@ class ResampleStage final : public MapStage {
   bool deterministic() const override { return true; }
 
   Status apply_sample(Sample& s, Rng&) const override {
-    SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, o_.keys, kName, true).status());
-    const Size3 from = detail::spatial_size_xyz(s.at(o_.keys.front()));
+    const auto keys = detail::present_keys(s, o_.keys, o_.allow_missing_keys);
+    if (keys.empty()) return Status::ok();
+    SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, keys, kName, true).status());
+    const Size3 from = detail::spatial_size_xyz(s.at(keys.front()));
     const Size3 to = resampled_size(from, s.geometry.spacing, o_.spacing);
     if (from == to) return Status::ok();  // same grid: identity, exactly
-    for (const auto& k : o_.keys) s.at(k) = resample_tensor(s.at(k), to, o_.mode == "trilinear");
+    for (const auto& k : keys) s.at(k) = resample_tensor(s.at(k), to, o_.mode == "trilinear");
     s.geometry = resample_geometry(s.geometry, from, to);
     detail::drop_indices(s);
     return Status::ok();

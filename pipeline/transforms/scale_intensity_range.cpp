@@ -16,6 +16,7 @@ void ScaleIntensityRangeOptions::bind(OptionParser& p) {
   p.number("b_max", b_max, Range::any(), "", "output for a_max");
   p.boolean("clip", clip, "clamp the output to [b_min, b_max]");
   if (p.ok() && a_max == a_min) p.fail("a_max", "expected a value different from a_min (" + format_value(a_min) + ")");
+  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 at::Tensor scale_intensity_range(const at::Tensor& x, double a_min, double a_max, double b_min, double b_max,
@@ -41,7 +42,8 @@ class ScaleIntensityRangeStage final : public MapStage {
   bool deterministic() const override { return true; }
 
   Status apply_sample(Sample& s, Rng&) const override {
-    for (const auto& k : o_.keys) {
+    const auto keys = detail::present_keys(s, o_.keys, o_.allow_missing_keys);
+    for (const auto& k : keys) {
       if (!s.has(k)) return detail::check_keys(s, {k}, kName).status();
       s.at(k) = scale_intensity_range(s.at(k), o_.a_min, o_.a_max, o_.b_min, o_.b_max, o_.clip);
     }

@@ -5,12 +5,14 @@
 #include <torch/torch.h>
 
 #include <caf/all.hpp>
+#include <yaml-cpp/yaml.h>  // complete YAML::Node: parse_pipeline_spec has a YAML overload
 
 #include <chrono>
 #include <set>
 #include <thread>
 
 #include "actors/actor_batch_source.hpp"
+#include "actors/augmenter.hpp"
 #include "messages/caf_types.hpp"
 #include "pipeline/cache/sample_cache.hpp"
 #include "pipeline/simple_loader.hpp"

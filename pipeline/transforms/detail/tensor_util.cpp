@@ -61,6 +61,14 @@ Result<std::int64_t> check_keys(const Sample& s, const std::vector<std::string>&
   return nsp;
 }
 
+std::vector<std::string> present_keys(const Sample& s, const std::vector<std::string>& keys, bool allow_missing) {
+  if (!allow_missing) return keys;
+  std::vector<std::string> out;
+  for (const auto& k : keys)
+    if (s.has(k)) out.push_back(k);
+  return out;
+}
+
 bool is_floating(const at::Tensor& t) { return at::isFloatingType(t.scalar_type()); }
 
 void drop_indices(Sample& s) {

@@ -44,8 +44,8 @@ void check_equal(const Sample& a, const Sample& b) {
     CAPTURE(k);
     REQUIRE(b.tensors.count(k) == 1);
     const at::Tensor& u = b.tensors.at(k);
-    CHECK(t.scalar_type() == u.scalar_type());
-    CHECK(t.sizes() == u.sizes());
+    CHECK((t.scalar_type() == u.scalar_type()));
+    CHECK((t.sizes() == u.sizes()));
     CHECK(torch::equal(t, u));
   }
 }

@@ -125,6 +125,12 @@ TEST_CASE("spatial transform errors name the stage, the sample and the key") {
   s.tensors["label"] = torch::zeros({1, 4, 4, 5}, torch::kUInt8);
   CHECK(run_error(*make_stage("rand_flip"), s) ==
         "rand_flip: sample 'case': spatial shapes differ: 'image' is (1, 4, 4, 4), 'label' is (1, 4, 4, 5)");
+  // allow_missing_keys: an image without a label (inference) goes through.
+  Sample img = make_sample(torch::ones({1, 4, 4, 4}));
+  img.geometry.spacing = {2, 2, 2};
+  Sample r = run1(*make_stage("resample", {{"spacing", {1, 1, 1}}, {"allow_missing_keys", true}}), img);
+  CHECK(r.at("image").sizes() == torch::IntArrayRef({1, 8, 8, 8}));
+  CHECK_FALSE(r.has("label"));
   Sample flat = make_sample(torch::zeros({4, 4}), torch::zeros({4, 4}, torch::kUInt8));
   CHECK(run_error(*make_stage("reorient"), flat) == "reorient: sample 'case': 'image' must be (C, Z, Y, X), got (4, 4)");
 }
