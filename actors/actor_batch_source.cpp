@@ -76,7 +76,10 @@ Result<std::unique_ptr<ActorBatchSource>> ActorBatchSource::build(std::unique_pt
   cc.cacheable = pipeline::cacheable_cases(static_cast<std::int64_t>(o.cases.size()), o.cache_rate);
   cc.budget_bytes = o.cache_bytes;
   cc.decode_workers = o.decode_workers;
-  self->cache_ = sys.spawn(cache, std::shared_ptr<const DecodeContext>(ctx), cc, self->collector_);
+  // Detached too: CAF 0.17's work-stealing workers, when idle, poll their queues with sleeps
+  // of up to 10 ms (scheduler.relaxed-sleep-duration), which a scheduled cache would add to
+  // every fetch; a detached actor wakes on its mailbox at once.
+  self->cache_ = sys.spawn<caf::detached>(cache, std::shared_ptr<const DecodeContext>(ctx), cc, self->collector_);
 
   AugmenterConfig ac;
   ac.pipeline = o.pipeline;
@@ -96,7 +99,8 @@ Result<std::unique_ptr<ActorBatchSource>> ActorBatchSource::build(std::unique_pt
 }
 
 ActorBatchSource::~ActorBatchSource() {
-  if (!self_) return;
+  if (!system_) return;
+  if (!self_) self_ = std::make_unique<caf::scoped_actor>(*system_);  // build() stopped early
   caf::scoped_actor& self = *self_;
   // Stop the actors and wait for them: they use the caller's pipeline, which may go away
   // right after this destructor (on a shared system nothing else would wait for them).

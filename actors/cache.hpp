@@ -8,9 +8,11 @@
 // (cache_rate) and it fits in what is left of the byte budget (pipeline::MemoryCache:
 // admission, never eviction), and handed to every waiting requester.
 //
-// Concurrency: a scheduled (non-detached) event-based actor: every handler is short and
-// non-blocking. The decoders are detached, spawned linked by the cache and replaced when
-// one dies (its exit is trapped; a request that met a dead decoder is queued again, once).
+// Concurrency: an event-based actor whose handlers are short and never block. ActorBatch-
+// Source spawns it detached all the same: on CAF 0.17's work-stealing scheduler an idle
+// worker polls with sleeps of up to 10 ms, which a scheduled cache would add to every fetch.
+// The decoders are detached, spawned linked by the cache and replaced when one dies (its
+// exit is trapped; a request that met a dead decoder is queued again, up to twice).
 // Backpressure: at most one request per decoder in flight (decode_limit =
 // decode_workers); the rest wait in the cache's queue, which is bounded by what its
 // requesters have in flight (each augmenter's window). Memory: cached bytes <= budget.
@@ -57,7 +59,7 @@ struct CacheState {
   static inline const char* name = "segflow.cache";
 };
 
-/// The cache's behaviour; spawns its decoder pool. Spawn scheduled (not detached).
+/// The cache's behaviour; spawns its decoder pool. Spawn detached (see above).
 cache_actor::behavior_type cache(cache_actor::stateful_pointer<CacheState> self,
                                  std::shared_ptr<const DecodeContext> ctx, CacheConfig config,
                                  collector_actor collector);

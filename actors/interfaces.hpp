@@ -8,7 +8,7 @@
 //   augmenter (detached, one per trainer device)
 //     │ fetch_atom, case index -> Sample | error     (<= window requests + buffered cases)
 //     ▼
-//   cache (scheduled; memory cache with a byte budget)
+//   cache (detached, non-blocking handlers; memory cache with a byte budget)
 //     │ decode_atom, case index -> DecodeResult | error      (<= one per decoder)
 //     ▼
 //   decoder x N (detached; disk cache, reader, deterministic stages)

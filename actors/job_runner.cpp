@@ -10,7 +10,9 @@
 #include <mutex>
 
 #include "actors/batch_sources.hpp"
+#include "actors/run_outputs.hpp"
 #include "messages/log.hpp"
+#include "models/device_memory.hpp"
 #include "pipeline/pipeline_spec.hpp"
 #include "pipeline/plugin.hpp"
 #include "pipeline/stage.hpp"
@@ -110,20 +112,68 @@ Result<std::vector<Sample>> make_validation_samples(const std::vector<pipeline::
 
 }  // namespace
 
-Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& opts, models::TrainObserver& observer) {
+PreparedJob::~PreparedJob() {
+  source.reset();  // stop the data path before the pipeline it runs goes away
+  trainer.reset();
+}
+
+Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& opts, models::TrainObserver& observer) {
+  PreparedJob job;
   SEGFLOW_RETURN_IF_ERROR(ensure_dataset(cfg));
   SEGFLOW_ASSIGN_OR_RETURN(auto index, pipeline::scan_dataset(cfg.data.root, pipeline::ScanOptions{.validate = false}));
   for (auto& s : index.skipped) observer.on_case_failure({s.path.string(), s.reason});
   if (index.cases.empty()) return invalid_argument(cfg.data.root + ": no usable cases");
-  Split split = split_cases(index.cases, cfg);
-  if (split.train.empty()) return invalid_argument(cfg.data.root + ": no training cases after the split");
+  job.split = split_cases(index.cases, cfg);
+  if (job.split.train.empty()) return invalid_argument(cfg.data.root + ": no training cases after the split");
 
   pipeline::StageRegistry registry = pipeline::builtin_registry();
   if (!opts.plugin_dir.empty()) SEGFLOW_RETURN_IF_ERROR(pipeline::load_plugins(opts.plugin_dir, registry).status());
   SEGFLOW_ASSIGN_OR_RETURN(pipeline::Pipeline pipe, pipeline::build_pipeline(cfg.stages, registry, cfg.file));
+  job.pipeline = std::make_unique<pipeline::Pipeline>(std::move(pipe));
 
   SEGFLOW_ASSIGN_OR_RETURN(c10::Device device, models::resolve_device(cfg.train.device));
-  SEGFLOW_ASSIGN_OR_RETURN(auto trainer, models::Trainer::create(cfg, device));
+  SEGFLOW_ASSIGN_OR_RETURN(job.trainer, models::Trainer::create(cfg, device));
+
+  pipeline::LoaderOptions lo;
+  lo.cases = job.split.train;
+  lo.pipeline = job.pipeline.get();
+  lo.batch_size = cfg.train.batch_size;
+  lo.seed = cfg.seed;
+  lo.rank = opts.rank;
+  lo.world_size = opts.world_size;
+  lo.device = device.str();
+  lo.decode_workers = static_cast<int>(cfg.train.decode_workers);
+  lo.max_inflight_batches = static_cast<int>(cfg.train.prefetch);
+  lo.cache_rate = cfg.train.cache_rate;
+  lo.cache_bytes = cfg.train.cache_bytes;
+  lo.disk_cache_dir = cfg.train.disk_cache;
+  SEGFLOW_ASSIGN_OR_RETURN(job.source, make_batch_source(cfg.train.loader, lo));
+
+  // Steps per epoch for the schedule: this rank's cases x samples per case / (batch x accumulate).
+  std::int64_t per_case = 1;
+  {
+    auto probe = job.pipeline->run_deterministic(job.split.train.front());
+    if (probe.is_ok()) {
+      std::vector<Sample> v{std::move(*probe)};
+      pipeline::Rng rng(0);
+      if (job.pipeline->run_random(v, rng).is_ok()) per_case = std::max<std::int64_t>(1, static_cast<std::int64_t>(v.size()));
+    }
+  }
+  const auto world = std::max<std::int64_t>(1, opts.world_size);
+  const auto ncases = (static_cast<std::int64_t>(job.split.train.size()) + world - 1) / world;
+  const std::int64_t batches = (ncases * per_case + cfg.train.batch_size - 1) / cfg.train.batch_size;
+  job.steps_per_epoch = (batches + cfg.train.accumulate - 1) / cfg.train.accumulate;
+  if (cfg.train.steps_per_epoch > 0) job.steps_per_epoch = std::min(job.steps_per_epoch, cfg.train.steps_per_epoch);
+
+  SEGFLOW_ASSIGN_OR_RETURN(job.validation, make_validation_samples(job.split.val, *job.pipeline, job.trainer->model().info(),
+                                                                   cfg.seed, observer));
+  return job;
+}
+
+Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& opts, models::TrainObserver& observer) {
+  SEGFLOW_ASSIGN_OR_RETURN(PreparedJob job, prepare_job(cfg, opts, observer));
+  auto& trainer = job.trainer;
+  const c10::Device device = trainer->device();
 
   fs::path run_dir = opts.run_dir ? *opts.run_dir : fs::path(cfg.runs_dir) / models::run_name(cfg);
   std::optional<fs::path> resume = opts.resume;
@@ -140,45 +190,21 @@ Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& op
     SEGFLOW_RETURN_IF_ERROR(trainer->load_checkpoint(*resume));
     log::info("resumed from " + resume->string() + " at epoch " + std::to_string(trainer->state().epoch));
   }
-
-  pipeline::LoaderOptions lo;
-  lo.cases = split.train;
-  lo.pipeline = &pipe;
-  lo.batch_size = cfg.train.batch_size;
-  lo.seed = cfg.seed;
-  lo.device = device.str();
-  lo.decode_workers = static_cast<int>(cfg.train.decode_workers);
-  lo.max_inflight_batches = static_cast<int>(cfg.train.prefetch);
-  lo.cache_rate = cfg.train.cache_rate;
-  lo.cache_bytes = cfg.train.cache_bytes;
-  lo.disk_cache_dir = cfg.train.disk_cache;
-  SEGFLOW_ASSIGN_OR_RETURN(auto source, make_batch_source(cfg.train.loader, lo));
-
-  // Steps per epoch for the schedule: cases x samples per case / (batch x accumulate).
-  std::int64_t per_case = 1;
-  {
-    auto probe = pipe.run_deterministic(split.train.front());
-    if (probe.is_ok()) {
-      std::vector<Sample> v{std::move(*probe)};
-      pipeline::Rng rng(0);
-      if (pipe.run_random(v, rng).is_ok()) per_case = std::max<std::int64_t>(1, static_cast<std::int64_t>(v.size()));
-    }
-  }
-  const auto ncases = static_cast<std::int64_t>(split.train.size());
-  const std::int64_t batches = (ncases * per_case + cfg.train.batch_size - 1) / cfg.train.batch_size;
-  std::int64_t steps = (batches + cfg.train.accumulate - 1) / cfg.train.accumulate;
-  if (cfg.train.steps_per_epoch > 0) steps = std::min(steps, cfg.train.steps_per_epoch);
-
-  SEGFLOW_ASSIGN_OR_RETURN(auto val, make_validation_samples(split.val, pipe, trainer->model().info(), cfg.seed, observer));
-  log::info("run " + run_dir.string() + ": " + std::to_string(split.train.size()) + " training cases, " +
-            std::to_string(val.size()) + " validation samples, " + std::to_string(steps) + " steps per epoch on " +
-            device.str() + " (" + cfg.train.loader + " loader)");
+  log::info("run " + run_dir.string() + ": " + std::to_string(job.split.train.size()) + " training cases, " +
+            std::to_string(job.validation.size()) + " validation samples, " + std::to_string(job.steps_per_epoch) +
+            " steps per epoch on " + device.str() + " (" + cfg.train.loader + " loader)");
 
   JsonlMetricsObserver metrics(run_dir / "metrics.jsonl", cfg.train.log_every);
   ObserverList all;
+  std::function<double()> gpu_mb;
+  if (device.is_cuda()) gpu_mb = [device] { return models::peak_device_memory_mb(device); };
+  TensorBoardObserver tensorboard(run_dir / "tb", cfg.train.log_every, gpu_mb);
+  ProgressPlotObserver plot(run_dir / "progress.svg");
   all.add(&metrics);
+  all.add(&tensorboard);
+  all.add(&plot);
   all.add(&observer);
-  SEGFLOW_RETURN_IF_ERROR(trainer->fit(*source, steps, val, run_dir, all));
+  SEGFLOW_RETURN_IF_ERROR(trainer->fit(*job.source, job.steps_per_epoch, job.validation, run_dir, all));
   return run_dir;
 }
 

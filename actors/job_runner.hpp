@@ -17,7 +17,9 @@
 #include "messages/status.hpp"
 #include "models/job_config.hpp"
 #include "models/trainer.hpp"
+#include "pipeline/batch_source.hpp"
 #include "pipeline/io/dataset.hpp"
+#include "pipeline/pipeline_spec.hpp"
 
 namespace segflow::actors {
 
@@ -27,6 +29,8 @@ struct RunOptions {
   bool resume_last = false;                     ///< resume from the run folder's last.pt if present
   std::filesystem::path plugin_dir;             ///< extra stages (shared libraries); empty = none
   std::optional<std::filesystem::path> run_dir; ///< override the deterministic run folder
+  std::int64_t rank = 0;                        ///< data-parallel rank (this trainer's shard)
+  std::int64_t world_size = 1;
 };
 
 /// The train/validation split of a dataset (deterministic for a seed).
@@ -40,6 +44,24 @@ Split split_cases(const std::vector<pipeline::CaseEntry>& cases, const models::J
 
 /// Makes the dataset of `cfg` when data.root does not exist and data.synth is set.
 Status ensure_dataset(const models::JobConfig& cfg);
+
+/// A job set up and ready to train: what run_training and `segflow bench` share.
+struct PreparedJob {
+  Split split;
+  std::unique_ptr<pipeline::Pipeline> pipeline;      ///< the sources point at it: keep it alive
+  std::unique_ptr<models::Trainer> trainer;
+  std::unique_ptr<pipeline::BatchSource> source;
+  std::int64_t steps_per_epoch = 1;
+  std::vector<Sample> validation;                    ///< preprocessed validation samples
+  ~PreparedJob();                                    ///< the source goes before the pipeline
+  PreparedJob() = default;
+  PreparedJob(PreparedJob&&) = default;
+};
+
+/// Dataset (synthesised when needed), split, pipeline (with plugins), trainer on the
+/// config's device, data path and validation samples. Skipped cases go to `observer`.
+Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& options,
+                                models::TrainObserver& observer);
 
 /// Runs the job to the end (or until observer.should_stop()). Returns the run folder.
 Result<std::filesystem::path> run_training(const models::JobConfig& cfg, const RunOptions& options,

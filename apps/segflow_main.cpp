@@ -28,6 +28,8 @@ commands:
   ctl      COMMAND ...    talk to segflowd (start, stop, pause, resume, status, list, ...)
   infer    --checkpoint PATH --input PATH --output out.nii.gz|seg.dcm|DIR [--device D]
                          sliding-window inference; label map in the input's geometry
+  bench    CONFIG [--json] [--seconds S] [--epochs N] [--loaders actors,simple] [--set k=v ...]
+                         samples/s of the real data path + trainer vs the compute step alone
   help                   this text
 
 Every command exits non-zero with one line on stderr for bad input.
@@ -43,7 +45,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   static const std::map<std::string, std::function<int(int, char**)>> commands = {
       {"synth", cmd_synth},   {"inspect", cmd_inspect}, {"stages", cmd_stages},
-      {"train", cmd_train},   {"infer", cmd_infer},     {"ctl", cmd_ctl},
+      {"train", cmd_train},   {"infer", cmd_infer},     {"ctl", cmd_ctl},       {"bench", cmd_bench},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);

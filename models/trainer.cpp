@@ -97,6 +97,8 @@ Trainer::Trainer(JobConfig cfg, c10::Device device, ModelHandle model)
     : cfg_(std::move(cfg)), device_(device), model_(std::move(model)), impl_(std::make_unique<Impl>()) {}
 Trainer::~Trainer() = default;
 
+const std::vector<at::Tensor>& Trainer::parameters() const { return impl_->params; }
+
 Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10::Device& device) {
   try {
     if (cfg.train.amp == "fp16" && !device.is_cuda())
@@ -292,11 +294,13 @@ Result<EpochInfo> Trainer::train_epoch(pipeline::BatchSource& source, std::int64
       set_learning_rate(opt, lr);
       // Gather up to `accumulate` micro-batches; gradients add up (no step in between).
       std::vector<at::Tensor> losses;
+      bool synced = false;
       while (micro < tr.accumulate) {
         SEGFLOW_ASSIGN_OR_RETURN(auto batch, source.next());
         si.data_wait_s += source.last_wait_s();
         for (auto& f : source.take_failures()) observer.on_case_failure(f);
-        if (!batch) {
+        const bool have = sync_ ? sync_->all_have(batch.has_value()) : batch.has_value();
+        if (!have) {
           done = true;
           break;
         }
@@ -311,12 +315,19 @@ Result<EpochInfo> Trainer::train_epoch(pipeline::BatchSource& source, std::int64
           loss = impl_->ds_loss ? (*impl_->ds_loss)(outs, label) : impl_->loss(outs[0], label);
         }
         const double scale = tr.amp == "fp16" ? state_.loss_scale : 1.0;
-        (loss * (scale / static_cast<double>(tr.accumulate))).backward();
+        at::Tensor scaled = loss * (scale / static_cast<double>(tr.accumulate));
+        if (sync_) {
+          const bool last_micro = micro + 1 == tr.accumulate;
+          sync_->before_backward(scaled, last_micro);
+          synced = synced || last_micro;
+        }
+        scaled.backward();
         step_loss += loss.item<double>();
         si.samples += image.size(0);
         ++micro;
       }
       if (micro == 0) break;
+      if (sync_) sync_->after_backward(synced);
       // A short last step (epoch ended mid-accumulation) is rescaled to a full mean.
       if (micro < tr.accumulate) {
         const double fix = static_cast<double>(tr.accumulate) / static_cast<double>(micro);

@@ -79,6 +79,21 @@ class TrainObserver {
   virtual bool should_stop() { return false; }
 };
 
+/// Gradient synchronisation across data-parallel ranks (models/parallel/). Per micro-batch
+/// the trainer first asks all_have(): every rank says whether it has a batch, and the step
+/// (and the epoch) ends on every rank as soon as one has none, so uneven shards never hang
+/// a collective. before_backward(loss, sync) comes before each backward, sync=true only on
+/// the last micro-batch of a step (no all-reduce while accumulating, as DDP's no_sync);
+/// after_backward(synced) once the step's gradients are complete, before clipping and the
+/// optimizer step; synced=false when the step ended early and nothing was reduced yet.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual bool all_have(bool have_batch) = 0;
+  virtual void before_backward(const at::Tensor& loss, bool sync) = 0;
+  virtual void after_backward(bool synced) = 0;
+};
+
 /// Resolves "auto" / "cpu" / "cuda" / "cuda:N"; "auto" is cuda:0 when available.
 Result<c10::Device> resolve_device(const std::string& text);
 
@@ -121,6 +136,12 @@ class Trainer {
   /// UNets (slice by slice for 2D models on volumes), direct for box-prompted models.
   at::Tensor predict(const at::Tensor& image, const at::Tensor& box = {}) const;
 
+  /// Attaches a data-parallel gradient synchroniser (null: single rank). Attach before
+  /// training; the synchroniser owns broadcasting the initial weights.
+  void set_gradient_sync(std::shared_ptr<GradientSync> sync) { sync_ = std::move(sync); }
+  /// The parameters the optimizer updates, in a fixed order (what a synchroniser reduces).
+  const std::vector<at::Tensor>& parameters() const;
+
   const TrainState& state() const { return state_; }
   const JobConfig& config() const { return cfg_; }
   const ModelHandle& model() const { return model_; }
@@ -135,6 +156,7 @@ class Trainer {
   ModelHandle model_;
   std::int64_t num_classes_ = 2;
   TrainState state_;
+  std::shared_ptr<GradientSync> sync_;
   std::unique_ptr<Impl> impl_;
 };
 

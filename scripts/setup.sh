@@ -37,5 +37,10 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.__version__.sta
   .venv/bin/python -m pip install -q "torch==2.11.0"
 fi
 # Independent readers for the tests (values and geometry are checked against them).
-.venv/bin/python -m pip install -q "numpy<3" "pydicom>=2.4,<4" "nibabel>=5" "SimpleITK>=2.3"
+.venv/bin/python -m pip install -q "numpy<3" "pydicom>=2.4,<4" "nibabel>=5" "SimpleITK>=2.3" "tensorboard>=2.15"
+# Reference implementations the model tests compare against on the same weights (MONAI's
+# UNet, segment_anything's SAM), and MONAI's recipe as a benchmark baseline. torchvision
+# without dependencies: segment_anything imports it, and its own pin would replace torch.
+.venv/bin/python -m pip install -q "monai==1.4.0" "segment-anything==1.0"
+.venv/bin/python -m pip install -q --no-deps "torchvision==0.26.0"
 echo "setup: done"

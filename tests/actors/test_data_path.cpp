@@ -399,6 +399,14 @@ TEST_CASE("a source can share an actor system and a collector with other actors"
   caf::actor_system sys{cfg};
   auto sink = std::make_shared<MemorySink>();
   auto coll = sys.spawn<caf::detached>(actors::collector, std::vector<std::shared_ptr<actors::EventSink>>{sink});
+  // A subscribed actor sees every event as well.
+  auto heard = std::make_shared<std::atomic<int>>(0);
+  auto listener = sys.spawn([heard](actors::event_listener::pointer) -> actors::event_listener::behavior_type {
+    return {[heard](event_atom, const Event& e) {
+      if (e.kind == "case_skipped") ++*heard;
+    }};
+  });
+  caf::anon_send(coll, watch_atom::value, listener);
   LoaderOptions o = options_for(cases, p);
   o.batch_size = 1;
   ActorSourceOptions extra;
@@ -418,6 +426,9 @@ TEST_CASE("a source can share an actor system and a collector with other actors"
       .receive([&](CollectorStats& s) { CHECK(s.case_skipped == 2); },
                [&](caf::error& e) { FAIL(sys.render(e)); });
   CHECK(sink->count("case_skipped") == 2);
+  for (int i = 0; i < 500 && heard->load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(heard->load() == 2);
+  caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(coll, caf::exit_reason::user_shutdown);
 }
 

@@ -10,14 +10,14 @@
 using namespace segflow::testing;
 
 namespace {
-CommandResult segflow(const std::string& args) { return run_command(shell_quote(segflow_bin()) + " " + args + " 2>&1"); }
+CommandResult run_segflow(const std::string& args) { return run_command(shell_quote(segflow_bin()) + " " + args + " 2>&1"); }
 }  // namespace
 
 TEST_CASE("segflow synth then inspect --json prints the DESIGN.md contract") {
   TempDir dir("cli_synth");
-  auto r = segflow("synth --cases 2 --size 20 --format dicom --compress rle --seed 3 --out " + shell_quote(dir.path().string()));
+  auto r = run_segflow("synth --cases 2 --size 20 --format dicom --compress rle --seed 3 --out " + shell_quote(dir.path().string()));
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
-  auto i = segflow("inspect " + shell_quote((dir.path() / "case_000").string()) + " --json");
+  auto i = run_segflow("inspect " + shell_quote((dir.path() / "case_000").string()) + " --json");
   REQUIRE_MESSAGE(i.exit_code == 0, i.out);
   auto j = nlohmann::json::parse(i.out);
   for (const char* k : {"size", "spacing", "origin", "direction", "dtype", "min", "max", "mean", "labels"})
@@ -29,7 +29,7 @@ TEST_CASE("segflow synth then inspect --json prints the DESIGN.md contract") {
 
 TEST_CASE("segflow inspect of a DICOM series agrees with SimpleITK") {
   TempDir dir("cli_sitk");
-  auto r = segflow("synth --cases 3 --size 20 --format dicom --out " + shell_quote(dir.path().string()));
+  auto r = run_segflow("synth --cases 3 --size 20 --format dicom --out " + shell_quote(dir.path().string()));
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   const auto case_dir = dir.path() / "case_002";  // oblique
   // SimpleITK's series reader must only see the CT slices, not the SEG.
@@ -37,7 +37,7 @@ TEST_CASE("segflow inspect of a DICOM series agrees with SimpleITK") {
   for (auto& e : std::filesystem::directory_iterator(case_dir))
     if (e.path().filename().string().rfind("IM_", 0) == 0)
       std::filesystem::copy_file(e.path(), only_ct.path() / e.path().filename());
-  auto i = segflow("inspect " + shell_quote(only_ct.path().string()) + " --json");
+  auto i = run_segflow("inspect " + shell_quote(only_ct.path().string()) + " --json");
   REQUIRE_MESSAGE(i.exit_code == 0, i.out);
   auto ours = nlohmann::json::parse(i.out);
   auto ref = reference_read("sitk", only_ct.path());
@@ -67,13 +67,13 @@ TEST_CASE("segflow exits non-zero with one line on stderr for bad input") {
   };
   for (const auto& c : cases) {
     CAPTURE(c.args);
-    auto r = segflow(c.args);
+    auto r = run_segflow(c.args);
     CHECK(r.exit_code != 0);
     CHECK(r.out.find(c.expect) != std::string::npos);
     CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
   }
   write_file(dir / "fake.dcm", "this is not a DICOM file\n");
-  auto r = segflow("inspect " + shell_quote((dir / "fake.dcm").string()));
+  auto r = run_segflow("inspect " + shell_quote((dir / "fake.dcm").string()));
   CHECK(r.exit_code != 0);
   CHECK(r.out.find("fake.dcm") != std::string::npos);
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);

@@ -133,6 +133,25 @@ TEST_CASE("a run folder has a deterministic name and holds config, metrics and c
   }
   CHECK(epochs == 2);
   CHECK(vals == 1);
+  // TensorBoard reads the event files back: the same epoch losses and validation Dice.
+  auto tb = segflow::testing::run_command(segflow::testing::shell_quote(segflow::testing::python()) + " " +
+                                          segflow::testing::shell_quote(segflow::testing::source_path("tests/tools/tb_read.py").string()) +
+                                          " " + segflow::testing::shell_quote((*run / "tb").string()) + " 2>/dev/null");
+  REQUIRE_MESSAGE(tb.exit_code == 0, tb.out);
+  auto scalars = nlohmann::json::parse(tb.out);
+  for (const char* tag : {"epoch/loss", "epoch/samples_per_s", "epoch/lr", "val/mean_dice", "val/dice_class_1", "train/loss"})
+    CHECK_MESSAGE(scalars.contains(tag), tag);
+  REQUIRE(scalars["epoch/loss"].size() == 2);
+  CHECK(scalars["epoch/loss"][1][0] == 1);
+  CHECK(scalars["epoch/loss"][1][1].get<double>() == doctest::Approx(q.epochs[1].loss).epsilon(1e-5));
+  REQUIRE(scalars["val/mean_dice"].size() == 1);
+  CHECK(scalars["val/mean_dice"][0][1].get<double>() == doctest::Approx(q.validations[0].mean_dice).epsilon(1e-5));
+  // progress.svg: redrawn after each epoch, with one point per epoch on the loss curve.
+  std::ifstream svg(*run / "progress.svg");
+  std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  CHECK(text.rfind("<svg", 0) == 0);
+  CHECK(text.find("train loss (last") != std::string::npos);
+  CHECK(text.find("val Dice (last") != std::string::npos);
 }
 
 TEST_CASE("training 2N epochs equals N epochs plus a resume for N more, weight for weight") {

@@ -1,0 +1,31 @@
+#pragma once
+// `segflow bench`: how fast the real data path + trainer runs a job, against the pure
+// compute step on batches already staged in memory (the limit), in the same process.
+// Prints JSON lines; ratios, never absolute thresholds, are what to compare across runs.
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "messages/status.hpp"
+#include "models/job_config.hpp"
+
+namespace segflow::actors {
+
+struct BenchOptions {
+  double seconds = 60.0;              ///< measured time per loader (after the warm-up epoch)
+  std::int64_t max_epochs = 0;        ///< 0: as many as fit in `seconds` (at least 1)
+  std::vector<std::string> loaders;   ///< data paths to measure; empty = the config's
+};
+
+/// One JSON object per measurement: {"bench": "e2e"|"compute"|"summary", ...}. Each e2e
+/// line has samples_per_s, step_ms, data_wait_ms (mean per step), epochs, steps and the
+/// first (cache-filling) epoch's seconds; compute lines the same on staged batches;
+/// summary: pipeline_efficiency per loader (e2e / compute samples/s), loader ratios,
+/// peak host and device memory.
+Result<std::vector<nlohmann::json>> bench_training(const models::JobConfig& cfg, const BenchOptions& options,
+                                                   const std::function<void(const nlohmann::json&)>& emit = {});
+
+}  // namespace segflow::actors

@@ -1,0 +1,277 @@
+#include "actors/data_parallel.hpp"
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "actors/run_outputs.hpp"
+#include "messages/log.hpp"
+#include "models/device_memory.hpp"
+#include "models/parallel/collective.hpp"
+
+namespace segflow::actors {
+
+namespace fs = std::filesystem;
+using models::parallel::Collective;
+using models::parallel::CollectiveOptions;
+using models::parallel::DdpGradientSync;
+
+namespace {
+
+/// Forwards every event to `inner` (rank 0's observers, or nothing) and makes should_stop()
+/// a decision of all ranks: the trainer polls it at the same points on every rank (once per
+/// step, once per epoch), so a MAX all-reduce there keeps the ranks in step.
+class AgreedStopObserver : public models::TrainObserver {
+ public:
+  AgreedStopObserver(models::TrainObserver* inner, Collective& collective) : inner_(inner), coll_(collective) {}
+  void on_epoch_start(std::int64_t e, std::int64_t n) override { if (inner_) inner_->on_epoch_start(e, n); }
+  void on_step(const models::StepInfo& i) override { if (inner_) inner_->on_step(i); }
+  void on_epoch_end(const models::EpochInfo& i) override { if (inner_) inner_->on_epoch_end(i); }
+  void on_validation(const models::ValidationInfo& i) override { if (inner_) inner_->on_validation(i); }
+  void on_checkpoint(const fs::path& p, const std::string& k) override { if (inner_) inner_->on_checkpoint(p, k); }
+  void on_case_failure(const pipeline::CaseFailure& f) override { if (inner_) inner_->on_case_failure(f); }
+  bool should_stop() override {
+    const bool local = inner_ && inner_->should_stop();
+    auto r = coll_.any(local);
+    if (!r.is_ok()) throw std::runtime_error(r.status().message());
+    return *r;
+  }
+
+ private:
+  models::TrainObserver* inner_;
+  Collective& coll_;
+};
+
+/// A fresh private folder for a rank > 0's throwaway checkpoints, removed on destruction.
+class ScratchDir {
+ public:
+  explicit ScratchDir(std::int64_t rank) {
+    std::random_device rd;
+    path_ = fs::temp_directory_path() / ("segflow-rank" + std::to_string(rank) + "-" + std::to_string(rd()) +
+                                         std::to_string(rd()));
+    std::error_code ec;
+    fs::create_directories(path_, ec);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+/// Rank 0's run folder: where it is, what to resume from, and its observers.
+struct RunFolder {
+  fs::path dir;
+  std::optional<fs::path> resume;
+  std::unique_ptr<JsonlMetricsObserver> metrics;
+  std::unique_ptr<TensorBoardObserver> tensorboard;
+  std::unique_ptr<ProgressPlotObserver> plot;
+  ObserverList all;
+};
+
+/// Where the run goes and what it resumes from (the same rules as run_training).
+void locate_run(const models::JobConfig& cfg, const RunOptions& opts, RunFolder& rf) {
+  rf.dir = opts.run_dir ? *opts.run_dir : fs::path(cfg.runs_dir) / models::run_name(cfg);
+  rf.resume = opts.resume;
+  if (rf.resume) rf.dir = opts.run_dir ? *opts.run_dir : rf.resume->parent_path();
+  if (!rf.resume && opts.resume_last && fs::exists(rf.dir / "last.pt")) rf.resume = rf.dir / "last.pt";
+}
+
+Status open_run_folder(const models::JobConfig& cfg, const c10::Device& device, models::TrainObserver& user,
+                       RunFolder& rf) {
+  std::error_code ec;
+  fs::create_directories(rf.dir, ec);
+  if (ec) return io_error(rf.dir.string() + ": cannot create the run folder: " + ec.message());
+  {
+    std::ofstream f(rf.dir / "config.json");
+    f << cfg.resolved.dump(2) << '\n';
+  }
+  std::function<double()> gpu_mb;
+  if (device.is_cuda()) gpu_mb = [device] { return models::peak_device_memory_mb(device); };
+  rf.metrics = std::make_unique<JsonlMetricsObserver>(rf.dir / "metrics.jsonl", cfg.train.log_every);
+  rf.tensorboard = std::make_unique<TensorBoardObserver>(rf.dir / "tb", cfg.train.log_every, gpu_mb);
+  rf.plot = std::make_unique<ProgressPlotObserver>(rf.dir / "progress.svg");
+  rf.all.add(rf.metrics.get());
+  rf.all.add(rf.tensorboard.get());
+  rf.all.add(rf.plot.get());
+  rf.all.add(&user);
+  return Status::ok();
+}
+
+/// One rank's training once its job is prepared and its collective joined: agree on the
+/// resume checkpoint, load it, attach DDP (which broadcasts rank 0's weights), fit.
+/// `events` is rank 0's observer list, null elsewhere.
+Status train_rank(PreparedJob& job, const std::shared_ptr<Collective>& coll, const DataParallelOptions& options,
+                  const std::optional<fs::path>& resume, models::TrainObserver* events, const fs::path& run_dir) {
+  auto& trainer = *job.trainer;
+  const std::string who = "rank " + std::to_string(coll->rank()) + " of " + std::to_string(coll->world_size());
+  // A checkpoint some ranks cannot read would leave them at other epochs and steps.
+  const bool have = resume.has_value() && fs::exists(*resume);
+  SEGFLOW_ASSIGN_OR_RETURN(bool all_have, coll->all(have));
+  SEGFLOW_ASSIGN_OR_RETURN(bool any_have, coll->any(have));
+  if (any_have && !all_have)
+    return not_found(who + ": resume checkpoint " + (resume ? resume->string() : std::string("(none)")) +
+                     " is not readable on every rank (the run folder must be on a shared filesystem)");
+  if (have) SEGFLOW_RETURN_IF_ERROR(trainer.load_checkpoint(*resume));
+
+  SEGFLOW_ASSIGN_OR_RETURN(auto sync, DdpGradientSync::create(trainer, coll, options.ddp));
+  trainer.set_gradient_sync(sync);
+  AgreedStopObserver agreed(events, *coll);
+  static const std::vector<Sample> no_validation;
+  Status st;
+  try {
+    st = trainer.fit(*job.source, job.steps_per_epoch, events ? job.validation : no_validation, run_dir, agreed);
+  } catch (const std::exception& e) {  // should_stop's collective, polled outside train_epoch
+    st = internal_error(e.what());
+  }
+  trainer.set_gradient_sync(nullptr);
+  return st.is_ok() ? st : st.with_context(who);
+}
+
+Result<std::vector<std::string>> rank_devices(const models::JobConfig& cfg, const DataParallelOptions& o) {
+  const auto w = o.world_size;
+  if (w < 1) return invalid_argument("data parallel: world_size must be >= 1, got " + std::to_string(w));
+  if (!o.devices.empty()) {
+    if (static_cast<std::int64_t>(o.devices.size()) != w)
+      return invalid_argument("data parallel: " + std::to_string(o.devices.size()) + " devices for world size " +
+                              std::to_string(w));
+    return o.devices;
+  }
+  SEGFLOW_ASSIGN_OR_RETURN(c10::Device base, models::resolve_device(cfg.train.device));
+  std::vector<std::string> out;
+  for (std::int64_t r = 0; r < w; ++r) out.push_back(base.is_cuda() ? "cuda:" + std::to_string(r) : std::string("cpu"));
+  if (base.is_cuda() && static_cast<std::int64_t>(torch::cuda::device_count()) < w)
+    return invalid_argument("data parallel: world size " + std::to_string(w) + " needs " + std::to_string(w) +
+                            " CUDA devices, found " + std::to_string(torch::cuda::device_count()));
+  return out;
+}
+
+CollectiveOptions collective_options(const DataParallelOptions& o) {
+  CollectiveOptions co;
+  co.timeout = o.timeout;
+  co.bucket_bytes = static_cast<std::int64_t>(o.ddp.bucket_cap_mb * 1024.0 * 1024.0);
+  return co;
+}
+
+}  // namespace
+
+Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOptions& run, models::TrainObserver& observer,
+                                   std::int64_t world_size) {
+  DataParallelOptions o;
+  o.world_size = world_size;
+  return run_data_parallel(cfg, run, observer, o);
+}
+
+Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOptions& run, models::TrainObserver& observer,
+                                   const DataParallelOptions& options) {
+  SEGFLOW_ASSIGN_OR_RETURN(auto devices, rank_devices(cfg, options));
+  const std::int64_t world = options.world_size;
+
+  // Jobs one after the other: the first may synthesise the dataset, and Trainer::create
+  // seeds the process-wide RNG (rank 0's weights win anyway, by broadcast).
+  models::TrainObserver quiet;
+  std::vector<PreparedJob> jobs;
+  for (std::int64_t r = 0; r < world; ++r) {
+    models::JobConfig c = cfg;
+    c.train.device = devices[static_cast<std::size_t>(r)];
+    RunOptions o = run;
+    o.rank = r;
+    o.world_size = world;
+    auto job = prepare_job(c, o, r == 0 ? observer : quiet);
+    if (!job.is_ok()) return job.status().with_context("rank " + std::to_string(r) + " of " + std::to_string(world));
+    jobs.push_back(std::move(job).value());
+  }
+
+  RunFolder rf;
+  locate_run(cfg, run, rf);
+  SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, jobs[0].trainer->device(), observer, rf));
+  log::info("data-parallel run " + rf.dir.string() + ": " + std::to_string(world) + " ranks on " + devices[0] +
+            (world > 1 ? " .. " + devices.back() : std::string()) + ", " + std::to_string(jobs[0].steps_per_epoch) +
+            " steps per epoch, global batch " + std::to_string(cfg.train.batch_size * world) + " x " +
+            std::to_string(cfg.train.accumulate));
+
+  models::parallel::LocalRendezvous rendezvous(static_cast<int>(world), collective_options(options));
+  std::vector<Status> results(static_cast<std::size_t>(world));
+  std::vector<std::int64_t> order(static_cast<std::size_t>(world), -1);
+  std::atomic<std::int64_t> failures{0};
+  std::vector<std::thread> threads;
+  for (std::int64_t r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      const auto i = static_cast<std::size_t>(r);
+      Status st;
+      try {
+        auto coll = rendezvous.join(static_cast<int>(r), jobs[i].trainer->device());
+        if (!coll.is_ok()) {
+          st = coll.status();
+        } else {
+          std::shared_ptr<Collective> c = std::move(coll).value();
+          if (r == 0) {
+            st = train_rank(jobs[i], c, options, rf.resume, &rf.all, rf.dir);
+          } else {
+            ScratchDir scratch(r);
+            st = train_rank(jobs[i], c, options, rf.resume, nullptr, scratch.path());
+          }
+          // `c` goes here: a failed rank's sockets close, so the others fail now rather
+          // than at the timeout.
+        }
+      } catch (const std::exception& e) {
+        st = internal_error("rank " + std::to_string(r) + ": " + e.what());
+      }
+      if (!st.is_ok()) order[i] = failures++;
+      results[i] = st;
+    });
+  }
+  for (auto& t : threads) t.join();
+  // The rank that failed first is the cause; the others mostly report its absence.
+  std::optional<std::size_t> first;
+  for (std::size_t i = 0; i < results.size(); ++i)
+    if (order[i] >= 0 && (!first || order[i] < order[*first])) first = i;
+  if (first) return results[*first];
+  return rf.dir;
+}
+
+Result<fs::path> run_distributed_from_env(const models::JobConfig& cfg, const RunOptions& run,
+                                          models::TrainObserver& observer, const DataParallelOptions& options) {
+  SEGFLOW_ASSIGN_OR_RETURN(auto env, models::parallel::launch_env());
+  SEGFLOW_ASSIGN_OR_RETURN(c10::Device base, models::resolve_device(cfg.train.device));
+  models::JobConfig c = cfg;
+  // One process per GPU: LOCAL_RANK picks it (torchrun's convention).
+  if (base.is_cuda()) c.train.device = "cuda:" + std::to_string(env.local_rank);
+  RunOptions o = run;
+  o.rank = env.rank;
+  o.world_size = env.world_size;
+  const std::string who = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
+  models::TrainObserver quiet;
+  auto prepared = prepare_job(c, o, env.rank == 0 ? observer : quiet);
+  if (!prepared.is_ok()) return prepared.status().with_context(who);
+  PreparedJob job = std::move(prepared).value();
+  SEGFLOW_ASSIGN_OR_RETURN(std::shared_ptr<Collective> coll,
+                           models::parallel::connect(env, job.trainer->device(), collective_options(options)));
+  RunFolder rf;
+  locate_run(cfg, run, rf);
+  if (env.rank == 0) {
+    SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, job.trainer->device(), observer, rf));
+    log::info("distributed run " + rf.dir.string() + ": " + std::to_string(env.world_size) + " ranks (" + env.launcher +
+              "), store " + env.master_addr + ":" + std::to_string(env.master_port) + ", global batch " +
+              std::to_string(cfg.train.batch_size * env.world_size) + " x " + std::to_string(cfg.train.accumulate));
+    SEGFLOW_RETURN_IF_ERROR(train_rank(job, coll, options, rf.resume, &rf.all, rf.dir));
+    return rf.dir;
+  }
+  ScratchDir scratch(env.rank);
+  SEGFLOW_RETURN_IF_ERROR(train_rank(job, coll, options, rf.resume, nullptr, scratch.path()));
+  return fs::path();
+}
+
+}  // namespace segflow::actors

@@ -1,0 +1,78 @@
+#pragma once
+// What a run leaves for people to look at, beside metrics.jsonl:
+//
+//  - TensorBoard event files (tb/events.out.tfevents.<time>.<host>.<pid>): the TFRecord
+//    framing (length, masked CRC-32C, payload, masked CRC-32C) around hand-encoded
+//    tensorflow.Event protos holding simple_value scalars. No protobuf dependency; the
+//    encoding is the handful of fields TensorBoard reads (wall_time, step, file_version,
+//    summary.value{tag, simple_value}).
+//  - progress.svg: loss, validation Dice, learning rate and epoch time against the epoch,
+//    redrawn after every epoch (nnU-Net's progress.png, as a vector image any browser shows).
+//
+// Both are TrainObservers; they are driven from the trainer's thread and not thread-safe.
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "models/trainer.hpp"
+
+namespace segflow::actors {
+
+/// CRC-32C (Castagnoli), as TFRecord uses it.
+std::uint32_t crc32c(const void* data, std::size_t n);
+
+/// Appends scalar summaries to one TensorBoard event file.
+class TensorBoardWriter {
+ public:
+  /// Creates `dir` and a new event file in it (writes the file_version event).
+  explicit TensorBoardWriter(const std::filesystem::path& dir);
+  bool ok() const { return static_cast<bool>(out_); }
+  const std::filesystem::path& file() const { return file_; }
+  void scalar(const std::string& tag, std::int64_t step, double value);
+  void flush() { out_.flush(); }
+
+ private:
+  void write_record(const std::string& payload);
+  std::filesystem::path file_;
+  std::ofstream out_;
+};
+
+/// Scalars to TensorBoard: train/loss, train/lr, train/step_ms, train/data_wait_ms (every
+/// log_every steps), epoch/loss, epoch/samples_per_s, epoch/seconds, epoch/data_wait_s,
+/// val/mean_dice, val/dice_class_<k>, and memory/gpu_peak_mb when `gpu_peak_mb` is given.
+class TensorBoardObserver : public models::TrainObserver {
+ public:
+  TensorBoardObserver(const std::filesystem::path& dir, std::int64_t log_every,
+                      std::function<double()> gpu_peak_mb = {});
+  void on_step(const models::StepInfo& i) override;
+  void on_epoch_end(const models::EpochInfo& i) override;
+  void on_validation(const models::ValidationInfo& i) override;
+
+ private:
+  TensorBoardWriter w_;
+  std::int64_t every_;
+  std::int64_t last_step_ = 0;
+  std::function<double()> gpu_peak_mb_;
+};
+
+/// progress.svg, rewritten (temp + rename) after every epoch and validation.
+class ProgressPlotObserver : public models::TrainObserver {
+ public:
+  explicit ProgressPlotObserver(std::filesystem::path file) : file_(std::move(file)) {}
+  void on_epoch_end(const models::EpochInfo& i) override;
+  void on_validation(const models::ValidationInfo& i) override;
+  /// The SVG text of the current curves (also what gets written).
+  std::string render() const;
+
+ private:
+  void write() const;
+  std::filesystem::path file_;
+  std::vector<double> epoch_, loss_, lr_, seconds_;
+  std::vector<double> val_epoch_, val_dice_;
+};
+
+}  // namespace segflow::actors

@@ -1,0 +1,506 @@
+// Data-parallel training (models/parallel/, actors/data_parallel.hpp): equivalence of W
+// ranks with per-rank batch B/W and one rank with batch B, in one process (threads) and in
+// two processes over loopback (this executable re-run as workers), with and without
+// gradient accumulation; a dead rank; the launcher environment. NCCL/CUDA cases skip with
+// a message without a GPU (scripts/gpu-check.sh selects them by name).
+#include <doctest/doctest.h>
+
+#include <torch/torch.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "models/parallel/collective.hpp"
+#include "models/parallel/ddp_sync.hpp"
+#include "test_util.hpp"
+
+extern char** environ;
+
+namespace {
+
+using segflow::models::parallel::Collective;
+using segflow::models::parallel::CollectiveOptions;
+using segflow::models::parallel::DdpGradientSync;
+using segflow::models::parallel::DdpOptions;
+using segflow::models::parallel::LocalRendezvous;
+namespace par = segflow::models::parallel;
+
+constexpr std::int64_t kGlobalBatch = 8;
+constexpr std::int64_t kSteps = 4;
+
+/// A small MLP with a few parameters of different sizes (several buckets with a tiny cap).
+torch::nn::Sequential make_model(std::uint64_t seed, const c10::Device& device) {
+  torch::manual_seed(seed);
+  torch::nn::Sequential m(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                          torch::nn::Linear(16, 3));
+  m->to(device);
+  return m;
+}
+
+/// Fixed synthetic data: micro-batch i of step s is rows [(s*A + i) * B, +B) of X, Y.
+struct Data {
+  at::Tensor x, y;
+};
+Data make_data(std::int64_t rows) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(1234);
+  Data d;
+  d.x = at::randn({rows, 6}, g);
+  d.y = at::randn({rows, 3}, g);
+  return d;
+}
+
+struct StepPlan {
+  std::int64_t accumulate = 1;  ///< micro-batches per optimizer step
+  std::int64_t last_micro = 0;  ///< >0: the last step has only this many micro-batches (epoch ends early)
+};
+
+/// Trains `model` for kSteps as Trainer::train_epoch does (all_have, before_backward,
+/// backward, after_backward, short-step rescale, SGD step), on this rank's share of each
+/// micro-batch (rows [rank*b, (rank+1)*b) of the global micro-batch, b = B / world).
+void train(torch::nn::Sequential& model, const Data& data, const StepPlan& plan, int rank, int world,
+           segflow::models::GradientSync* sync, const c10::Device& device) {
+  std::vector<at::Tensor> params = model->parameters();
+  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  const std::int64_t b = kGlobalBatch / world;
+  std::int64_t micro_index = 0;
+  for (std::int64_t s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    const bool short_step = plan.last_micro > 0 && s == kSteps - 1;
+    const std::int64_t available = short_step ? plan.last_micro : plan.accumulate;
+    std::int64_t micro = 0;
+    bool synced = false;
+    while (micro < plan.accumulate) {
+      const bool have = micro < available;
+      if (!(sync ? sync->all_have(have) : have)) break;
+      const std::int64_t row = micro_index * kGlobalBatch + rank * b;
+      at::Tensor x = data.x.narrow(0, row, b).to(device);
+      at::Tensor y = data.y.narrow(0, row, b).to(device);
+      at::Tensor loss = torch::mse_loss(model->forward(x), y);
+      at::Tensor scaled = loss * (1.0 / static_cast<double>(plan.accumulate));
+      if (sync) {
+        const bool last = micro + 1 == plan.accumulate;
+        sync->before_backward(scaled, last);
+        synced = synced || last;
+      }
+      scaled.backward();
+      ++micro;
+      ++micro_index;
+    }
+    REQUIRE(micro > 0);
+    if (sync) sync->after_backward(synced);
+    if (micro < plan.accumulate)
+      for (auto& p : params) p.mutable_grad().mul_(static_cast<double>(plan.accumulate) / static_cast<double>(micro));
+    opt.step();
+  }
+}
+
+std::vector<at::Tensor> weights(torch::nn::Sequential& m) {
+  std::vector<at::Tensor> out;
+  for (auto& p : m->parameters()) out.push_back(p.detach().to(torch::kCPU).clone());
+  return out;
+}
+
+double max_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  double d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, (a[i] - b[i]).abs().max().item<double>());
+  return d;
+}
+
+std::int64_t rows_needed(const StepPlan& p) { return kSteps * p.accumulate * kGlobalBatch; }
+
+/// One rank with the whole batch: the reference.
+std::vector<at::Tensor> reference(const StepPlan& plan, const c10::Device& device) {
+  auto model = make_model(7, device);
+  train(model, make_data(rows_needed(plan)), plan, 0, 1, nullptr, device);
+  return weights(model);
+}
+
+DdpOptions tiny_buckets() {
+  DdpOptions o;
+  o.bucket_cap_mb = 1.0 / 1024.0;        // 1 KiB: several buckets for this model
+  o.first_bucket_cap_mb = 0.5 / 1024.0;
+  return o;
+}
+
+/// `world` ranks in this process, one thread each; rank r starts from seed 7 + r (the
+/// broadcast must make them equal). Returns each rank's final weights.
+std::vector<std::vector<at::Tensor>> train_local(int world, const StepPlan& plan, const std::vector<c10::Device>& devices,
+                                                 std::size_t* buckets = nullptr) {
+  std::vector<torch::nn::Sequential> models;
+  for (int r = 0; r < world; ++r) models.push_back(make_model(7 + r, devices[r]));
+  const Data data = make_data(rows_needed(plan));
+  CollectiveOptions co;
+  co.timeout = std::chrono::seconds(60);
+  LocalRendezvous rv(world, co);
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto coll = rv.join(r, devices[r]);
+        if (!coll.is_ok()) throw std::runtime_error(coll.status().message());
+        std::shared_ptr<Collective> c = std::move(coll).value();
+        auto sync = DdpGradientSync::create(*models[r], models[r]->parameters(), c, tiny_buckets());
+        if (!sync.is_ok()) throw std::runtime_error(sync.status().message());
+        if (buckets && r == 0) *buckets = (*sync)->num_buckets();
+        train(models[r], data, plan, r, world, sync->get(), devices[r]);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) INFO("rank " << r), CHECK(errors[r] == "");
+  std::vector<std::vector<at::Tensor>> out;
+  for (auto& m : models) out.push_back(weights(m));
+  return out;
+}
+
+void check_local_equivalence(const StepPlan& plan) {
+  const c10::Device cpu(c10::kCPU);
+  const auto ref = reference(plan, cpu);
+  std::size_t buckets = 0;
+  const auto ranks = train_local(2, plan, {cpu, cpu}, &buckets);
+  CHECK(buckets > 1);
+  CHECK(max_diff(ranks[0], ranks[1]) == 0.0);  // every rank holds the same weights
+  CHECK(max_diff(ranks[0], ref) < 1e-5);
+  // And training did move the weights (the comparison is not vacuous).
+  auto init = make_model(7, cpu);
+  CHECK(max_diff(weights(init), ref) > 1e-3);
+}
+
+// ---- two processes: this executable again, as workers -----------------------------------
+
+const char* kWorkerCase = "parallel worker process (does nothing unless spawned by a test)";
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+pid_t spawn_worker(const std::map<std::string, std::string>& extra) {
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
+  for (auto& [k, v] : extra) env_s.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& s : env_s) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string filter = std::string("--test-case=") + kWorkerCase;
+  std::vector<char*> argv{exe.data(), filter.data(), nullptr};
+  pid_t pid = 0;
+  REQUIRE(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), envp.data()) == 0);
+  return pid;
+}
+
+/// Waits for `pid` at most `limit`; kills it after that. Returns the exit status (-1: killed).
+int wait_for(pid_t pid, std::chrono::seconds limit) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < limit) {
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_CASE("parallel worker process (does nothing unless spawned by a test)") {
+  const char* out = std::getenv("SEGFLOW_PARALLEL_OUT");
+  if (!out) return;
+  const std::string mode = std::getenv("SEGFLOW_PARALLEL_MODE") ? std::getenv("SEGFLOW_PARALLEL_MODE") : "train";
+  StepPlan plan;
+  plan.accumulate = std::atoi(std::getenv("SEGFLOW_PARALLEL_ACCUMULATE") ? std::getenv("SEGFLOW_PARALLEL_ACCUMULATE") : "1");
+  std::string result;
+  try {
+    auto env = par::launch_env();
+    if (!env.is_ok()) throw std::runtime_error(env.status().message());
+    CollectiveOptions co;
+    co.timeout = std::chrono::seconds(mode == "die" ? 5 : 60);
+    const c10::Device cpu(c10::kCPU);
+    auto coll = par::connect(*env, cpu, co);
+    if (!coll.is_ok()) throw std::runtime_error(coll.status().message());
+    std::shared_ptr<Collective> c = std::move(coll).value();
+    auto model = make_model(7 + env->rank, cpu);
+    auto sync = DdpGradientSync::create(*model, model->parameters(), c, tiny_buckets());
+    if (!sync.is_ok()) throw std::runtime_error(sync.status().message());
+    if (mode == "die" && env->rank == 1) ::_exit(3);  // a rank that dies after the start
+    const auto t0 = std::chrono::steady_clock::now();
+    train(model, make_data(rows_needed(plan)), plan, env->rank, env->world_size, sync->get(), cpu);
+    (void)t0;
+    std::ostringstream ss;
+    ss.precision(9);
+    for (auto& w : weights(model)) {
+      auto f = w.reshape({-1});
+      for (std::int64_t i = 0; i < f.numel(); ++i) ss << f[i].item<float>() << ' ';
+    }
+    result = "ok " + ss.str();
+  } catch (const std::exception& e) {
+    const auto secs = 0;
+    (void)secs;
+    result = std::string("error ") + e.what();
+  }
+  std::ofstream(out) << result;
+}
+
+TEST_CASE("parallel: 2 Gloo ranks in one process match 1 rank with the whole batch") {
+  check_local_equivalence({.accumulate = 1});
+}
+
+TEST_CASE("parallel: 2 Gloo ranks in one process match 1 rank with gradient accumulation (no_sync)") {
+  check_local_equivalence({.accumulate = 3});
+}
+
+TEST_CASE("parallel: an epoch that ends mid-accumulation is reduced without the reducer") {
+  check_local_equivalence({.accumulate = 3, .last_micro = 2});
+}
+
+TEST_CASE("parallel: collective allreduce_mean, broadcast, all/any over Gloo") {
+  CollectiveOptions co;
+  co.timeout = std::chrono::seconds(30);
+  co.bucket_bytes = 64;  // several buckets, mixed dtypes
+  LocalRendezvous rv(2, co);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto fail = [&](const std::string& m) { errors[r] = m; };
+      auto c = rv.join(r, c10::Device(c10::kCPU));
+      if (!c.is_ok()) return fail(c.status().message());
+      auto& coll = **c;
+      std::vector<at::Tensor> t{torch::full({3, 5}, float(r + 1)), torch::full({40}, double(2 * r)),
+                                torch::full({2}, std::int64_t(4 * r))};
+      if (auto st = coll.allreduce_mean(t); !st.is_ok()) return fail(st.message());
+      if (!t[0].eq(1.5f).all().item<bool>() || !t[1].eq(1.0).all().item<bool>() || !t[2].eq(2).all().item<bool>())
+        return fail("allreduce_mean: wrong values");
+      std::vector<at::Tensor> b{torch::full({7}, float(r + 10)), torch::full({100}, float(r))};
+      if (auto st = coll.broadcast(b, 1); !st.is_ok()) return fail(st.message());
+      if (!b[0].eq(11.f).all().item<bool>() || !b[1].eq(1.f).all().item<bool>()) return fail("broadcast: wrong values");
+      auto all = coll.all(r == 0), any = coll.any(r == 0);
+      if (!all.is_ok() || !any.is_ok() || *all || !*any) return fail("all/any: wrong answer");
+      if (auto st = coll.barrier(); !st.is_ok()) return fail(st.message());
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+}
+
+TEST_CASE("parallel: a rank that leaves makes the other fail with a clear error, not hang (in process)") {
+  CollectiveOptions co;
+  co.timeout = std::chrono::seconds(10);
+  LocalRendezvous rv(2, co);
+  std::string error;
+  double seconds = 0;
+  std::thread survivor([&] {
+    auto c = rv.join(0, c10::Device(c10::kCPU));
+    if (!c.is_ok()) return void(error = "join: " + c.status().message());
+    REQUIRE((*c)->barrier().is_ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = (*c)->all(true);  // the other rank is gone
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    error = r.is_ok() ? "no error" : r.status().message();
+  });
+  std::thread leaver([&] {
+    auto c = rv.join(1, c10::Device(c10::kCPU));
+    REQUIRE(c.is_ok());
+    REQUIRE((*c)->barrier().is_ok());
+    // Leaves: its group (and sockets) go away.
+  });
+  leaver.join();
+  survivor.join();
+  INFO(error);
+  CHECK(error.find("gloo all on rank 0 of 2 failed") != std::string::npos);
+  CHECK(seconds < 15.0);
+}
+
+TEST_CASE("parallel: 2 Gloo processes over loopback match 1 rank, with and without accumulation") {
+  for (std::int64_t accumulate : {1, 2}) {
+    CAPTURE(accumulate);
+    segflow::testing::TempDir dir("segflow_parallel");
+    const int port = free_port();
+    std::vector<pid_t> pids;
+    for (int r = 0; r < 2; ++r)
+      pids.push_back(spawn_worker({{"MASTER_ADDR", "127.0.0.1"},
+                                   {"MASTER_PORT", std::to_string(port)},
+                                   {"WORLD_SIZE", "2"},
+                                   {"RANK", std::to_string(r)},
+                                   {"LOCAL_RANK", std::to_string(r)},
+                                   {"OMP_NUM_THREADS", "1"},
+                                   {"SEGFLOW_PARALLEL_ACCUMULATE", std::to_string(accumulate)},
+                                   {"SEGFLOW_PARALLEL_OUT", (dir / ("rank" + std::to_string(r))).string()}}));
+    for (auto pid : pids) CHECK(wait_for(pid, std::chrono::seconds(120)) == 0);
+    const std::string r0 = slurp(dir / "rank0"), r1 = slurp(dir / "rank1");
+    INFO(r0.substr(0, 300));
+    INFO(r1.substr(0, 300));
+    REQUIRE(r0.rfind("ok ", 0) == 0);
+    REQUIRE(r1.rfind("ok ", 0) == 0);
+    CHECK(r0 == r1);
+    // Compare with the reference, element by element.
+    const auto ref = reference({.accumulate = accumulate}, c10::Device(c10::kCPU));
+    std::istringstream in(r0.substr(3));
+    double worst = 0;
+    std::int64_t n = 0;
+    for (auto& w : ref) {
+      auto f = w.reshape({-1});
+      for (std::int64_t i = 0; i < f.numel(); ++i, ++n) {
+        double v = 0;
+        in >> v;
+        worst = std::max(worst, std::abs(v - f[i].item<double>()));
+      }
+    }
+    CHECK(n > 100);
+    CHECK(worst < 1e-5);
+  }
+}
+
+TEST_CASE("parallel: a dead worker process makes the survivor fail within the timeout") {
+  segflow::testing::TempDir dir("segflow_parallel");
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < 2; ++r)
+    pids.push_back(spawn_worker({{"MASTER_ADDR", "127.0.0.1"},
+                                 {"MASTER_PORT", std::to_string(port)},
+                                 {"WORLD_SIZE", "2"},
+                                 {"RANK", std::to_string(r)},
+                                 {"OMP_NUM_THREADS", "1"},
+                                 {"SEGFLOW_PARALLEL_MODE", "die"},
+                                 {"SEGFLOW_PARALLEL_OUT", (dir / ("rank" + std::to_string(r))).string()}}));
+  CHECK(wait_for(pids[1], std::chrono::seconds(60)) == 3);
+  CHECK(wait_for(pids[0], std::chrono::seconds(60)) == 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string r0 = slurp(dir / "rank0");
+  INFO(r0);
+  CHECK(r0.rfind("error ", 0) == 0);
+  CHECK(r0.find("on rank 0 of 2 failed") != std::string::npos);
+  CHECK(seconds < 60.0);
+}
+
+TEST_CASE("parallel: launcher environment (torchrun, SLURM, errors name the variable)") {
+  auto from = [](std::map<std::string, std::string> m) {
+    return par::launch_env([m = std::move(m)](const char* k) -> const char* {
+      auto it = m.find(k);
+      return it == m.end() ? nullptr : it->second.c_str();
+    });
+  };
+  auto e = from({{"MASTER_ADDR", "node1"}, {"MASTER_PORT", "29500"}, {"WORLD_SIZE", "4"}, {"RANK", "3"}, {"LOCAL_RANK", "1"}});
+  REQUIRE(e.is_ok());
+  CHECK(e->launcher == "torchrun");
+  CHECK(e->rank == 3);
+  CHECK(e->world_size == 4);
+  CHECK(e->local_rank == 1);
+  CHECK(e->master_addr == "node1");
+  CHECK(e->master_port == 29500);
+
+  auto s = from({{"MASTER_ADDR", "n0"}, {"MASTER_PORT", "1234"}, {"SLURM_NTASKS", "8"}, {"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "2"}});
+  REQUIRE(s.is_ok());
+  CHECK(s->launcher == "slurm");
+  CHECK(s->rank == 5);
+  CHECK(s->world_size == 8);
+  CHECK(s->local_rank == 2);
+
+  auto msg = [&](std::map<std::string, std::string> m) { return from(std::move(m)).status().message(); };
+  CHECK(msg({{"MASTER_PORT", "1"}, {"WORLD_SIZE", "2"}, {"RANK", "0"}}).find("MASTER_ADDR is not set") != std::string::npos);
+  CHECK(msg({{"MASTER_ADDR", "a"}, {"WORLD_SIZE", "2"}, {"RANK", "0"}}).find("MASTER_PORT is not set") != std::string::npos);
+  CHECK(msg({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "99999"}, {"WORLD_SIZE", "2"}, {"RANK", "0"}}).find("MASTER_PORT: expected an integer in [1, 65535], got \"99999\"") != std::string::npos);
+  CHECK(msg({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}, {"WORLD_SIZE", "two"}, {"RANK", "0"}}).find("WORLD_SIZE: expected an integer") != std::string::npos);
+  CHECK(msg({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}, {"WORLD_SIZE", "2"}, {"RANK", "2"}}).find("RANK 2 is not below WORLD_SIZE 2") != std::string::npos);
+  CHECK(msg({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}, {"WORLD_SIZE", "2"}}).find("RANK nor SLURM_PROCID is set") != std::string::npos);
+}
+
+TEST_CASE("parallel: rendezvous at a port nobody serves fails within the timeout") {
+  par::LaunchEnv env;
+  env.master_addr = "127.0.0.1";
+  env.master_port = free_port();
+  env.world_size = 2;
+  env.rank = 1;  // a client: rank 0 never comes
+  CollectiveOptions co;
+  co.timeout = std::chrono::seconds(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto c = par::connect(env, c10::Device(c10::kCPU), co);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE_FALSE(c.is_ok());
+  INFO(c.status().message());
+  CHECK(c.status().message().find("rendezvous at 127.0.0.1:") != std::string::npos);
+  CHECK(seconds < 30.0);
+}
+
+TEST_CASE("parallel: NCCL ranks on CUDA devices match 1 rank (GPU only)") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("skipped: CUDA is not available (NCCL needs GPUs)");
+    return;
+  }
+  // Two NCCL ranks cannot share one GPU: use as many devices as there are, up to 2. With
+  // one GPU this still runs the whole NCCL path (broadcast, reducer, all-reduce) on 1 rank.
+  const int world = std::min<int>(2, static_cast<int>(torch::cuda::device_count()));
+  if (world < 2) MESSAGE("one CUDA device: NCCL runs with world size 1");
+  const c10::Device d0(c10::kCUDA, 0);
+  for (std::int64_t accumulate : {1, 2}) {
+    CAPTURE(accumulate);
+    StepPlan plan{.accumulate = accumulate};
+    const auto ref = reference(plan, d0);
+    std::vector<c10::Device> devices;
+    for (int r = 0; r < world; ++r) devices.emplace_back(c10::kCUDA, r);
+    const auto ranks = train_local(world, plan, devices);
+    for (int r = 0; r < world; ++r) CHECK(max_diff(ranks[r], ref) < 1e-4);
+  }
+}
+
+TEST_CASE("parallel: NCCL collective allreduce_mean and broadcast on CUDA (GPU only)") {
+  if (!torch::cuda::is_available()) {
+    MESSAGE("skipped: CUDA is not available (NCCL needs GPUs)");
+    return;
+  }
+  const int world = std::min<int>(2, static_cast<int>(torch::cuda::device_count()));
+  LocalRendezvous rv(world, CollectiveOptions{.timeout = std::chrono::seconds(60), .bucket_bytes = 64});
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      const c10::Device dev(c10::kCUDA, r);
+      auto c = rv.join(r, dev);
+      if (!c.is_ok()) return void(errors[r] = c.status().message());
+      std::vector<at::Tensor> t{torch::full({3, 5}, float(r + 1), torch::TensorOptions().device(dev)),
+                                torch::full({40}, float(2 * r), torch::TensorOptions().device(dev))};
+      if (auto st = (*c)->allreduce_mean(t); !st.is_ok()) return void(errors[r] = st.message());
+      const double want0 = world == 2 ? 1.5 : 1.0, want1 = world == 2 ? 1.0 : 0.0;
+      if (!t[0].eq(want0).all().item<bool>() || !t[1].eq(want1).all().item<bool>()) errors[r] = "wrong values";
+      auto any = (*c)->any(r == 0);
+      if (!any.is_ok() || !*any) errors[r] = "any: wrong answer";
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) CHECK(errors[r] == "");
+}
