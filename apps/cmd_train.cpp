@@ -6,8 +6,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
+#include "actors/data_parallel.hpp"
 #include "actors/job_runner.hpp"
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
@@ -102,7 +104,7 @@ class ProgressObserver : public models::TrainObserver {
 }  // namespace
 
 int cmd_train(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {"set", "resume", "plugins", "run-dir"}, {"quiet", "resume-last"});
+  auto a = parse_args(argc, argv, 2, {"set", "resume", "plugins", "run-dir", "ranks", "devices"}, {"quiet", "resume-last"});
   if (!a.is_ok()) return fail("train", a.status());
   if (a->positional.size() != 1)
     return fail("train", invalid_argument("expected one CONFIG file, got " + std::to_string(a->positional.size())));
@@ -114,9 +116,37 @@ int cmd_train(int argc, char** argv) {
   ro.resume_last = a->flag("resume-last");
   ro.plugin_dir = a->get("plugins");
   ProgressObserver progress(0, a->flag("quiet"));
-  auto run = actors::run_training(*cfg, ro, progress);
+  // Data parallel: --ranks N / --devices a,b in this process, or one rank of a job that a
+  // launcher (torchrun, srun, a PyTorchJob) started, when WORLD_SIZE (or SLURM_NTASKS) > 1.
+  actors::DataParallelOptions dp;
+  if (a->has("devices")) {
+    std::string list = a->get("devices");
+    for (std::size_t p = 0; p <= list.size();) {
+      const std::size_t q = std::min(list.find(',', p), list.size());
+      if (q > p) dp.devices.push_back(list.substr(p, q - p));
+      p = q + 1;
+    }
+    dp.world_size = static_cast<std::int64_t>(dp.devices.size());
+  }
+  if (a->has("ranks")) {
+    auto n = parse_int("--ranks", a->get("ranks"));
+    if (!n.is_ok()) return fail("train", n.status());
+    if (*n < 1) return fail("train", invalid_argument("--ranks: expected an integer >= 1, got " + a->get("ranks")));
+    if (!dp.devices.empty() && *n != dp.world_size)
+      return fail("train", invalid_argument("--ranks " + a->get("ranks") + " does not match the " +
+                                            std::to_string(dp.devices.size()) + " --devices given"));
+    dp.world_size = *n;
+  }
+  auto env_world = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v ? std::atoll(v) : 0LL;
+  };
+  Result<std::filesystem::path> run = std::filesystem::path();
+  if (env_world("WORLD_SIZE") > 1 || env_world("SLURM_NTASKS") > 1) run = actors::run_distributed_from_env(*cfg, ro, progress, dp);
+  else if (a->has("ranks") || a->has("devices")) run = actors::run_data_parallel(*cfg, ro, progress, dp);
+  else run = actors::run_training(*cfg, ro, progress);
   if (!run.is_ok()) return fail("train", run.status());
-  std::printf("run folder: %s\n", run->string().c_str());
+  if (!run->empty()) std::printf("run folder: %s\n", run->string().c_str());
   return 0;
 }
 

@@ -24,7 +24,9 @@ commands:
   stages   [--json] [--plugins DIR]
                          every pipeline stage with its options and defaults
   train    CONFIG [--set key=value ...] [--resume PATH] [--plugins DIR] [--quiet]
+           [--ranks N] [--devices cuda:0,cuda:1]
                          train in the foreground; writes a run folder under runs/
+                         (data parallel with --ranks/--devices, or under torchrun/srun)
   ctl      COMMAND ...    talk to segflowd (start, stop, pause, resume, status, list, ...)
   infer    --checkpoint PATH --input PATH --output out.nii.gz|seg.dcm|DIR [--device D]
                          sliding-window inference; label map in the input's geometry

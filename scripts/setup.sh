@@ -13,7 +13,7 @@ debs=(
   build-essential cmake ninja-build ccache pkg-config git
   libcaf-dev libdcmtk-dev dcmtk
   libzmq3-dev cppzmq-dev libspdlog-dev libfmt-dev doctest-dev libyaml-cpp-dev
-  nlohmann-json3-dev libsqlite3-dev sqlite3 zlib1g-dev libssl-dev libsodium-dev
+  nlohmann-json3-dev libsqlite3-dev libgloo-dev sqlite3 zlib1g-dev libssl-dev libsodium-dev
   python3-pydicom python3-venv
 )
 missing=()

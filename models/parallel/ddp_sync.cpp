@@ -97,13 +97,16 @@ void DdpGradientSync::before_backward(const at::Tensor& loss, bool sync) {
   // (a collective: rank 0's order is broadcast). Also what keeps the reducer from
   // recording that order forever.
   reducer_->rebuild_buckets();
-  if (options_.broadcast_buffers && !buffers_.empty() && collective_->world_size() > 1)
-    throw_if_error(collective_->broadcast(buffers_, 0).with_context("ddp: broadcasting buffers"));
   reducer_->prepare_for_backward({loss});
   ++reduced_steps_;
 }
 
 void DdpGradientSync::after_backward(bool synced) {
+  // Buffers here, not before backward as DDP does before forward: batch norm's backward
+  // reads the running statistics it saved, so overwriting them between forward and
+  // backward is an autograd error. After the step every rank holds rank 0's statistics.
+  if (options_.broadcast_buffers && !buffers_.empty() && collective_->world_size() > 1)
+    throw_if_error(collective_->broadcast(buffers_, 0).with_context("ddp: broadcasting buffers"));
   if (synced) return;  // the reducer's end-of-backward callback wrote the averages
   std::vector<at::Tensor> grads;
   grads.reserve(params_.size());

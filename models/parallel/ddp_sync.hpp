@@ -21,8 +21,10 @@
 // - Batch norm: no SyncBatchNorm. In training each rank normalises with its own batch's
 //   statistics (as DDP without SyncBatchNorm; with per-device batch b the statistics are
 //   over b samples, not b x world). The running statistics (buffers) are rank 0's: they
-//   are broadcast at the start and again before every synchronised backward (DDP's
-//   broadcast_buffers=true), so every rank validates and checkpoints the same model.
+//   are broadcast at the start and again after every step's backward (DDP's
+//   broadcast_buffers=true, which does it before each forward; here it cannot go between
+//   forward and backward, whose batch-norm backward reads the saved statistics), so every
+//   rank validates and checkpoints the same model.
 //   segflow's UNets use instance norm by default, which has no buffers and no cross-sample
 //   statistics, so none of this matters for them.
 // - Unused parameters: every trainable parameter must get a gradient on every step
@@ -54,7 +56,7 @@ class Collective;
 struct DdpOptions {
   double bucket_cap_mb = 25.0;       ///< bucket size in MiB (DDP's bucket_cap_mb), > 0
   double first_bucket_cap_mb = 1.0;  ///< the first bucket, small so communication starts early, > 0
-  bool broadcast_buffers = true;     ///< rank 0's buffers to all before each synchronised backward
+  bool broadcast_buffers = true;     ///< rank 0's buffers to all after each step's backward
 };
 
 class DdpGradientSync final : public GradientSync {

@@ -23,6 +23,7 @@ struct MedsamBoxOptions {
   std::int64_t image_size = 256;    ///< output side S, pixels, [16, 4096]
   std::int64_t bbox_shift = 20;     ///< maximum outward jitter per box side, pixels, [0, 4096]
   std::int64_t label = 0;           ///< the label to segment; 0 = a random label present in the slice
+  std::int64_t num_samples = 1;     ///< 2-D samples drawn per volume (each its own slice, label, box)
   void bind(OptionParser& p);
 };
 

@@ -16,6 +16,7 @@ void MedsamBoxOptions::bind(OptionParser& p) {
   p.integer("image_size", image_size, Range::closed(16, 4096), "pixels", "output side S");
   p.integer("bbox_shift", bbox_shift, Range::closed(0, 4096), "pixels", "maximum outward jitter per box side");
   p.integer("label", label, Range::non_negative(), "", "the label to segment; 0 = a random label present in the slice");
+  p.integer("num_samples", num_samples, Range::closed(1, 1024), "", "2-D samples drawn per volume, each with its own slice, label and box");
 }
 
 namespace {
@@ -98,20 +99,27 @@ Result<Sample> medsam_box(const Sample& s, const MedsamBoxOptions& o, Rng& rng) 
 
 namespace {
 
-class MedsamBoxStage final : public MapStage {
+class MedsamBoxStage final : public Stage {
  public:
   using Options = MedsamBoxOptions;
   static constexpr const char* kName = "medsam_box";
-  static constexpr const char* kDoc = "MedSAM 2-D sample: a foreground slice, a binary mask and a jittered box prompt";
+  static constexpr const char* kDoc = "MedSAM 2-D samples: foreground slices, binary masks and jittered box prompts";
   static constexpr bool kDeterministic = false;
 
   MedsamBoxStage(Options o, nlohmann::json resolved)
-      : MapStage(kName, std::move(resolved), {o.image_key, o.label_key}), o_(std::move(o)) {}
+      : Stage(kName, std::move(resolved), {o.image_key, o.label_key}), o_(std::move(o)) {}
   bool deterministic() const override { return false; }
 
-  Status apply_sample(Sample& s, Rng& rng) const override {
-    SEGFLOW_ASSIGN_OR_RETURN(Sample out, medsam_box(s, o_, rng));
-    s = std::move(out);
+  Status apply(std::vector<Sample>& samples, Rng& rng) const override {
+    std::vector<Sample> out;
+    out.reserve(samples.size() * static_cast<std::size_t>(o_.num_samples));
+    for (const Sample& s : samples)
+      for (std::int64_t k = 0; k < o_.num_samples; ++k) {
+        SEGFLOW_ASSIGN_OR_RETURN(Sample one, medsam_box(s, o_, rng));
+        if (o_.num_samples > 1) one.id += "#" + std::to_string(k);
+        out.push_back(std::move(one));
+      }
+    samples = std::move(out);
     return Status::ok();
   }
 

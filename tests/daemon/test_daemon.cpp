@@ -66,7 +66,7 @@ TEST_CASE("a job started over ZeroMQ is queued, paused, resumed and stopped, and
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the subscription reach the PUB socket
 
   // A bad config is refused at submission and changes nothing.
-  const std::string job = tiny_job(s.data / "tiny", 30);
+  const std::string job = tiny_job(s.data / "tiny", 400);  // long enough to be stopped, never to complete
   json bad = call(s.control, {{"cmd", "start"}, {"config", job}, {"set", {"train.epochs=0"}}});
   CHECK(bad["ok"] == false);
   CHECK(bad["error"].get<std::string>().find("train.epochs") != std::string::npos);
@@ -231,7 +231,7 @@ TEST_CASE("a daemon killed with SIGKILL mid-training resumes the job from its ch
   Events events(s.events, "metrics.");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // The job makes its dataset on first use (data.synth), outside the watched folder.
-  const int kEpochs = 6;
+  const int kEpochs = 40;  // the kill must land while it runs: epochs take ~0.1 s here
   const auto id = start_job(s.control, tiny_job(s.dir / "jobdata" / "tiny", kEpochs));
   const std::string topic = "metrics." + std::to_string(id);
   auto ckpt = events.wait_for(
