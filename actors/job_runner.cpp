@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <mutex>
+#include <sstream>
 
 #include "actors/batch_sources.hpp"
 #include "actors/run_outputs.hpp"
@@ -46,7 +47,19 @@ Split split_cases(const std::vector<pipeline::CaseEntry>& cases, const models::J
 
 Status ensure_dataset(const models::JobConfig& cfg) {
   std::error_code ec;
-  if (fs::exists(cfg.data.root, ec)) return Status::ok();
+  // A dataset that segflow synthesised records its recipe; when the config now asks for
+  // another one, that folder (and only such a folder) is made again.
+  const fs::path marker = fs::path(cfg.data.root) / ".segflow-synth.json";
+  if (fs::exists(cfg.data.root, ec)) {
+    if (cfg.data.synth.is_null() || !fs::exists(marker, ec)) return Status::ok();
+    std::ifstream f(marker);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (ss.str() == cfg.data.synth.dump()) return Status::ok();
+    log::info(cfg.data.root + ": synthesised with other settings than data.synth asks for; making it again");
+    fs::remove_all(cfg.data.root, ec);
+    if (ec) return io_error(cfg.data.root + ": cannot remove the old synthetic dataset: " + ec.message());
+  }
   if (cfg.data.synth.is_null())
     return not_found(cfg.file + ": data.root: " + cfg.data.root + " does not exist (and no data.synth to make it)");
   pipeline::SynthOptions o;
@@ -73,6 +86,10 @@ Status ensure_dataset(const models::JobConfig& cfg) {
   fs::remove_all(o.out, ec);
   SEGFLOW_RETURN_IF_ERROR(pipeline::synthesize_dataset(o).with_context(cfg.file + ": data.synth"));
   fs::create_directories(final_root.parent_path().empty() ? "." : final_root.parent_path(), ec);
+  {
+    std::ofstream f(fs::path(o.out) / ".segflow-synth.json");
+    f << cfg.data.synth.dump();
+  }
   fs::rename(o.out, final_root, ec);
   if (ec) return io_error(final_root.string() + ": rename of the synthesised dataset failed: " + ec.message());
   return Status::ok();

@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <filesystem>
+#include <sstream>
 
 #include "test_util.hpp"
 
@@ -77,4 +79,76 @@ TEST_CASE("segflow exits non-zero with one line on stderr for bad input") {
   CHECK(r.exit_code != 0);
   CHECK(r.out.find("fake.dcm") != std::string::npos);
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') == 1);
+}
+
+namespace {
+/// A job small enough for CLI tests: 4 synthetic cases of 24^3, a 2-level UNet.
+std::string cli_job(const std::filesystem::path& dir, int epochs) {
+  return "name: cli\nseed: 1\n"
+         "data: {root: " + (dir / "data").string() + ", synth: {cases: 4, size: 24, format: nifti, seed: 2}, val_cases: 1, num_classes: 5}\n"
+         "stages:\n"
+         "  - name: load\n"
+         "  - name: scale_intensity_range\n"
+         "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
+         "  - name: fg_bg_indices\n"
+         "  - name: rand_crop_pos_neg\n"
+         "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 2}\n"
+         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8], strides: [2], num_res_units: 1}\n"
+         "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
+         "optimizer: {name: adam, lr: 0.01}\n"
+         "train: {epochs: " + std::to_string(epochs) + ", batch_size: 2, device: cpu, val_interval: 1, loader: actors}\n"
+         "validation: {roi_size: [16, 16, 16]}\n"
+         "output: {runs_dir: " + (dir / "runs").string() + "}\n";
+}
+}  // namespace
+
+TEST_CASE("segflow bench prints e2e, compute and summary JSON lines with the pipeline efficiency") {
+  TempDir dir("cli_bench");
+  write_file(dir / "job.yaml", cli_job(dir.path(), 1));
+  auto r = run_command(shell_quote(segflow_bin()) + " bench " + shell_quote((dir / "job.yaml").string()) +
+                       " --json --epochs 2 --loaders actors,simple 2>/dev/null");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(r.out);
+  for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
+  REQUIRE(lines.size() == 5);  // e2e + compute per loader, then the summary
+  for (int i = 0; i < 4; ++i) {
+    CHECK(lines[i]["bench"] == (i % 2 == 0 ? "e2e" : "compute"));
+    CHECK(lines[i]["loader"] == (i < 2 ? "actors" : "simple"));
+    CHECK(lines[i]["epochs"] == 2);
+    CHECK(lines[i]["steps"].get<int>() > 0);
+    CHECK(lines[i]["samples_per_s"].get<double>() > 0);
+  }
+  CHECK(lines[1]["data_wait_ms"] == 0.0);  // staged batches: no data path at all
+  const auto& s = lines[4];
+  CHECK(s["bench"] == "summary");
+  for (const char* l : {"actors", "simple"}) {
+    const double e = s["pipeline_efficiency"][l].get<double>();
+    CHECK(e > 0.0);
+    CHECK(e == doctest::Approx(s["samples_per_s"][l].get<double>() /
+                               lines[std::string(l) == "actors" ? 1 : 3]["samples_per_s"].get<double>()));
+  }
+  CHECK(s["peak_host_mb"].get<double>() > 10.0);
+  CHECK(s.contains("actors_over_simple"));
+  auto bad = run_segflow("bench " + shell_quote((dir / "job.yaml").string()) + " --seconds 0");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.out.find("--seconds: expected an integer >= 1") != std::string::npos);
+}
+
+TEST_CASE("segflow train --ranks 2 trains data-parallel and writes one run folder") {
+  TempDir dir("cli_ranks");
+  write_file(dir / "job.yaml", cli_job(dir.path(), 2));
+  auto r = run_segflow("train " + shell_quote((dir / "job.yaml").string()) + " --ranks 2 --quiet");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  CHECK(r.out.find("run folder: ") != std::string::npos);
+  std::size_t runs = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir / "runs")) {
+    ++runs;
+    CHECK(std::filesystem::exists(e.path() / "last.pt"));
+    CHECK(std::filesystem::exists(e.path() / "metrics.jsonl"));
+  }
+  CHECK(runs == 1);
+  auto bad = run_segflow("train " + shell_quote((dir / "job.yaml").string()) + " --ranks 2 --devices cpu");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.out.find("--ranks 2 does not match the 1 --devices given") != std::string::npos);
 }

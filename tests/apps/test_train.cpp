@@ -281,3 +281,22 @@ TEST_CASE("a small 3D UNet trained on CPU reaches a validation Dice above 0.9 on
   // The best validation was saved separately.
   CHECK(std::filesystem::exists(*run / "best.pt"));
 }
+
+TEST_CASE("a synthesised dataset is made again when data.synth changes, and a user's folder never is") {
+  TempDir dir("resynth");
+  auto cfg = parse(tiny_job(dir.path()));
+  REQUIRE(actors::ensure_dataset(cfg).is_ok());
+  auto count = [&] {
+    auto idx = pipeline::scan_dataset(cfg.data.root, pipeline::ScanOptions{.validate = false});
+    REQUIRE(idx.is_ok());
+    return idx->cases.size();
+  };
+  CHECK(count() == 5);
+  auto more = parse(tiny_job(dir.path()), {"data.synth.cases=6"});
+  REQUIRE(actors::ensure_dataset(more).is_ok());
+  CHECK(count() == 6);
+  // Without the marker the folder is the user's: left alone whatever data.synth says.
+  std::filesystem::remove(std::filesystem::path(cfg.data.root) / ".segflow-synth.json");
+  REQUIRE(actors::ensure_dataset(cfg).is_ok());
+  CHECK(count() == 6);
+}
