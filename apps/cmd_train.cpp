@@ -137,13 +137,20 @@ int cmd_train(int argc, char** argv) {
                                             std::to_string(dp.devices.size()) + " --devices given"));
     dp.world_size = *n;
   }
+  // The config's train.devices, when the command line names none.
+  if (!a->has("ranks") && !a->has("devices") && cfg->train.devices.size() == 1) cfg->train.device = cfg->train.devices[0];
+  const bool config_parallel = !a->has("ranks") && !a->has("devices") && cfg->train.devices.size() > 1;
+  if (config_parallel) {
+    dp.devices = cfg->train.devices;
+    dp.world_size = static_cast<std::int64_t>(dp.devices.size());
+  }
   auto env_world = [](const char* name) {
     const char* v = std::getenv(name);
     return v ? std::atoll(v) : 0LL;
   };
   Result<std::filesystem::path> run = std::filesystem::path();
   if (env_world("WORLD_SIZE") > 1 || env_world("SLURM_NTASKS") > 1) run = actors::run_distributed_from_env(*cfg, ro, progress, dp);
-  else if (a->has("ranks") || a->has("devices")) run = actors::run_data_parallel(*cfg, ro, progress, dp);
+  else if (a->has("ranks") || a->has("devices") || config_parallel) run = actors::run_data_parallel(*cfg, ro, progress, dp);
   else run = actors::run_training(*cfg, ro, progress);
   if (!run.is_ok()) return fail("train", run.status());
   if (!run->empty()) std::printf("run folder: %s\n", run->string().c_str());

@@ -207,6 +207,14 @@ Status parse_into(const json& j, const std::string& file, JobConfig& c) {
     s.string("device", tr.device);
     if (!std::regex_match(tr.device, std::regex("auto|cpu|cuda(:[0-9]+)?")))
       s.fail("device", "expected auto, cpu, cuda or cuda:N, got \"" + tr.device + "\"");
+    if (auto* x = s.get("devices")) {
+      bool good = x->is_array() && !x->empty();
+      if (good)
+        for (auto& e : *x)
+          good &= e.is_string() && std::regex_match(e.get<std::string>(), std::regex("cpu|cuda(:[0-9]+)?"));
+      if (!good) s.fail("devices", "expected a non-empty list of cpu, cuda or cuda:N (one data-parallel rank each), got " + format_value(*x));
+      else tr.devices = x->get<std::vector<std::string>>();
+    }
     s.integer("val_interval", tr.val_interval, 0);
     s.integer("checkpoint_interval", tr.checkpoint_interval, 1);
     s.integer("steps_per_epoch", tr.steps_per_epoch, 0);
@@ -253,6 +261,7 @@ Status parse_into(const json& j, const std::string& file, JobConfig& c) {
       {"schedule", c.schedule},
       {"train", {{"epochs", c.train.epochs}, {"batch_size", c.train.batch_size}, {"accumulate", c.train.accumulate},
                  {"grad_clip", c.train.grad_clip}, {"amp", c.train.amp}, {"device", c.train.device},
+                 {"devices", c.train.devices},
                  {"val_interval", c.train.val_interval}, {"checkpoint_interval", c.train.checkpoint_interval},
                  {"steps_per_epoch", c.train.steps_per_epoch}, {"loader", c.train.loader},
                  {"decode_workers", c.train.decode_workers}, {"prefetch", c.train.prefetch},

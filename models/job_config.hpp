@@ -48,6 +48,10 @@ struct TrainSettings {
   double grad_clip = 0.0;               ///< max global grad norm; 0 = off
   std::string amp = "none";             ///< none | bf16 | fp16 (fp16: CUDA only, dynamic loss scaling)
   std::string device = "auto";          ///< auto | cpu | cuda | cuda:N
+  /// Data parallel in one process: one rank per entry ([cuda:0, cuda:1], or [cpu, cpu] for
+  /// CPU ranks); empty or one entry = a single trainer on `device`. `segflow train
+  /// --devices/--ranks` override it.
+  std::vector<std::string> devices;
   std::int64_t val_interval = 1;        ///< validate every N epochs (and at the end); 0 = never
   std::int64_t checkpoint_interval = 1; ///< write last.pt every N epochs (and at the end), >= 1
   std::int64_t steps_per_epoch = 0;     ///< > 0 caps the batches per epoch

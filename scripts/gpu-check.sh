@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # The GPU check: run on the lent GPU machine through the device tool, from the repository
-# root, with gpu-bundle/ carried (made here by scripts/make-gpu-bundle.sh after a build).
+# root, with gpu-bundle.tar.xz carried (made here by scripts/make-gpu-bundle.sh after a build).
 # The machine has torch 2.11.0+cu130 in python3 and the CUDA toolkit but none of the Debian
 # libraries, so the bundle brings them. Runs the CUDA test cases (each suite's cases whose
 # names say CUDA), then `segflow bench` on cuda:0 for about two minutes, and writes
 # everything under $OUT (nvidia-smi.txt, tests.txt, bench.jsonl, summary.txt). < 8 minutes.
-#   device run: bash scripts/gpu-check.sh     carry: ["gpu-bundle"]     timeout_s: 540
+#   device run: bash scripts/gpu-check.sh     carry: ["gpu-bundle.tar.xz"]     timeout_s: 540
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-/tmp/segflow-gpu-check}"
 mkdir -p "$OUT"
 start=$(date +%s)
 log() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/summary.txt"; }
+[[ -d gpu-bundle/bin || ! -f gpu-bundle.tar.xz ]] || tar -xJf gpu-bundle.tar.xz
 [[ -d gpu-bundle/bin ]] || { log "gpu-bundle/ is missing: run scripts/make-gpu-bundle.sh here and carry it"; exit 1; }
-torch_lib="$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+# LibTorch from the machine's torch wheel, and the CUDA runtime libraries of its nvidia-* wheels
+# (or the toolkit's) for the bundle's libcudart dependency.
+torch_lib="$(python3 -c 'import glob, os, torch; d = os.path.dirname(torch.__file__); print(":".join([os.path.join(d, "lib")] + sorted(glob.glob(os.path.join(os.path.dirname(d), "nvidia", "*", "lib")))))'):/usr/local/cuda/lib64"
 export LD_LIBRARY_PATH="$PWD/gpu-bundle/lib:$torch_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export SEGFLOW_BIN="$PWD/gpu-bundle/bin" SEGFLOW_REQUIRE_CUDA=1
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true

@@ -544,7 +544,10 @@ Result<Image> read_dicom_series(const std::vector<fs::path>& files) {
 Result<Image> read_dicom(const fs::path& file_or_dir) {
   std::error_code ec;
   if (!fs::exists(file_or_dir, ec)) return not_found(file_or_dir.string() + ": no such file or folder");
-  if (!fs::is_directory(file_or_dir, ec)) return read_dicom_series({file_or_dir});
+  if (!fs::is_directory(file_or_dir, ec)) {
+    if (is_dicom_seg_file(file_or_dir)) return read_dicom_seg(file_or_dir);
+    return read_dicom_series({file_or_dir});
+  }
   std::vector<SkippedFile> skipped;
   SEGFLOW_ASSIGN_OR_RETURN(auto all, scan_dicom_folder(file_or_dir, &skipped));
   std::vector<DicomSeriesInfo> images;

@@ -46,6 +46,13 @@ Result<Image> read_dicom(const std::filesystem::path& file_or_dir);
 /// (segment number = label value). Errors when frames do not fit the reference grid.
 Result<Image> read_dicom_seg(const std::filesystem::path& seg_file, const Image& reference);
 
+/// Reads a DICOM SEG file on its own grid: orientation and pixel spacing from its
+/// functional groups, slices from the first to the last frame position along the normal.
+Result<Image> read_dicom_seg(const std::filesystem::path& seg_file);
+
+/// True when the file is a DICOM SEG (SOPClassUID Segmentation Storage).
+bool is_dicom_seg_file(const std::filesystem::path& path);
+
 /// Compression for written series.
 enum class DicomCompression { none, rle, jpeg_ls, jpeg_lossless };
 /// Parses "none|rle|jpeg-ls|jpeg-lossless".

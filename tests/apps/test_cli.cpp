@@ -29,6 +29,25 @@ TEST_CASE("segflow synth then inspect --json prints the DESIGN.md contract") {
   CHECK(j["labels"] == nlohmann::json({0, 1, 2, 3, 4}));
 }
 
+TEST_CASE("segflow inspect of a DICOM SEG file on its own reads its frames' grid and labels") {
+  TempDir dir("cli_inspect_seg");
+  auto r = run_segflow("synth --cases 1 --size 20 --format dicom --seed 5 --out " + shell_quote(dir.path().string()));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  const auto seg = dir.path() / "case_000" / "seg.dcm";
+  auto i = run_segflow("inspect " + shell_quote(seg.string()) + " --json");
+  REQUIRE_MESSAGE(i.exit_code == 0, i.out);
+  auto j = nlohmann::json::parse(i.out);
+  CHECK(j["modality"] == "SEG");
+  CHECK(j["dtype"] == "uint8");
+  CHECK(j["size"][0] == 20);
+  CHECK(j["size"][1] == 20);
+  CHECK(j["labels"] == nlohmann::json({0, 1, 2, 3, 4}));
+  // The case folder (series + SEG) has the same in-plane spacing as the SEG alone.
+  auto c = nlohmann::json::parse(run_segflow("inspect " + shell_quote((dir.path() / "case_000").string()) + " --json").out);
+  for (int k = 0; k < 2; ++k) CHECK(j["spacing"][k].get<double>() == doctest::Approx(c["spacing"][k].get<double>()));
+  CHECK(j["size"][2].get<int>() <= c["size"][2].get<int>());
+}
+
 TEST_CASE("segflow inspect of a DICOM series agrees with SimpleITK") {
   TempDir dir("cli_sitk");
   auto r = run_segflow("synth --cases 3 --size 20 --format dicom --out " + shell_quote(dir.path().string()));
@@ -151,4 +170,12 @@ TEST_CASE("segflow train --ranks 2 trains data-parallel and writes one run folde
   auto bad = run_segflow("train " + shell_quote((dir / "job.yaml").string()) + " --ranks 2 --devices cpu");
   CHECK(bad.exit_code == 2);
   CHECK(bad.out.find("--ranks 2 does not match the 1 --devices given") != std::string::npos);
+
+  // The same from the config: train.devices lists one rank per entry.
+  auto cfg = run_segflow("train " + shell_quote((dir / "job.yaml").string()) + " --set 'train.devices=[cpu, cpu]' --quiet");
+  REQUIRE_MESSAGE(cfg.exit_code == 0, cfg.out);
+  CHECK_MESSAGE(cfg.out.find("2 ranks on cpu .. cpu") != std::string::npos, cfg.out);
+  auto wrong = run_segflow("train " + shell_quote((dir / "job.yaml").string()) + " --set 'train.devices=[gpu0]'");
+  CHECK(wrong.exit_code != 0);
+  CHECK_MESSAGE(wrong.out.find("train.devices: expected a non-empty list of cpu, cuda or cuda:N") != std::string::npos, wrong.out);
 }

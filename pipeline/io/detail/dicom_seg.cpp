@@ -332,6 +332,72 @@ Result<Image> read_seg_impl(const fs::path& file, const Image& reference) {
   return img;
 }
 
+/// The grid the frames of a SEG lie on, when no source image is at hand: orientation and
+/// pixel spacing from the functional groups, slices from the frame positions along the
+/// normal (from the first to the last slice that has a frame).
+Result<Image> seg_own_grid(const fs::path& file) {
+  ensure_dcmtk_ready();
+  const std::string where = file.string();
+  std::int64_t rows = 0, cols = 0;
+  {
+    SEGFLOW_ASSIGN_OR_RETURN(auto probe, load_file(file));
+    rows = get_integer(*probe->getDataset(), DCM_Rows).value_or(0);
+    cols = get_integer(*probe->getDataset(), DCM_Columns).value_or(0);
+    if (rows <= 0 || cols <= 0)
+      return corrupt_data(where + ": " + tag_name(DCM_Rows) + " x " + tag_name(DCM_Columns) +
+                          ": expected positive values, got " + std::to_string(rows) + " x " + std::to_string(cols));
+    auto sop = get_string(*probe->getDataset(), DCM_SOPClassUID).value_or("");
+    if (sop != UID_SegmentationStorage)
+      return invalid_argument(where + ": " + tag_name(DCM_SOPClassUID) + ": expected Segmentation Storage (" +
+                              UID_SegmentationStorage + "), got \"" + sop + "\"");
+  }
+  DcmSegmentation* raw = nullptr;
+  OFCondition c = DcmSegmentation::loadFile(OFString(file.c_str()), raw);
+  std::unique_ptr<DcmSegmentation> seg(raw);
+  if (c.bad() || !seg) return corrupt_data(where + ": cannot read DICOM SEG: " + c.text());
+  const std::size_t n_frames = seg->getNumberOfFrames();
+  if (n_frames == 0) return corrupt_data(where + ": NumberOfFrames: expected at least one frame, got 0");
+  FGInterface& fgs = seg->getFunctionalGroups();
+  auto o = frame_orientation(fgs, 0);
+  if (!o)
+    return corrupt_data(where + ": frame 1: PlaneOrientationSequence " + tag_name(DCM_ImageOrientationPatient) +
+                        ": required tag is missing");
+  const Vec3 row = normalized({(*o)[0], (*o)[1], (*o)[2]}), col = normalized({(*o)[3], (*o)[4], (*o)[5]});
+  const Vec3 normal = normalized(cross(row, col));
+  auto* pm = static_cast<FGPixelMeasures*>(fgs.get(0, DcmFGTypes::EFG_PIXELMEASURES));
+  Float64 sy = 0, sx = 0, sz = 0;
+  if (!pm || pm->getPixelSpacing(sy, 0).bad() || pm->getPixelSpacing(sx, 1).bad() || sx <= 0 || sy <= 0)
+    return corrupt_data(where + ": PixelMeasuresSequence " + tag_name(DCM_PixelSpacing) +
+                        ": required tag is missing or not positive");
+  std::vector<std::pair<double, Vec3>> positions;  // (distance along the normal, position)
+  for (std::size_t f = 0; f < n_frames; ++f) {
+    auto* pos_fg = static_cast<FGPlanePosPatient*>(fgs.get(static_cast<Uint32>(f), DcmFGTypes::EFG_PLANEPOSPATIENT));
+    Float64 px = 0, py = 0, pz = 0;
+    if (!pos_fg || pos_fg->getImagePositionPatient(px, py, pz).bad())
+      return corrupt_data(where + ": frame " + std::to_string(f + 1) + ": PlanePositionSequence " +
+                          tag_name(DCM_ImagePositionPatient) + ": required tag is missing");
+    const Vec3 p{px, py, pz};
+    positions.emplace_back(dot(p, normal), p);
+  }
+  std::sort(positions.begin(), positions.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (pm->getSpacingBetweenSlices(sz, 0).bad() || sz <= 0) {
+    sz = 0;  // the smallest step between distinct slice positions
+    for (std::size_t i = 1; i < positions.size(); ++i) {
+      const double step = positions[i].first - positions[i - 1].first;
+      if (step > 1e-3 && (sz == 0 || step < sz)) sz = step;
+    }
+    if (sz == 0) sz = 1.0;
+  }
+  const double extent = positions.back().first - positions.front().first;
+  const auto Z = static_cast<std::int64_t>(std::lround(extent / sz)) + 1;
+  Image ref;
+  ref.voxels = torch::zeros({1, Z, rows, cols}, torch::kUInt8);
+  ref.geometry.spacing = {sx, sy, sz};
+  ref.geometry.origin = positions.front().second;
+  ref.geometry.direction = {row[0], col[0], normal[0], row[1], col[1], normal[1], row[2], col[2], normal[2]};
+  return ref;
+}
+
 }  // namespace
 
 Status write_dicom_seg(const fs::path& file, const Image& labels, const DicomSeriesInfo& series) {
@@ -351,6 +417,28 @@ Result<Image> read_dicom_seg(const fs::path& seg_file, const Image& reference) {
     return internal_error(seg_file.string() + ": " + e.what_without_backtrace());
   } catch (const std::exception& e) {
     return internal_error(seg_file.string() + ": " + e.what());
+  }
+}
+
+Result<Image> read_dicom_seg(const fs::path& seg_file) {
+  try {
+    SEGFLOW_ASSIGN_OR_RETURN(Image grid, seg_own_grid(seg_file));
+    return read_seg_impl(seg_file, grid);
+  } catch (const c10::Error& e) {
+    return internal_error(seg_file.string() + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return internal_error(seg_file.string() + ": " + e.what());
+  }
+}
+
+bool is_dicom_seg_file(const fs::path& path) {
+  try {
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec) || !looks_like_dicom(path)) return false;
+    auto ff = load_file(path);
+    return ff.is_ok() && get_string(*(*ff)->getDataset(), DCM_SOPClassUID).value_or("") == UID_SegmentationStorage;
+  } catch (const std::exception&) {
+    return false;
   }
 }
 

@@ -646,6 +646,19 @@ TEST_CASE("a DICOM SEG written by segflow reads back as the same label map") {
   CHECK(torch::equal(back->voxels, lab));
   CHECK(segflow::geometry_close(back->geometry, ref.geometry, 1e-9));
 
+  // On its own (no source image): the grid of its frames, slices 1..4 (slice 0 has none).
+  auto own = sp::read_dicom(seg_file);
+  REQUIRE_MESSAGE(own.is_ok(), own.status().to_string());
+  CHECK(own->modality == "SEG");
+  CHECK(own->size() == segflow::Size3{28, 24, 4});
+  CHECK(torch::equal(own->voxels, lab.index({torch::indexing::Slice(), torch::indexing::Slice(1, 5)})));
+  segflow::Geometry shifted = ref.geometry;
+  shifted.origin = segflow::index_to_physical(ref.geometry, {0.0, 0.0, 1.0});
+  INFO(segflow::describe(own->geometry));
+  CHECK(segflow::geometry_close(own->geometry, shifted, 1e-4));
+  CHECK(sp::is_dicom_seg_file(seg_file));
+  CHECK_FALSE(sp::is_dicom_seg_file(series->files.front()));
+
   // pydicom, independently: segments, frames, positions, pixel counts, source images.
   auto js = st::reference_read("pydicom_seg", seg_file);
   CHECK(js["sop_class"] == "1.2.840.10008.5.1.4.1.1.66.4");
