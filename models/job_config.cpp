@@ -208,11 +208,11 @@ Status parse_into(const json& j, const std::string& file, JobConfig& c) {
     if (!std::regex_match(tr.device, std::regex("auto|cpu|cuda(:[0-9]+)?")))
       s.fail("device", "expected auto, cpu, cuda or cuda:N, got \"" + tr.device + "\"");
     if (auto* x = s.get("devices")) {
-      bool good = x->is_array() && !x->empty();
+      bool good = x->is_array();  // [] (the resolved default) = one trainer on train.device
       if (good)
         for (auto& e : *x)
           good &= e.is_string() && std::regex_match(e.get<std::string>(), std::regex("cpu|cuda(:[0-9]+)?"));
-      if (!good) s.fail("devices", "expected a non-empty list of cpu, cuda or cuda:N (one data-parallel rank each), got " + format_value(*x));
+      if (!good) s.fail("devices", "expected a list of cpu, cuda or cuda:N (one data-parallel rank each), got " + format_value(*x));
       else tr.devices = x->get<std::vector<std::string>>();
     }
     s.integer("val_interval", tr.val_interval, 0);
