@@ -231,20 +231,22 @@ std::optional<std::array<double, 6>> frame_orientation(FGInterface& fgs, Uint32 
   return v;
 }
 
-Result<Image> read_seg_impl(const fs::path& file, const Image& reference) {
-  ensure_dcmtk_ready();
-  const std::string where = file.string();
-  const at::Tensor& rt = reference.voxels;
-  if (!rt.defined() || rt.dim() != 4)
-    return invalid_argument(where + ": reference: expected a (C, Z, Y, X) image, got none");
-  const std::int64_t Z = rt.size(1), Y = rt.size(2), X = rt.size(3);
+/// A SEG file opened with dcmseg, after a plain read that gives clear errors for missing or
+/// non-DICOM files and checks the SOP class; with the header values dcmseg does not expose.
+struct OpenedSeg {
+  std::unique_ptr<DcmSegmentation> seg;
   long max_fractional = 255;
-  Uint16 rows = 0, cols = 0;
+  std::int64_t rows = 0, cols = 0;
+};
+
+Result<OpenedSeg> open_seg(const fs::path& file) {
+  const std::string where = file.string();
+  OpenedSeg out;
   {
-    SEGFLOW_ASSIGN_OR_RETURN(auto probe, load_file(file));  // clear errors for missing/bad files
-    max_fractional = get_integer(*probe->getDataset(), DCM_MaximumFractionalValue).value_or(255);
-    rows = static_cast<Uint16>(get_integer(*probe->getDataset(), DCM_Rows).value_or(0));
-    cols = static_cast<Uint16>(get_integer(*probe->getDataset(), DCM_Columns).value_or(0));
+    SEGFLOW_ASSIGN_OR_RETURN(auto probe, load_file(file));
+    out.max_fractional = get_integer(*probe->getDataset(), DCM_MaximumFractionalValue).value_or(255);
+    out.rows = get_integer(*probe->getDataset(), DCM_Rows).value_or(0);
+    out.cols = get_integer(*probe->getDataset(), DCM_Columns).value_or(0);
     auto sop = get_string(*probe->getDataset(), DCM_SOPClassUID).value_or("");
     if (sop != UID_SegmentationStorage)
       return invalid_argument(where + ": " + tag_name(DCM_SOPClassUID) + ": expected Segmentation Storage (" +
@@ -252,8 +254,23 @@ Result<Image> read_seg_impl(const fs::path& file, const Image& reference) {
   }
   DcmSegmentation* raw = nullptr;
   OFCondition c = DcmSegmentation::loadFile(OFString(file.c_str()), raw);
-  std::unique_ptr<DcmSegmentation> seg(raw);
-  if (c.bad() || !seg) return corrupt_data(where + ": cannot read DICOM SEG: " + c.text());
+  out.seg.reset(raw);
+  if (c.bad() || !out.seg) return corrupt_data(where + ": cannot read DICOM SEG: " + c.text());
+  return out;
+}
+
+
+Result<Image> read_seg_impl(const fs::path& file, const Image& reference) {
+  ensure_dcmtk_ready();
+  const std::string where = file.string();
+  const at::Tensor& rt = reference.voxels;
+  if (!rt.defined() || rt.dim() != 4)
+    return invalid_argument(where + ": reference: expected a (C, Z, Y, X) image, got none");
+  const std::int64_t Z = rt.size(1), Y = rt.size(2), X = rt.size(3);
+  SEGFLOW_ASSIGN_OR_RETURN(OpenedSeg opened, open_seg(file));
+  const long max_fractional = opened.max_fractional;
+  const Uint16 rows = static_cast<Uint16>(opened.rows), cols = static_cast<Uint16>(opened.cols);
+  std::unique_ptr<DcmSegmentation> seg = std::move(opened.seg);
 
   const bool fractional = seg->getSegmentationType() == DcmSegTypes::ST_FRACTIONAL;
   if (seg->getSegmentationType() != DcmSegTypes::ST_BINARY && !fractional)
@@ -338,23 +355,12 @@ Result<Image> read_seg_impl(const fs::path& file, const Image& reference) {
 Result<Image> seg_own_grid(const fs::path& file) {
   ensure_dcmtk_ready();
   const std::string where = file.string();
-  std::int64_t rows = 0, cols = 0;
-  {
-    SEGFLOW_ASSIGN_OR_RETURN(auto probe, load_file(file));
-    rows = get_integer(*probe->getDataset(), DCM_Rows).value_or(0);
-    cols = get_integer(*probe->getDataset(), DCM_Columns).value_or(0);
-    if (rows <= 0 || cols <= 0)
-      return corrupt_data(where + ": " + tag_name(DCM_Rows) + " x " + tag_name(DCM_Columns) +
-                          ": expected positive values, got " + std::to_string(rows) + " x " + std::to_string(cols));
-    auto sop = get_string(*probe->getDataset(), DCM_SOPClassUID).value_or("");
-    if (sop != UID_SegmentationStorage)
-      return invalid_argument(where + ": " + tag_name(DCM_SOPClassUID) + ": expected Segmentation Storage (" +
-                              UID_SegmentationStorage + "), got \"" + sop + "\"");
-  }
-  DcmSegmentation* raw = nullptr;
-  OFCondition c = DcmSegmentation::loadFile(OFString(file.c_str()), raw);
-  std::unique_ptr<DcmSegmentation> seg(raw);
-  if (c.bad() || !seg) return corrupt_data(where + ": cannot read DICOM SEG: " + c.text());
+  SEGFLOW_ASSIGN_OR_RETURN(OpenedSeg opened, open_seg(file));
+  const std::int64_t rows = opened.rows, cols = opened.cols;
+  if (rows <= 0 || cols <= 0)
+    return corrupt_data(where + ": " + tag_name(DCM_Rows) + " x " + tag_name(DCM_Columns) +
+                        ": expected positive values, got " + std::to_string(rows) + " x " + std::to_string(cols));
+  std::unique_ptr<DcmSegmentation> seg = std::move(opened.seg);
   const std::size_t n_frames = seg->getNumberOfFrames();
   if (n_frames == 0) return corrupt_data(where + ": NumberOfFrames: expected at least one frame, got 0");
   FGInterface& fgs = seg->getFunctionalGroups();
