@@ -89,8 +89,12 @@ void locate_run(const models::JobConfig& cfg, const RunOptions& opts, RunFolder&
   if (!rf.resume && opts.resume_last && fs::exists(rf.dir / "last.pt")) rf.resume = rf.dir / "last.pt";
 }
 
-Status open_run_folder(const models::JobConfig& cfg, const c10::Device& device, models::TrainObserver& user,
+/// Creates the run folder and rank 0's outputs. On a resume, rank 0's trainer reads the
+/// checkpoint first (train_rank loads it again on every rank) so that the records the
+/// interrupted run wrote past it are dropped before the outputs are opened.
+Status open_run_folder(const models::JobConfig& cfg, models::Trainer& trainer, models::TrainObserver& user,
                        RunFolder& rf) {
+  const c10::Device device = trainer.device();
   std::error_code ec;
   fs::create_directories(rf.dir, ec);
   if (ec) return io_error(rf.dir.string() + ": cannot create the run folder: " + ec.message());
@@ -98,11 +102,14 @@ Status open_run_folder(const models::JobConfig& cfg, const c10::Device& device, 
     std::ofstream f(rf.dir / "config.json");
     f << cfg.resolved.dump(2) << '\n';
   }
+  const bool resumed = rf.resume && fs::exists(*rf.resume) && trainer.load_checkpoint(*rf.resume).is_ok();
+  if (resumed) trim_for_resume(rf.dir, trainer.state());
   std::function<double()> gpu_mb;
   if (device.is_cuda()) gpu_mb = [device] { return models::peak_device_memory_mb(device); };
   rf.metrics = std::make_unique<JsonlMetricsObserver>(rf.dir / "metrics.jsonl", cfg.train.log_every);
   rf.tensorboard = std::make_unique<TensorBoardObserver>(rf.dir / "tb", cfg.train.log_every, gpu_mb);
   rf.plot = std::make_unique<ProgressPlotObserver>(rf.dir / "progress.svg");
+  if (resumed) rf.plot->replay(rf.dir / "metrics.jsonl");
   rf.all.add(rf.metrics.get());
   rf.all.add(rf.tensorboard.get());
   rf.all.add(rf.plot.get());
@@ -196,7 +203,7 @@ Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOption
 
   RunFolder rf;
   locate_run(cfg, run, rf);
-  SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, jobs[0].trainer->device(), observer, rf));
+  SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, *jobs[0].trainer, observer, rf));
   log::info("data-parallel run " + rf.dir.string() + ": " + std::to_string(world) + " ranks on " + devices[0] +
             (world > 1 ? " .. " + devices.back() : std::string()) + ", " + std::to_string(jobs[0].steps_per_epoch) +
             " steps per epoch, global batch " + std::to_string(cfg.train.batch_size * world) + " x " +
@@ -262,7 +269,7 @@ Result<fs::path> run_distributed_from_env(const models::JobConfig& cfg, const Ru
   RunFolder rf;
   locate_run(cfg, run, rf);
   if (env.rank == 0) {
-    SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, job.trainer->device(), observer, rf));
+    SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, *job.trainer, observer, rf));
     log::info("distributed run " + rf.dir.string() + ": " + std::to_string(env.world_size) + " ranks (" + env.launcher +
               "), store " + env.master_addr + ":" + std::to_string(env.master_port) + ", global batch " +
               std::to_string(cfg.train.batch_size * env.world_size) + " x " + std::to_string(cfg.train.accumulate));

@@ -206,6 +206,7 @@ Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& op
   if (resume) {
     SEGFLOW_RETURN_IF_ERROR(trainer->load_checkpoint(*resume));
     log::info("resumed from " + resume->string() + " at epoch " + std::to_string(trainer->state().epoch));
+    trim_for_resume(run_dir, trainer->state());
   }
   log::info("run " + run_dir.string() + ": " + std::to_string(job.split.train.size()) + " training cases, " +
             std::to_string(job.validation.size()) + " validation samples, " + std::to_string(job.steps_per_epoch) +
@@ -217,6 +218,7 @@ Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& op
   if (device.is_cuda()) gpu_mb = [device] { return models::peak_device_memory_mb(device); };
   TensorBoardObserver tensorboard(run_dir / "tb", cfg.train.log_every, gpu_mb);
   ProgressPlotObserver plot(run_dir / "progress.svg");
+  if (resume) plot.replay(run_dir / "metrics.jsonl");
   all.add(&metrics);
   all.add(&tensorboard);
   all.add(&plot);

@@ -4,11 +4,18 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <sstream>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "messages/log.hpp"
 
 namespace segflow::actors {
 
@@ -93,13 +100,205 @@ TensorBoardWriter::TensorBoardWriter(const fs::path& dir) {
   flush();
 }
 
-void TensorBoardWriter::write_record(const std::string& payload) {
+namespace {
+
+std::string frame_record(std::string_view payload) {
   std::string rec;
   put_le(rec, payload.size(), 8);
   put_le(rec, masked_crc(rec.data(), 8), 4);
   rec += payload;
   put_le(rec, masked_crc(payload.data(), payload.size()), 4);
+  return rec;
+}
+
+std::uint64_t get_le(const char* p, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+/// The payloads of an event file's records, up to the first torn or corrupt one
+/// (`complete` says whether the whole file was whole records).
+std::vector<std::string_view> split_records(std::string_view data, bool& complete) {
+  std::vector<std::string_view> out;
+  complete = true;
+  std::size_t at = 0;
+  while (at < data.size()) {
+    if (data.size() - at < 12) break;
+    const std::uint64_t len = get_le(data.data() + at, 8);
+    if (get_le(data.data() + at + 8, 4) != masked_crc(data.data() + at, 8)) break;
+    if (len > data.size() - at - 12 || data.size() - at - 12 - len < 4) break;
+    std::string_view payload = data.substr(at + 12, len);
+    if (get_le(data.data() + at + 12 + len, 4) != masked_crc(payload.data(), payload.size())) break;
+    out.push_back(payload);
+    at += 12 + len + 4;
+  }
+  complete = at == data.size();
+  return out;
+}
+
+/// Protobuf fields, just enough to walk an Event: varints, fixed 32/64, length-delimited.
+struct ProtoReader {
+  std::string_view s;
+  std::size_t at = 0;
+  bool varint(std::uint64_t& v) {
+    v = 0;
+    for (int shift = 0; shift < 64 && at < s.size(); shift += 7) {
+      const auto b = static_cast<unsigned char>(s[at++]);
+      v |= static_cast<std::uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return true;
+    }
+    return false;
+  }
+  /// Next field: number, wire type; length-delimited contents in `bytes`, varints in `value`.
+  bool next(int& field, int& wire, std::uint64_t& value, std::string_view& bytes) {
+    std::uint64_t key = 0;
+    if (at >= s.size() || !varint(key)) return false;
+    field = static_cast<int>(key >> 3);
+    wire = static_cast<int>(key & 7);
+    switch (wire) {
+      case 0: return varint(value);
+      case 1: if (s.size() - at < 8) return false; at += 8; return true;
+      case 5: if (s.size() - at < 4) return false; at += 4; return true;
+      case 2: {
+        std::uint64_t n = 0;
+        if (!varint(n) || n > s.size() - at) return false;
+        bytes = s.substr(at, n);
+        at += n;
+        return true;
+      }
+      default: return false;
+    }
+  }
+};
+
+/// Step and first summary tag of an Event payload (tag empty: not a summary).
+std::pair<std::string, std::int64_t> event_tag_step(std::string_view payload) {
+  ProtoReader r{payload};
+  std::string tag;
+  std::int64_t step = 0;
+  int field = 0, wire = 0;
+  std::uint64_t value = 0;
+  std::string_view bytes;
+  while (r.next(field, wire, value, bytes)) {
+    if (field == 2 && wire == 0) step = static_cast<std::int64_t>(value);
+    if (field == 5 && wire == 2 && tag.empty()) {  // Event.summary -> Summary.value -> Value.tag
+      ProtoReader sr{bytes};
+      int f2 = 0, w2 = 0;
+      std::string_view v;
+      while (tag.empty() && sr.next(f2, w2, value, v))
+        if (f2 == 1 && w2 == 2) {
+          ProtoReader vr{v};
+          int f3 = 0, w3 = 0;
+          std::string_view t;
+          while (vr.next(f3, w3, value, t))
+            if (f3 == 1 && w3 == 2) {
+              tag = std::string(t);
+              break;
+            }
+        }
+    }
+  }
+  return {tag, step};
+}
+
+bool keep_record(const std::string& tag, std::int64_t step, const models::TrainState& at) {
+  if (tag.empty()) return true;  // file_version and other non-scalar events
+  if (tag.rfind("epoch/", 0) == 0 || tag.rfind("val/", 0) == 0) return step < at.epoch;
+  return step <= at.step;  // train/*, memory/*: per optimizer step
+}
+
+bool keep_metrics_line(const std::string& line, const models::TrainState& at) {
+  const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return false;  // torn by the crash
+  const std::string type = j.value("type", "");
+  if (type == "step") return j.value("step", std::int64_t{0}) <= at.step;
+  if (type == "epoch" || type == "validation") return j.value("epoch", std::int64_t{0}) < at.epoch;
+  return true;  // checkpoints written, cases skipped: facts of the earlier run
+}
+
+std::string read_all(const fs::path& f) {
+  std::ifstream in(f, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+Status replace_file(const fs::path& f, const std::string& content) {
+  const fs::path tmp = f.string() + ".trim";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(content.data(), static_cast<std::streamsize>(content.size()));
+    out.flush();
+    if (!out) return io_error(tmp.string() + ": cannot write: " + std::strerror(errno));
+  }
+  std::error_code ec;
+  fs::rename(tmp, f, ec);
+  if (ec) return io_error(f.string() + ": cannot replace with the trimmed copy: " + ec.message());
+  return Status::ok();
+}
+
+}  // namespace
+
+void trim_for_resume(const fs::path& run_dir, const models::TrainState& at) {
+  auto dropped = trim_run_outputs(run_dir, at);
+  if (!dropped.is_ok())
+    log::warn("resume: cannot drop the interrupted run's records past the checkpoint: " + dropped.status().message());
+  else if (*dropped > 0)
+    log::info("resume: dropped " + std::to_string(*dropped) + " metric records written after the checkpoint (epoch " +
+              std::to_string(at.epoch) + ", step " + std::to_string(at.step) + ")");
+}
+
+void TensorBoardWriter::write_record(const std::string& payload) {
+  const std::string rec = frame_record(payload);
   out_.write(rec.data(), static_cast<std::streamsize>(rec.size()));
+}
+
+std::vector<std::pair<std::string, std::int64_t>> read_scalar_steps(const fs::path& event_file) {
+  const std::string data = read_all(event_file);
+  bool complete = true;
+  std::vector<std::pair<std::string, std::int64_t>> out;
+  for (std::string_view p : split_records(data, complete)) {
+    auto ts = event_tag_step(p);
+    if (!ts.first.empty()) out.push_back(std::move(ts));
+  }
+  return out;
+}
+
+Result<std::int64_t> trim_run_outputs(const fs::path& run_dir, const models::TrainState& at) {
+  std::int64_t dropped = 0;
+  std::error_code ec;
+  const fs::path metrics = run_dir / "metrics.jsonl";
+  if (fs::exists(metrics, ec)) {
+    std::istringstream in(read_all(metrics));
+    std::string kept;
+    std::int64_t n = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      if (keep_metrics_line(line, at)) kept += line + '\n';
+      else ++n;
+    }
+    if (n > 0) SEGFLOW_RETURN_IF_ERROR(replace_file(metrics, kept));
+    dropped += n;
+  }
+  const fs::path tb = run_dir / "tb";
+  if (!fs::is_directory(tb, ec)) return dropped;
+  for (const auto& entry : fs::directory_iterator(tb, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || name.find("tfevents") == std::string::npos || name.ends_with(".trim")) continue;
+    const std::string data = read_all(entry.path());
+    bool complete = true;
+    const auto records = split_records(data, complete);
+    std::string kept;
+    std::int64_t n = complete ? 0 : 1;  // a torn tail counts as one dropped record
+    for (std::string_view p : records) {
+      const auto [tag, step] = event_tag_step(p);
+      if (keep_record(tag, step, at)) kept += frame_record(p);
+      else ++n;
+    }
+    if (n > 0) SEGFLOW_RETURN_IF_ERROR(replace_file(entry.path(), kept));
+    dropped += n;
+  }
+  if (ec) return io_error(tb.string() + ": cannot list the event files: " + ec.message());
+  return dropped;
 }
 
 void TensorBoardWriter::scalar(const std::string& tag, std::int64_t step, double value) {
@@ -158,6 +357,26 @@ void ProgressPlotObserver::on_epoch_end(const models::EpochInfo& i) {
   lr_.push_back(i.lr);
   seconds_.push_back(i.seconds);
   write();
+}
+
+void ProgressPlotObserver::replay(const fs::path& metrics_jsonl) {
+  std::ifstream in(metrics_jsonl);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    const std::string type = j.value("type", "");
+    const auto epoch = static_cast<double>(j.value("epoch", std::int64_t{0}) + 1);
+    auto num = [&](const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : NAN; };
+    if (type == "epoch") {
+      epoch_.push_back(epoch);
+      loss_.push_back(num("loss"));
+      lr_.push_back(num("lr"));
+      seconds_.push_back(num("seconds"));
+    } else if (type == "validation" && std::isfinite(num("mean_dice"))) {
+      val_epoch_.push_back(epoch);
+      val_dice_.push_back(num("mean_dice"));
+    }
+  }
 }
 
 void ProgressPlotObserver::on_validation(const models::ValidationInfo& i) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "messages/status.hpp"
 #include "models/trainer.hpp"
 
 namespace segflow::actors {
@@ -59,12 +60,30 @@ class TensorBoardObserver : public models::TrainObserver {
   std::function<double()> gpu_peak_mb_;
 };
 
+/// What a resumed run drops from the outputs the interrupted run left in its folder, so that
+/// nothing is counted twice: step records past `at.step` (train/*, memory/*), epoch and
+/// validation records of epoch `at.epoch` on (those epochs run again), and a record torn by
+/// the crash. Rewrites metrics.jsonl and every TensorBoard event file under run_dir/tb
+/// (temp file + rename; files with nothing to drop are left untouched). Returns the number
+/// of records dropped.
+Result<std::int64_t> trim_run_outputs(const std::filesystem::path& run_dir, const models::TrainState& at);
+
+/// trim_run_outputs for a run resumed at `at`, with the outcome logged (a failure to trim is
+/// a warning: training goes on, the files keep the duplicates).
+void trim_for_resume(const std::filesystem::path& run_dir, const models::TrainState& at);
+
+/// The (tag, step) of every scalar in a TensorBoard event file written by TensorBoardWriter,
+/// in file order; stops at the first torn or corrupt record.
+std::vector<std::pair<std::string, std::int64_t>> read_scalar_steps(const std::filesystem::path& event_file);
+
 /// progress.svg, rewritten (temp + rename) after every epoch and validation.
 class ProgressPlotObserver : public models::TrainObserver {
  public:
   explicit ProgressPlotObserver(std::filesystem::path file) : file_(std::move(file)) {}
   void on_epoch_end(const models::EpochInfo& i) override;
   void on_validation(const models::ValidationInfo& i) override;
+  /// Loads the epochs and validations already in a metrics.jsonl (a resumed run's history).
+  void replay(const std::filesystem::path& metrics_jsonl);
   /// The SVG text of the current curves (also what gets written).
   std::string render() const;
 

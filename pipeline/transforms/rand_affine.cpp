@@ -41,12 +41,9 @@ Mat3 matmul(const Mat3& a, const Mat3& b) {
   return c;
 }
 
-// Sampling grid (1, [D,] H, W, nsp) mapping output voxels to input voxels for `params`,
-// built in centred voxel coordinates and converted to grid_sample's normalised ones
-// (align_corners = false: centred voxel = normalised * n / 2).
-at::Tensor affine_grid_for(const at::Tensor& t, const AffineParams& p) {
-  const std::int64_t nsp = t.dim() - 1;
-  const Size3 n = detail::spatial_size_xyz(t);
+// Output voxel -> input voxel in centred voxel coordinates (x, y, z):
+//   in = M * out + translate, M = R * diag(1 / scale); 2-D samples rotate about z only.
+Mat3 voxel_matrix(const AffineParams& p, std::int64_t nsp) {
   Mat3 r{};
   if (nsp == 3) {
     const double cx = std::cos(p.rotate[0]), sx = std::sin(p.rotate[0]);
@@ -60,12 +57,23 @@ at::Tensor affine_grid_for(const at::Tensor& t, const AffineParams& p) {
     const double c = std::cos(p.rotate[2]), s = std::sin(p.rotate[2]);
     r = Mat3{{{c, -s, 0}, {s, c, 0}, {0, 0, 1}}};
   }
-  // theta = N^-1 * R * diag(1/scale) * N, offset N^-1 * translate.
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) r[i][j] = j < nsp ? r[i][j] / p.scale[j] : r[i][j];
+  return r;
+}
+
+// Sampling grid (1, [D,] H, W, nsp) mapping output voxels to input voxels for `params`,
+// converted from centred voxel coordinates to grid_sample's normalised ones
+// (align_corners = false: centred voxel = normalised * n / 2).
+at::Tensor affine_grid_for(const at::Tensor& t, const AffineParams& p) {
+  const std::int64_t nsp = t.dim() - 1;
+  const Size3 n = detail::spatial_size_xyz(t);
+  const Mat3 m = voxel_matrix(p, nsp);
   auto theta = torch::zeros({1, nsp, nsp + 1}, torch::kFloat64);
   auto acc = theta.accessor<double, 3>();
   for (int i = 0; i < nsp; ++i) {
     const double ni = static_cast<double>(n[i]) / 2.0;
-    for (int j = 0; j < nsp; ++j) acc[0][i][j] = r[i][j] / p.scale[j] * (static_cast<double>(n[j]) / 2.0) / ni;
+    for (int j = 0; j < nsp; ++j) acc[0][i][j] = m[i][j] * (static_cast<double>(n[j]) / 2.0) / ni;
     acc[0][i][nsp] = p.translate[i] / ni;
   }
   std::vector<std::int64_t> size{1, t.size(0)};
@@ -96,6 +104,43 @@ at::Tensor affine_tensor(const at::Tensor& t, const AffineParams& params, bool l
   return warp(t, affine_grid_for(t, params), linear, padding_mode);
 }
 
+Geometry affine_geometry(const Geometry& g, const Size3& size, std::int64_t nsp, const AffineParams& params) {
+  if (params.identity()) return g;
+  const Mat3 m = voxel_matrix(params, nsp);
+  // Physical point of output index o: origin + D*S*(c + t + M*(o - c)), c the centre index.
+  std::array<double, 3> centre{}, moved{};
+  for (int i = 0; i < 3; ++i) {
+    centre[i] = (static_cast<double>(size[i]) - 1.0) / 2.0;
+    moved[i] = centre[i] + (i < nsp ? params.translate[i] : 0.0);
+  }
+  const std::array<double, 3> centre_world = index_to_physical(g, moved);
+  // A = D * diag(spacing) * M; its columns are the new axes times the new spacings.
+  auto a = torch::zeros({3, 3}, torch::kFloat64);
+  auto acc = a.accessor<double, 2>();
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 3; ++k) acc[i][j] += g.direction[i * 3 + k] * g.spacing[k] * m[k][j];
+  Geometry out = g;
+  auto dir = torch::zeros({3, 3}, torch::kFloat64);
+  for (int j = 0; j < 3; ++j) {
+    out.spacing[j] = a.select(1, j).norm().item<double>();
+    dir.select(1, j).copy_(a.select(1, j) / out.spacing[j]);
+  }
+  std::array<double, 9> d{};
+  for (int i = 0; i < 9; ++i) d[i] = dir.view(-1)[i].item<double>();
+  if (!direction_is_orthonormal(d, 1e-9)) {
+    auto [u, sv, vh] = at::linalg_svd(dir, /*full_matrices=*/false, std::nullopt);
+    auto rot = u.matmul(vh);
+    for (int i = 0; i < 9; ++i) d[i] = rot.view(-1)[i].item<double>();
+  }
+  out.direction = d;
+  // Origin so that the centre index lands on the centre's physical point.
+  out.origin = centre_world;
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) out.origin[i] -= d[i * 3 + j] * out.spacing[j] * centre[j];
+  return out;
+}
+
 namespace {
 
 class RandAffineStage final : public MapStage {
@@ -120,9 +165,11 @@ class RandAffineStage final : public MapStage {
       p.translate[a] = rng.uniform(-o_.translate_range[a], o_.translate_range[a]);
     }
     if (p.identity()) return Status::ok();
-    const at::Tensor grid = affine_grid_for(s.at(keys.front()), p);
+    const at::Tensor& first = s.at(keys.front());
+    const at::Tensor grid = affine_grid_for(first, p);
+    s.geometry = affine_geometry(s.geometry, detail::spatial_size_xyz(first), first.dim() - 1, p);
     for (const auto& k : keys) s.at(k) = warp(s.at(k), grid, o_.mode == "bilinear", o_.padding_mode);
-    detail::drop_indices(s);  // geometry: the warped grid is no longer the scanner's; kept as is
+    detail::drop_indices(s);  // foreground indices point into the unwarped grid
     return Status::ok();
   }
 

@@ -144,4 +144,13 @@ at::Tensor rotate90_tensor(const at::Tensor& t, int k, int a0, int a1);
 at::Tensor affine_tensor(const at::Tensor& t, const AffineParams& params, bool linear,
                          const std::string& padding_mode);
 
+/// Geometry of the grid that affine_tensor(t, params) produces from a grid `g` of `size`
+/// (x, y, z) with `nsp` spatial dims, so that every output voxel keeps the physical place
+/// of the input point it was sampled from. Rotation and zoom act in voxel space; with
+/// isotropic in-plane spacing (or no rotation) the result is exact. Otherwise a voxel-space
+/// rotation is a physical shear, which an orthonormal direction cannot hold: the direction
+/// is then the nearest rotation (polar decomposition), the spacings are the column lengths,
+/// and the grid centre stays exact.
+Geometry affine_geometry(const Geometry& g, const Size3& size, std::int64_t nsp, const AffineParams& params);
+
 }  // namespace segflow::pipeline

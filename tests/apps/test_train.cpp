@@ -166,11 +166,47 @@ TEST_CASE("training 2N epochs equals N epochs plus a resume for N more, weight f
   Quiet q2;
   auto r2 = actors::run_training(half, {.run_dir = dir.path() / "split"}, q2);
   REQUIRE_MESSAGE(r2.is_ok(), r2.status().message());
+  // A crash: epoch 2 runs and logs, but the process dies before its checkpoint is kept.
+  const auto split = dir.path() / "split";
+  std::filesystem::copy_file(split / "last.pt", dir / "epoch2.pt");
+  Quiet lost;
+  auto crashed = actors::run_training(parse(tiny_job(dir.path()), {"train.epochs=3"}),
+                                      {.resume = split / "last.pt", .run_dir = split}, lost);
+  REQUIRE_MESSAGE(crashed.is_ok(), crashed.status().message());
+  std::filesystem::copy_file(dir / "epoch2.pt", split / "last.pt", std::filesystem::copy_options::overwrite_existing);
   Quiet q3;
-  auto r3 = actors::run_training(full, {.resume = dir.path() / "split" / "last.pt", .run_dir = dir.path() / "split"}, q3);
+  auto r3 = actors::run_training(full, {.resume = split / "last.pt", .run_dir = split}, q3);
   REQUIRE_MESSAGE(r3.is_ok(), r3.status().message());
   REQUIRE(q3.epochs.size() == 2);
   CHECK(q3.epochs[0].epoch == 2);
+  // The resumed run's outputs hold every epoch once, with the losses of the uninterrupted run.
+  REQUIRE(q1.epochs.size() == 4);
+  std::vector<double> logged;
+  std::ifstream metrics(split / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == "epoch") {
+      CHECK(j["epoch"].get<std::size_t>() == logged.size());
+      logged.push_back(j["loss"].get<double>());
+    }
+  }
+  REQUIRE(logged.size() == 4);
+  for (std::size_t e = 0; e < 4; ++e) CHECK(logged[e] == doctest::Approx(q1.epochs[e].loss).epsilon(1e-6));
+  auto tb = segflow::testing::run_command(segflow::testing::shell_quote(segflow::testing::python()) + " " +
+                                          segflow::testing::shell_quote(segflow::testing::source_path("tests/tools/tb_read.py").string()) +
+                                          " " + segflow::testing::shell_quote((split / "tb").string()) + " 2>/dev/null");
+  REQUIRE_MESSAGE(tb.exit_code == 0, tb.out);
+  auto scalars = nlohmann::json::parse(tb.out);
+  REQUIRE(scalars["epoch/loss"].size() == 4);
+  for (std::size_t e = 0; e < 4; ++e) {
+    CHECK(scalars["epoch/loss"][e][0].get<std::size_t>() == e);
+    CHECK(scalars["epoch/loss"][e][1].get<double>() == doctest::Approx(q1.epochs[e].loss).epsilon(1e-5));
+  }
+  std::int64_t previous = 0;
+  for (const auto& point : scalars["train/loss"]) {
+    CHECK(point[0].get<std::int64_t>() > previous);  // each step once, in order
+    previous = point[0].get<std::int64_t>();
+  }
   auto a = weights_of(dir.path() / "full" / "last.pt");
   auto b = weights_of(dir.path() / "split" / "last.pt");
   REQUIRE(a.size() == b.size());

@@ -260,17 +260,16 @@ Result<OpenedSeg> open_seg(const fs::path& file) {
 }
 
 
-Result<Image> read_seg_impl(const fs::path& file, const Image& reference) {
-  ensure_dcmtk_ready();
+/// The label map of an opened SEG on the grid of `reference`.
+Result<Image> read_seg_frames(const fs::path& file, OpenedSeg& opened, const Image& reference) {
   const std::string where = file.string();
   const at::Tensor& rt = reference.voxels;
   if (!rt.defined() || rt.dim() != 4)
     return invalid_argument(where + ": reference: expected a (C, Z, Y, X) image, got none");
   const std::int64_t Z = rt.size(1), Y = rt.size(2), X = rt.size(3);
-  SEGFLOW_ASSIGN_OR_RETURN(OpenedSeg opened, open_seg(file));
   const long max_fractional = opened.max_fractional;
   const Uint16 rows = static_cast<Uint16>(opened.rows), cols = static_cast<Uint16>(opened.cols);
-  std::unique_ptr<DcmSegmentation> seg = std::move(opened.seg);
+  DcmSegmentation* seg = opened.seg.get();
 
   const bool fractional = seg->getSegmentationType() == DcmSegTypes::ST_FRACTIONAL;
   if (seg->getSegmentationType() != DcmSegTypes::ST_BINARY && !fractional)
@@ -352,15 +351,13 @@ Result<Image> read_seg_impl(const fs::path& file, const Image& reference) {
 /// The grid the frames of a SEG lie on, when no source image is at hand: orientation and
 /// pixel spacing from the functional groups, slices from the frame positions along the
 /// normal (from the first to the last slice that has a frame).
-Result<Image> seg_own_grid(const fs::path& file) {
-  ensure_dcmtk_ready();
+Result<Image> seg_own_grid(const fs::path& file, OpenedSeg& opened) {
   const std::string where = file.string();
-  SEGFLOW_ASSIGN_OR_RETURN(OpenedSeg opened, open_seg(file));
   const std::int64_t rows = opened.rows, cols = opened.cols;
   if (rows <= 0 || cols <= 0)
     return corrupt_data(where + ": " + tag_name(DCM_Rows) + " x " + tag_name(DCM_Columns) +
                         ": expected positive values, got " + std::to_string(rows) + " x " + std::to_string(cols));
-  std::unique_ptr<DcmSegmentation> seg = std::move(opened.seg);
+  DcmSegmentation* seg = opened.seg.get();
   const std::size_t n_frames = seg->getNumberOfFrames();
   if (n_frames == 0) return corrupt_data(where + ": NumberOfFrames: expected at least one frame, got 0");
   FGInterface& fgs = seg->getFunctionalGroups();
@@ -418,7 +415,9 @@ Status write_dicom_seg(const fs::path& file, const Image& labels, const DicomSer
 
 Result<Image> read_dicom_seg(const fs::path& seg_file, const Image& reference) {
   try {
-    return read_seg_impl(seg_file, reference);
+    ensure_dcmtk_ready();
+    SEGFLOW_ASSIGN_OR_RETURN(OpenedSeg opened, open_seg(seg_file));
+    return read_seg_frames(seg_file, opened, reference);
   } catch (const c10::Error& e) {
     return internal_error(seg_file.string() + ": " + e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -428,8 +427,10 @@ Result<Image> read_dicom_seg(const fs::path& seg_file, const Image& reference) {
 
 Result<Image> read_dicom_seg(const fs::path& seg_file) {
   try {
-    SEGFLOW_ASSIGN_OR_RETURN(Image grid, seg_own_grid(seg_file));
-    return read_seg_impl(seg_file, grid);
+    ensure_dcmtk_ready();
+    SEGFLOW_ASSIGN_OR_RETURN(OpenedSeg opened, open_seg(seg_file));
+    SEGFLOW_ASSIGN_OR_RETURN(Image grid, seg_own_grid(seg_file, opened));
+    return read_seg_frames(seg_file, opened, grid);
   } catch (const c10::Error& e) {
     return internal_error(seg_file.string() + ": " + e.what_without_backtrace());
   } catch (const std::exception& e) {

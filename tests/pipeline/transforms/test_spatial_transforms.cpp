@@ -214,3 +214,76 @@ TEST_CASE("rand affine transform keeps label values and moves image and label to
   CHECK(f.at("image").sizes() == torch::IntArrayRef({1, 16, 16}));
   CHECK(subset(values_of(f.at("label")), {0, 1, 2}));
 }
+
+namespace {
+// Intensity-weighted centre (x, y, z index) of a (1, Z, Y, X) tensor.
+std::array<double, 3> centroid_xyz(const at::Tensor& t) {
+  at::Tensor w = t[0].to(torch::kFloat64).clamp_min(0);
+  const double total = w.sum().item<double>();
+  std::array<double, 3> c{};
+  for (int a = 0; a < 3; ++a) {
+    const std::int64_t dim = 2 - a;  // x is the last tensor dim
+    at::Tensor coord = torch::arange(w.size(dim), torch::kFloat64);
+    std::vector<std::int64_t> shape{1, 1, 1};
+    shape[static_cast<std::size_t>(dim)] = w.size(dim);
+    c[static_cast<std::size_t>(a)] = (w * coord.view(shape)).sum().item<double>() / total;
+  }
+  return c;
+}
+
+// A smooth blob centred at index (x, y, z) on a (1, 24, 26, 28) grid.
+at::Tensor gaussian_blob(double x, double y, double z) {
+  auto zz = torch::arange(24, torch::kFloat64).view({24, 1, 1}), yy = torch::arange(26, torch::kFloat64).view({1, 26, 1}),
+       xx = torch::arange(28, torch::kFloat64).view({1, 1, 28});
+  auto r2 = (xx - x).pow(2) + (yy - y).pow(2) + (zz - z).pow(2);
+  return torch::exp(-r2 / 8.0).to(torch::kFloat32).unsqueeze(0);
+}
+}  // namespace
+
+TEST_CASE("rand affine transform records the warped geometry: anatomy keeps its physical place") {
+  AffineParams p;
+  p.rotate = {0.2, -0.15, 0.35};
+  p.scale = {1.1, 0.9, 1.05};
+  p.translate = {1.5, -2.0, 1.0};
+  Geometry g;
+  g.spacing = {1.5, 1.5, 1.5};
+  g.origin = {10, -5, 3};
+  g.direction = {0, 1, 0, 0, 0, -1, 1, 0, 0};
+  const at::Tensor img = gaussian_blob(15.0, 11.0, 12.5);
+  const Size3 size{28, 26, 24};
+
+  // Isotropic voxels: the recorded geometry is exact, so the blob's physical centre is kept.
+  const Geometry out = affine_geometry(g, size, 3, p);
+  CHECK(direction_is_orthonormal(out.direction, 1e-9));
+  const auto before = index_to_physical(g, {15.0, 11.0, 12.5});
+  const auto after = index_to_physical(out, centroid_xyz(affine_tensor(img, p, true, "zeros")));
+  for (int i = 0; i < 3; ++i) CHECK(std::abs(after[i] - before[i]) < 0.2);  // mm
+  for (int j = 0; j < 3; ++j) CHECK(out.spacing[j] == doctest::Approx(1.5 / p.scale[j]));
+
+  // Anisotropic voxels, zoom and shift only: exact as well.
+  AffineParams zoom = p;
+  zoom.rotate = {0, 0, 0};
+  Geometry aniso = g;
+  aniso.spacing = {0.8, 0.8, 2.5};
+  const Geometry zo = affine_geometry(aniso, size, 3, zoom);
+  const auto zb = index_to_physical(aniso, {15.0, 11.0, 12.5});
+  const auto za = index_to_physical(zo, centroid_xyz(affine_tensor(img, zoom, true, "zeros")));
+  for (int i = 0; i < 3; ++i) CHECK(std::abs(za[i] - zb[i]) < 0.2);
+
+  // Anisotropic voxels with rotation (a physical shear): direction stays orthonormal and the
+  // grid centre stays exactly where it maps to.
+  const Geometry sh = affine_geometry(aniso, size, 3, p);
+  CHECK(direction_is_orthonormal(sh.direction, 1e-9));
+  const auto c_out = index_to_physical(sh, {13.5, 12.5, 11.5});
+  const auto c_in = index_to_physical(aniso, {13.5 + 1.5, 12.5 - 2.0, 11.5 + 1.0});
+  for (int i = 0; i < 3; ++i) CHECK(c_out[i] == doctest::Approx(c_in[i]));
+
+  // The stage records it too: same seed, same warp, geometry no longer the input's.
+  Sample s = make_sample(img, (img > 0.5).to(torch::kUInt8));
+  s.geometry = g;
+  auto st = make_stage("rand_affine", {{"prob", 1.0}, {"rotate_range", 0.3}, {"scale_range", 0.1}});
+  Sample w = run1(*st, s, 5);
+  CHECK_FALSE(geometry_close(w.geometry, g));
+  const auto wa = index_to_physical(w.geometry, centroid_xyz(w.at("image")));
+  for (int i = 0; i < 3; ++i) CHECK(std::abs(wa[i] - before[i]) < 0.2);
+}
