@@ -8,6 +8,7 @@
 
 #include "actors/collector.hpp"
 #include "actors/detail/guard.hpp"
+#include "actors/detail/intraop_threads.hpp"
 #include "pipeline/pipeline_spec.hpp"
 
 namespace segflow::actors {
@@ -225,6 +226,7 @@ Status start_epoch(self_ptr self, std::int64_t epoch) {
 
 augmenter_actor::behavior_type augmenter(augmenter_actor::stateful_pointer<AugmenterState> self,
                                          AugmenterConfig config, cache_actor cache, collector_actor collector) {
+  detail::use_one_intraop_thread();  // runs on the actor's own (detached) thread
   auto& st = self->state;
   st.cfg = std::move(config);
   st.cfg.max_ready = std::max<std::int64_t>(1, st.cfg.max_ready);

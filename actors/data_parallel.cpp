@@ -75,6 +75,7 @@ class ScratchDir {
 struct RunFolder {
   fs::path dir;
   std::optional<fs::path> resume;
+  bool start_over = false;  ///< resume_last found no checkpoint: the earlier attempt's records go
   std::unique_ptr<JsonlMetricsObserver> metrics;
   std::unique_ptr<TensorBoardObserver> tensorboard;
   std::unique_ptr<ProgressPlotObserver> plot;
@@ -87,6 +88,7 @@ void locate_run(const models::JobConfig& cfg, const RunOptions& opts, RunFolder&
   rf.resume = opts.resume;
   if (rf.resume) rf.dir = opts.run_dir ? *opts.run_dir : rf.resume->parent_path();
   if (!rf.resume && opts.resume_last && fs::exists(rf.dir / "last.pt")) rf.resume = rf.dir / "last.pt";
+  rf.start_over = !rf.resume && opts.resume_last;
 }
 
 /// Creates the run folder and rank 0's outputs. On a resume, rank 0's trainer reads the
@@ -104,6 +106,7 @@ Status open_run_folder(const models::JobConfig& cfg, models::Trainer& trainer, m
   }
   const bool resumed = rf.resume && fs::exists(*rf.resume) && trainer.load_checkpoint(*rf.resume).is_ok();
   if (resumed) trim_for_resume(rf.dir, trainer.state());
+  else if (rf.start_over) trim_for_resume(rf.dir, models::TrainState{});
   std::function<double()> gpu_mb;
   if (device.is_cuda()) gpu_mb = [device] { return models::peak_device_memory_mb(device); };
   rf.metrics = std::make_unique<JsonlMetricsObserver>(rf.dir / "metrics.jsonl", cfg.train.log_every);

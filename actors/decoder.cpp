@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "actors/detail/guard.hpp"
+#include "actors/detail/intraop_threads.hpp"
 #include "pipeline/cache/sample_cache.hpp"
 #include "pipeline/pipeline_spec.hpp"
 
@@ -14,6 +15,7 @@ namespace segflow::actors {
 
 decoder_actor::behavior_type decoder(decoder_actor::stateful_pointer<DecoderState> self,
                                      std::shared_ptr<const DecodeContext> ctx, collector_actor collector, int index) {
+  detail::use_one_intraop_thread();  // runs on the actor's own (detached) thread
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.live = std::make_unique<LiveDecoder>(*st.ctx);

@@ -207,6 +207,8 @@ Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& op
     SEGFLOW_RETURN_IF_ERROR(trainer->load_checkpoint(*resume));
     log::info("resumed from " + resume->string() + " at epoch " + std::to_string(trainer->state().epoch));
     trim_for_resume(run_dir, trainer->state());
+  } else if (opts.resume_last) {
+    trim_for_resume(run_dir, models::TrainState{});  // an attempt that died before its first checkpoint
   }
   log::info("run " + run_dir.string() + ": " + std::to_string(job.split.train.size()) + " training cases, " +
             std::to_string(job.validation.size()) + " validation samples, " + std::to_string(job.steps_per_epoch) +

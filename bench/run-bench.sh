@@ -23,7 +23,8 @@ ntrain=13
 ls "$work/train/imagesTr" | sort | tail -n +$((ntrain + 1)) | while read -r f; do
   rm "$work/train/imagesTr/$f" "$work/train/labelsTr/${f%_0000.nii.gz}.nii.gz"; done
 for mode in torch monai; do
-  "$py" bench/baselines/train_baseline.py --mode "$mode" --data "$work/train" --epochs "$epochs" 2>/dev/null | tee -a "$work/base.jsonl"
+  "$py" bench/baselines/train_baseline.py --mode "$mode" --data "$work/train" --epochs "$epochs" 2>"$work/$mode.err" \
+    | tee -a "$work/base.jsonl" || { cat "$work/$mode.err" >&2; exit 1; }
 done
 "$py" - "$work/segflow.jsonl" "$work/base.jsonl" <<'PY'
 import json, sys

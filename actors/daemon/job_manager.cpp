@@ -69,42 +69,6 @@ std::string yaml_quoted(const std::string& s) { return json(s).dump(); }
 
 }  // namespace
 
-std::size_t trim_metrics(const fs::path& file, std::int64_t keep_epochs) {
-  std::error_code ec;
-  if (!fs::exists(file, ec)) return 0;
-  std::ifstream in(file);
-  std::vector<std::string> kept;
-  std::size_t dropped = 0;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    try {
-      json j = json::parse(line);
-      if (j.contains("epoch") && j["epoch"].is_number_integer() && j["epoch"].get<std::int64_t>() >= keep_epochs) {
-        ++dropped;
-        continue;
-      }
-    } catch (...) {
-      ++dropped;  // a line torn by a kill in the middle of a write
-      continue;
-    }
-    kept.push_back(line);
-  }
-  in.close();
-  if (dropped == 0) return 0;
-  const fs::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    for (const auto& l : kept) out << l << '\n';
-    if (!out) {
-      fs::remove(tmp, ec);
-      return 0;
-    }
-  }
-  fs::rename(tmp, file, ec);
-  return ec ? 0 : dropped;
-}
-
 struct JobManager::Job {
   JobRecord rec;
   models::JobConfig cfg;
@@ -430,7 +394,6 @@ void JobManager::run_job(Job* j) {
   for (;;) {
     models::JobConfig cfg;
     RunOptions ro;
-    std::int64_t keep = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       cfg = j->cfg;
@@ -441,12 +404,8 @@ void JobManager::run_job(Job* j) {
       std::error_code ec;
       if (fs::is_directory(o_.plugin_dir, ec)) ro.plugin_dir = o_.plugin_dir;
       j->started_version = j->rec.dataset.empty() || !version_ ? 0 : version_(j->rec.dataset);
-      keep = j->rec.checkpoint_epoch;
     }
-    const std::size_t dropped = trim_metrics(fs::path(j->rec.run_dir) / "metrics.jsonl", keep);
-    if (dropped)
-      log::info("job " + std::to_string(j->rec.id) + ": dropped " + std::to_string(dropped) +
-                " metrics records past the checkpoint (epoch " + std::to_string(keep) + ")");
+    // run_training (resume_last) drops what an interrupted attempt wrote past last.pt.
     Result<fs::path> r = internal_error("not run");
     {
       Observer obs(*this, *j);

@@ -123,8 +123,4 @@ class JobManager {
   bool shutting_down_ = false;
 };
 
-/// Drops the metrics.jsonl records (and a torn last line) of epochs >= `keep_epochs`;
-/// rewrites the file atomically only when something is dropped. Returns the number dropped.
-std::size_t trim_metrics(const std::filesystem::path& file, std::int64_t keep_epochs);
-
 }  // namespace segflow::actors::daemon

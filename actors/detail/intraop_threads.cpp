@@ -1,0 +1,15 @@
+#include "actors/detail/intraop_threads.hpp"
+
+#include <dlfcn.h>
+
+namespace segflow::actors::detail {
+
+void use_one_intraop_thread() {
+  using SetThreads = void (*)(int);
+  // The OpenMP runtime is the one LibTorch links (the wheel ships its own libgomp); linking
+  // another here would load two runtimes.
+  static const auto set_threads = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  if (set_threads) set_threads(1);
+}
+
+}  // namespace segflow::actors::detail
