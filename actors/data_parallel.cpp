@@ -94,8 +94,8 @@ void locate_run(const models::JobConfig& cfg, const RunOptions& opts, RunFolder&
 /// Creates the run folder and rank 0's outputs. On a resume, rank 0's trainer reads the
 /// checkpoint first (train_rank loads it again on every rank) so that the records the
 /// interrupted run wrote past it are dropped before the outputs are opened.
-Status open_run_folder(const models::JobConfig& cfg, models::Trainer& trainer, models::TrainObserver& user,
-                       RunFolder& rf) {
+Status open_run_folder(const models::JobConfig& cfg, models::Trainer& trainer, const Split& split,
+                       models::TrainObserver& user, RunFolder& rf) {
   const c10::Device device = trainer.device();
   std::error_code ec;
   fs::create_directories(rf.dir, ec);
@@ -104,6 +104,7 @@ Status open_run_folder(const models::JobConfig& cfg, models::Trainer& trainer, m
     std::ofstream f(rf.dir / "config.json");
     f << cfg.resolved.dump(2) << '\n';
   }
+  SEGFLOW_RETURN_IF_ERROR(write_split(rf.dir, split));
   const bool resumed = rf.resume && fs::exists(*rf.resume) && trainer.load_checkpoint(*rf.resume).is_ok();
   if (resumed) trim_for_resume(rf.dir, trainer.state());
   else if (rf.start_over) trim_for_resume(rf.dir, models::TrainState{});
@@ -206,7 +207,7 @@ Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOption
 
   RunFolder rf;
   locate_run(cfg, run, rf);
-  SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, *jobs[0].trainer, observer, rf));
+  SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, *jobs[0].trainer, jobs[0].split, observer, rf));
   log::info("data-parallel run " + rf.dir.string() + ": " + std::to_string(world) + " ranks on " + devices[0] +
             (world > 1 ? " .. " + devices.back() : std::string()) + ", " + std::to_string(jobs[0].steps_per_epoch) +
             " steps per epoch, global batch " + std::to_string(cfg.train.batch_size * world) + " x " +
@@ -272,7 +273,7 @@ Result<fs::path> run_distributed_from_env(const models::JobConfig& cfg, const Ru
   RunFolder rf;
   locate_run(cfg, run, rf);
   if (env.rank == 0) {
-    SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, *job.trainer, observer, rf));
+    SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, *job.trainer, job.split, observer, rf));
     log::info("distributed run " + rf.dir.string() + ": " + std::to_string(env.world_size) + " ranks (" + env.launcher +
               "), store " + env.master_addr + ":" + std::to_string(env.master_port) + ", global batch " +
               std::to_string(cfg.train.batch_size * env.world_size) + " x " + std::to_string(cfg.train.accumulate));

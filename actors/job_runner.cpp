@@ -45,6 +45,22 @@ Split split_cases(const std::vector<pipeline::CaseEntry>& cases, const models::J
   return s;
 }
 
+Status write_split(const fs::path& run_dir, const Split& split) {
+  json j = {{"train", json::array()}, {"val", json::array()}};
+  for (const auto& c : split.train) j["train"].push_back(c.id);
+  for (const auto& c : split.val) j["val"].push_back(c.id);
+  const fs::path file = run_dir / "split.json", tmp = run_dir / "split.json.tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << j.dump(2) << '\n';
+    if (!f) return io_error(tmp.string() + ": cannot write the split");
+  }
+  std::error_code ec;
+  fs::rename(tmp, file, ec);
+  if (ec) return io_error(file.string() + ": cannot write the split: " + ec.message());
+  return Status::ok();
+}
+
 Status ensure_dataset(const models::JobConfig& cfg) {
   std::error_code ec;
   // A dataset that segflow synthesised records its recipe; when the config now asks for
@@ -203,6 +219,7 @@ Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& op
     std::ofstream f(run_dir / "config.json");
     f << cfg.resolved.dump(2) << '\n';
   }
+  SEGFLOW_RETURN_IF_ERROR(write_split(run_dir, job.split));
   if (resume) {
     SEGFLOW_RETURN_IF_ERROR(trainer->load_checkpoint(*resume));
     log::info("resumed from " + resume->string() + " at epoch " + std::to_string(trainer->state().epoch));

@@ -41,6 +41,9 @@ struct Split {
 /// Holds out val_cases (or round(val_fraction * n), at least 1 when n > 1 and the fraction
 /// is > 0) chosen by a seeded shuffle of the case ids.
 Split split_cases(const std::vector<pipeline::CaseEntry>& cases, const models::JobConfig& cfg);
+/// Writes the split to run_dir/split.json ({"train": [ids], "val": [ids]}, like nnU-Net's
+/// splits_final.json), so that other tools can train and score on the same cases.
+Status write_split(const std::filesystem::path& run_dir, const Split& split);
 
 /// Makes the dataset of `cfg` when data.root does not exist and data.synth is set.
 Status ensure_dataset(const models::JobConfig& cfg);

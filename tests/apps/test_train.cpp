@@ -118,7 +118,19 @@ TEST_CASE("a run folder has a deterministic name and holds config, metrics and c
   auto run = actors::run_training(cfg, {}, q);
   REQUIRE_MESSAGE(run.is_ok(), run.status().message());
   CHECK(run->filename().string() == models::run_name(cfg));
-  for (const char* f : {"config.json", "metrics.jsonl", "last.pt", "best.pt"}) CHECK_MESSAGE(std::filesystem::exists(*run / f), f);
+  for (const char* f : {"config.json", "split.json", "metrics.jsonl", "last.pt", "best.pt"})
+    CHECK_MESSAGE(std::filesystem::exists(*run / f), f);
+  // split.json: the 5 cases, 1 held out, no case on both sides, the same as split_cases gives.
+  {
+    std::ifstream sf(*run / "split.json");
+    auto split = nlohmann::json::parse(sf);
+    REQUIRE(split["val"].size() == 1);
+    REQUIRE(split["train"].size() == 4);
+    for (const auto& t : split["train"]) CHECK(t != split["val"][0]);
+    auto index = pipeline::scan_dataset(dir / "data");
+    REQUIRE(index.is_ok());
+    CHECK(split["val"][0].get<std::string>() == actors::split_cases(index->cases, cfg).val.at(0).id);
+  }
   REQUIRE(q.epochs.size() == 2);
   CHECK(std::isfinite(q.epochs[0].loss));
   REQUIRE(q.validations.size() == 1);
