@@ -49,16 +49,7 @@ Status write_split(const fs::path& run_dir, const Split& split) {
   json j = {{"train", json::array()}, {"val", json::array()}};
   for (const auto& c : split.train) j["train"].push_back(c.id);
   for (const auto& c : split.val) j["val"].push_back(c.id);
-  const fs::path file = run_dir / "split.json", tmp = run_dir / "split.json.tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << j.dump(2) << '\n';
-    if (!f) return io_error(tmp.string() + ": cannot write the split");
-  }
-  std::error_code ec;
-  fs::rename(tmp, file, ec);
-  if (ec) return io_error(file.string() + ": cannot write the split: " + ec.message());
-  return Status::ok();
+  return write_file_atomically(run_dir / "split.json", j.dump(2) + '\n');
 }
 
 Status ensure_dataset(const models::JobConfig& cfg) {

@@ -222,8 +222,10 @@ std::string read_all(const fs::path& f) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-Status replace_file(const fs::path& f, const std::string& content) {
-  const fs::path tmp = f.string() + ".trim";
+}  // namespace
+
+Status write_file_atomically(const fs::path& f, const std::string& content) {
+  const fs::path tmp = f.string() + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(content.data(), static_cast<std::streamsize>(content.size()));
@@ -235,8 +237,6 @@ Status replace_file(const fs::path& f, const std::string& content) {
   if (ec) return io_error(f.string() + ": cannot replace with the trimmed copy: " + ec.message());
   return Status::ok();
 }
-
-}  // namespace
 
 void trim_for_resume(const fs::path& run_dir, const models::TrainState& at) {
   auto dropped = trim_run_outputs(run_dir, at);
@@ -276,14 +276,14 @@ Result<std::int64_t> trim_run_outputs(const fs::path& run_dir, const models::Tra
       if (keep_metrics_line(line, at)) kept += line + '\n';
       else ++n;
     }
-    if (n > 0) SEGFLOW_RETURN_IF_ERROR(replace_file(metrics, kept));
+    if (n > 0) SEGFLOW_RETURN_IF_ERROR(write_file_atomically(metrics, kept));
     dropped += n;
   }
   const fs::path tb = run_dir / "tb";
   if (!fs::is_directory(tb, ec)) return dropped;
   for (const auto& entry : fs::directory_iterator(tb, ec)) {
     const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file() || name.find("tfevents") == std::string::npos || name.ends_with(".trim")) continue;
+    if (!entry.is_regular_file() || name.find("tfevents") == std::string::npos || name.ends_with(".tmp")) continue;
     const std::string data = read_all(entry.path());
     bool complete = true;
     const auto records = split_records(data, complete);
@@ -294,7 +294,7 @@ Result<std::int64_t> trim_run_outputs(const fs::path& run_dir, const models::Tra
       if (keep_record(tag, step, at)) kept += frame_record(p);
       else ++n;
     }
-    if (n > 0) SEGFLOW_RETURN_IF_ERROR(replace_file(entry.path(), kept));
+    if (n > 0) SEGFLOW_RETURN_IF_ERROR(write_file_atomically(entry.path(), kept));
     dropped += n;
   }
   if (ec) return io_error(tb.string() + ": cannot list the event files: " + ec.message());

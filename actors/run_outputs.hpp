@@ -68,6 +68,10 @@ class TensorBoardObserver : public models::TrainObserver {
 /// of records dropped.
 Result<std::int64_t> trim_run_outputs(const std::filesystem::path& run_dir, const models::TrainState& at);
 
+/// Writes `content` to `file` through a temp file and a rename (readers see the old file or
+/// the new one, never half of it).
+Status write_file_atomically(const std::filesystem::path& file, const std::string& content);
+
 /// trim_run_outputs for a run resumed at `at`, with the outcome logged (a failure to trim is
 /// a warning: training goes on, the files keep the duplicates).
 void trim_for_resume(const std::filesystem::path& run_dir, const models::TrainState& at);
