@@ -79,7 +79,8 @@ Result<std::unique_ptr<ActorBatchSource>> ActorBatchSource::build(std::unique_pt
   // Detached too: CAF 0.17's work-stealing workers, when idle, poll their queues with sleeps
   // of up to 10 ms (scheduler.relaxed-sleep-duration), which a scheduled cache would add to
   // every fetch; a detached actor wakes on its mailbox at once.
-  self->cache_ = sys.spawn<caf::detached>(cache, std::shared_ptr<const DecodeContext>(ctx), cc, self->collector_);
+  self->cache_ =
+      sys.spawn<caf::detached>(cache, std::shared_ptr<const DecodeContext>(ctx), cc, self->collector_);
 
   AugmenterConfig ac;
   ac.pipeline = o.pipeline;
@@ -144,8 +145,10 @@ Result<std::optional<Batch>> ActorBatchSource::next() {
       .receive(
           [&](BatchReply& r) {
             for (auto& s : r.skipped) failures_.push_back({std::move(s.case_id), std::move(s.reason)});
-            if (r.end_of_epoch) out = std::optional<Batch>();
-            else out = std::optional<Batch>(std::move(r.batch));
+            if (r.end_of_epoch)
+              out = std::optional<Batch>();
+            else
+              out = std::optional<Batch>(std::move(r.batch));
           },
           [&](caf::error& e) { out = to_status(e); });
   last_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -158,7 +161,9 @@ Result<PipelineStats> ActorBatchSource::stats() {
   PipelineStats s;
   Status st;
   auto on_error = [&](caf::error& e) { st = to_status(e); };
-  (*self_)->request(cache_, caf::infinite, stats_atom::value).receive([&](CacheStats& c) { s.cache = c; }, on_error);
+  (*self_)
+      ->request(cache_, caf::infinite, stats_atom::value)
+      .receive([&](CacheStats& c) { s.cache = c; }, on_error);
   (*self_)
       ->request(augmenter_, caf::infinite, stats_atom::value)
       .receive([&](AugmentStats& a) { s.augment = a; }, on_error);

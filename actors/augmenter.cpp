@@ -22,7 +22,8 @@ namespace {
 using self_ptr = augmenter_actor::stateful_pointer<AugmenterState>;
 
 bool epoch_done(const AugmenterState& st) {
-  return st.epoch >= 0 && st.next_process >= st.order.size() && st.assembler.pending() == 0 && st.ready.empty();
+  return st.epoch >= 0 && st.next_process >= st.order.size() && st.assembler.pending() == 0 &&
+         st.ready.empty();
 }
 
 void note_window(AugmenterState& st) {
@@ -119,7 +120,8 @@ void process(self_ptr self, AugmenterState::Arrived& a) {
   Result<std::vector<Sample>> r = internal_error("not augmented");
   try {
     r = pipeline::augment_case(*st.cfg.pipeline, a.sample, st.cfg.seed, st.cfg.rank, st.epoch,
-                               static_cast<std::int64_t>(position), st.device, st.stream && st.stream->active());
+                               static_cast<std::int64_t>(position), st.device,
+                               st.stream && st.stream->active());
   } catch (const c10::Error& e) {  // the same messages as SimpleLoader's
     r = internal_error("case '" + id + "': " + e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -203,8 +205,10 @@ void refill(self_ptr self) {
 
 Status start_epoch(self_ptr self, std::int64_t epoch) {
   auto& st = self->state;
-  if (epoch < 0) return invalid_argument("augmenter: epoch: expected an integer >= 0, got " + std::to_string(epoch));
-  for (auto& rp : st.waiting) rp.deliver(make_error(ErrorCode::invalid_argument, "augmenter: a new epoch started"));
+  if (epoch < 0)
+    return invalid_argument("augmenter: epoch: expected an integer >= 0, got " + std::to_string(epoch));
+  for (auto& rp : st.waiting)
+    rp.deliver(make_error(ErrorCode::invalid_argument, "augmenter: a new epoch started"));
   st.waiting.clear();
   ++st.generation;
   st.epoch = epoch;
@@ -225,7 +229,8 @@ Status start_epoch(self_ptr self, std::int64_t epoch) {
 }  // namespace
 
 augmenter_actor::behavior_type augmenter(augmenter_actor::stateful_pointer<AugmenterState> self,
-                                         AugmenterConfig config, cache_actor cache, collector_actor collector) {
+                                         AugmenterConfig config, cache_actor cache,
+                                         collector_actor collector) {
   detail::use_one_intraop_thread();  // runs on the actor's own (detached) thread
   auto& st = self->state;
   st.cfg = std::move(config);
@@ -248,7 +253,8 @@ augmenter_actor::behavior_type augmenter(augmenter_actor::stateful_pointer<Augme
       },
       [self](next_atom) -> caf::result<BatchReply> {
         auto& s = self->state;
-        if (s.epoch < 0) return make_error(ErrorCode::invalid_argument, "augmenter: next before the first epoch");
+        if (s.epoch < 0)
+          return make_error(ErrorCode::invalid_argument, "augmenter: next before the first epoch");
         s.waiting.push_back(self->make_response_promise<BatchReply>());
         deliver(self);
         pump(self);

@@ -45,10 +45,10 @@ struct AugmenterConfig {
   std::uint64_t seed = 0;
   std::int64_t rank = 0;
   std::int64_t batch_size = 1;
-  std::int64_t max_ready = 1;   ///< batches prepared ahead, >= 1
-  std::int64_t window = 1;      ///< case requests in flight + buffered, >= 1
+  std::int64_t max_ready = 1;  ///< batches prepared ahead, >= 1
+  std::int64_t window = 1;     ///< case requests in flight + buffered, >= 1
   std::string device = "cpu";
-  int index = 0;                ///< augmenter number (names it in reports)
+  int index = 0;  ///< augmenter number (names it in reports)
 };
 
 /// The window an ActorBatchSource uses: enough cases to fill the prefetch, and at least one
@@ -75,15 +75,15 @@ struct AugmenterState {
   std::unique_ptr<detail::DeviceStream> stream;
 
   std::int64_t epoch = -1;
-  std::uint64_t generation = 0;        ///< bumped per epoch; older answers are ignored
-  std::vector<std::int64_t> order;     ///< dataset indices of this epoch
-  std::size_t next_request = 0;        ///< next position to ask the cache for
-  std::size_t next_process = 0;        ///< next position to augment
-  std::int64_t in_flight = 0;          ///< case requests at the cache
+  std::uint64_t generation = 0;            ///< bumped per epoch; older answers are ignored
+  std::vector<std::int64_t> order;         ///< dataset indices of this epoch
+  std::size_t next_request = 0;            ///< next position to ask the cache for
+  std::size_t next_process = 0;            ///< next position to augment
+  std::int64_t in_flight = 0;              ///< case requests at the cache
   std::map<std::size_t, Arrived> arrived;  ///< reorder buffer by position
   pipeline::BatchAssembler assembler;
   std::deque<Prepared> ready;
-  std::vector<CaseSkip> skipped;       ///< since the last reply
+  std::vector<CaseSkip> skipped;  ///< since the last reply
   std::deque<caf::typed_response_promise<BatchReply>> waiting;
   bool epoch_reported = false;
   std::int64_t epoch_batches = 0, epoch_samples = 0, epoch_skipped = 0;
@@ -93,6 +93,7 @@ struct AugmenterState {
 
 /// The augmenter's behaviour. Spawn detached.
 augmenter_actor::behavior_type augmenter(augmenter_actor::stateful_pointer<AugmenterState> self,
-                                         AugmenterConfig config, cache_actor cache, collector_actor collector);
+                                         AugmenterConfig config, cache_actor cache,
+                                         collector_actor collector);
 
 }  // namespace segflow::actors

@@ -15,9 +15,9 @@
 namespace segflow::actors {
 
 struct BenchOptions {
-  double seconds = 60.0;              ///< measured time per loader (after the warm-up epoch)
-  std::int64_t max_epochs = 0;        ///< 0: as many as fit in `seconds` (at least 1)
-  std::vector<std::string> loaders;   ///< data paths to measure; empty = the config's
+  double seconds = 60.0;             ///< measured time per loader (after the warm-up epoch)
+  std::int64_t max_epochs = 0;       ///< 0: as many as fit in `seconds` (at least 1)
+  std::vector<std::string> loaders;  ///< data paths to measure; empty = the config's
 };
 
 /// One JSON object per measurement: {"bench": "e2e"|"compute"|"summary", ...}. Each e2e
@@ -25,7 +25,8 @@ struct BenchOptions {
 /// first (cache-filling) epoch's seconds; compute lines the same on staged batches;
 /// summary: pipeline_efficiency per loader (e2e / compute samples/s), loader ratios,
 /// peak host and device memory.
-Result<std::vector<nlohmann::json>> bench_training(const models::JobConfig& cfg, const BenchOptions& options,
-                                                   const std::function<void(const nlohmann::json&)>& emit = {});
+Result<std::vector<nlohmann::json>> bench_training(
+    const models::JobConfig& cfg, const BenchOptions& options,
+    const std::function<void(const nlohmann::json&)>& emit = {});
 
 }  // namespace segflow::actors

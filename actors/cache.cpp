@@ -30,8 +30,10 @@ void finish(self_ptr self, std::int64_t index, const Sample* sample, const caf::
   st.waiting.erase(it);
   st.retries.erase(index);
   for (auto& rp : promises) {
-    if (sample) rp.deliver(*sample);
-    else rp.deliver(*err);
+    if (sample)
+      rp.deliver(*sample);
+    else
+      rp.deliver(*err);
   }
 }
 
@@ -78,7 +80,8 @@ void dispatch(self_ptr self) {
     const std::uint64_t gen = free->generation;
     free->busy = true;
     ++st.counters.decodes_in_flight;
-    st.counters.max_decodes_in_flight = std::max(st.counters.max_decodes_in_flight, st.counters.decodes_in_flight);
+    st.counters.max_decodes_in_flight =
+        std::max(st.counters.max_decodes_in_flight, st.counters.decodes_in_flight);
     self->request(free->handle, caf::infinite, decode_atom::value, index)
         .then([self, slot, gen, index](DecodeResult& r) { on_decoded(self, slot, gen, index, r); },
               [self, slot, gen, index](caf::error& e) { on_decode_error(self, slot, gen, index, e); });
@@ -130,7 +133,8 @@ cache_actor::behavior_type cache(cache_actor::stateful_pointer<CacheState> self,
       [self](fetch_atom, std::int64_t index) -> caf::result<Sample> {
         auto& s = self->state;
         if (index < 0 || index >= static_cast<std::int64_t>(s.ctx->cases.size()))
-          return make_error(ErrorCode::invalid_argument, "cache: no case with index " + std::to_string(index));
+          return make_error(ErrorCode::invalid_argument,
+                            "cache: no case with index " + std::to_string(index));
         if (const Sample* hit = s.memory.find(index)) {
           ++s.counters.hits;
           return *hit;

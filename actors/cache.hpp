@@ -33,16 +33,16 @@ namespace segflow::actors {
 
 /// Configuration of the cache actor.
 struct CacheConfig {
-  std::int64_t cacheable = 0;      ///< indices [0, cacheable) may stay in memory
-  std::int64_t budget_bytes = 0;   ///< memory budget of the cached tensors
-  int decode_workers = 1;          ///< decoders to spawn, >= 1
+  std::int64_t cacheable = 0;     ///< indices [0, cacheable) may stay in memory
+  std::int64_t budget_bytes = 0;  ///< memory budget of the cached tensors
+  int decode_workers = 1;         ///< decoders to spawn, >= 1
 };
 
 /// One decoder of the pool, as the cache sees it.
 struct DecoderSlot {
   decoder_actor handle;
-  bool busy = false;   ///< a request is in flight
-  bool alive = true;   ///< false after a request met it dead, until it is replaced
+  bool busy = false;             ///< a request is in flight
+  bool alive = true;             ///< false after a request met it dead, until it is replaced
   std::uint64_t generation = 0;  ///< bumped on replacement (stale answers are ignored)
 };
 

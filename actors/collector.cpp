@@ -13,7 +13,8 @@ namespace segflow::actors {
 namespace {
 
 std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -58,7 +59,8 @@ nlohmann::json event_to_json(const Event& e) {
   return j;
 }
 
-Event make_event(std::string kind, std::string source, std::string message, std::string case_id, std::int64_t epoch) {
+Event make_event(std::string kind, std::string source, std::string message, std::string case_id,
+                 std::int64_t epoch) {
   Event e;
   e.kind = std::move(kind);
   e.source = std::move(source);
@@ -118,7 +120,8 @@ collector_actor::behavior_type collector(collector_actor::stateful_pointer<Colle
   detail::install_exception_handler(self, collector_actor{}, "collector");
   self->set_down_handler([self](caf::down_msg& msg) {
     auto& subs = self->state.subscribers;
-    subs.erase(std::remove_if(subs.begin(), subs.end(), [&](const event_listener& l) { return l.address() == msg.source; }),
+    subs.erase(std::remove_if(subs.begin(), subs.end(),
+                              [&](const event_listener& l) { return l.address() == msg.source; }),
                subs.end());
     self->state.counters.subscribers = static_cast<std::int64_t>(subs.size());
   });

@@ -30,13 +30,26 @@ namespace {
 /// step, once per epoch), so a MAX all-reduce there keeps the ranks in step.
 class AgreedStopObserver : public models::TrainObserver {
  public:
-  AgreedStopObserver(models::TrainObserver* inner, Collective& collective) : inner_(inner), coll_(collective) {}
-  void on_epoch_start(std::int64_t e, std::int64_t n) override { if (inner_) inner_->on_epoch_start(e, n); }
-  void on_step(const models::StepInfo& i) override { if (inner_) inner_->on_step(i); }
-  void on_epoch_end(const models::EpochInfo& i) override { if (inner_) inner_->on_epoch_end(i); }
-  void on_validation(const models::ValidationInfo& i) override { if (inner_) inner_->on_validation(i); }
-  void on_checkpoint(const fs::path& p, const std::string& k) override { if (inner_) inner_->on_checkpoint(p, k); }
-  void on_case_failure(const pipeline::CaseFailure& f) override { if (inner_) inner_->on_case_failure(f); }
+  AgreedStopObserver(models::TrainObserver* inner, Collective& collective)
+      : inner_(inner), coll_(collective) {}
+  void on_epoch_start(std::int64_t e, std::int64_t n) override {
+    if (inner_) inner_->on_epoch_start(e, n);
+  }
+  void on_step(const models::StepInfo& i) override {
+    if (inner_) inner_->on_step(i);
+  }
+  void on_epoch_end(const models::EpochInfo& i) override {
+    if (inner_) inner_->on_epoch_end(i);
+  }
+  void on_validation(const models::ValidationInfo& i) override {
+    if (inner_) inner_->on_validation(i);
+  }
+  void on_checkpoint(const fs::path& p, const std::string& k) override {
+    if (inner_) inner_->on_checkpoint(p, k);
+  }
+  void on_case_failure(const pipeline::CaseFailure& f) override {
+    if (inner_) inner_->on_case_failure(f);
+  }
   bool should_stop() override {
     const bool local = inner_ && inner_->should_stop();
     auto r = coll_.any(local);
@@ -54,8 +67,8 @@ class ScratchDir {
  public:
   explicit ScratchDir(std::int64_t rank) {
     std::random_device rd;
-    path_ = fs::temp_directory_path() / ("segflow-rank" + std::to_string(rank) + "-" + std::to_string(rd()) +
-                                         std::to_string(rd()));
+    path_ = fs::temp_directory_path() /
+            ("segflow-rank" + std::to_string(rank) + "-" + std::to_string(rd()) + std::to_string(rd()));
     std::error_code ec;
     fs::create_directories(path_, ec);
   }
@@ -106,8 +119,10 @@ Status open_run_folder(const models::JobConfig& cfg, models::Trainer& trainer, c
   }
   SEGFLOW_RETURN_IF_ERROR(write_split(rf.dir, split));
   const bool resumed = rf.resume && fs::exists(*rf.resume) && trainer.load_checkpoint(*rf.resume).is_ok();
-  if (resumed) trim_for_resume(rf.dir, trainer.state());
-  else if (rf.start_over) trim_for_resume(rf.dir, models::TrainState{});
+  if (resumed)
+    trim_for_resume(rf.dir, trainer.state());
+  else if (rf.start_over)
+    trim_for_resume(rf.dir, models::TrainState{});
   std::function<double()> gpu_mb;
   if (device.is_cuda()) gpu_mb = [device] { return models::peak_device_memory_mb(device); };
   rf.metrics = std::make_unique<JsonlMetricsObserver>(rf.dir / "metrics.jsonl", cfg.train.log_every);
@@ -124,10 +139,12 @@ Status open_run_folder(const models::JobConfig& cfg, models::Trainer& trainer, c
 /// One rank's training once its job is prepared and its collective joined: agree on the
 /// resume checkpoint, load it, attach DDP (which broadcasts rank 0's weights), fit.
 /// `events` is rank 0's observer list, null elsewhere.
-Status train_rank(PreparedJob& job, const std::shared_ptr<Collective>& coll, const DataParallelOptions& options,
-                  const std::optional<fs::path>& resume, models::TrainObserver* events, const fs::path& run_dir) {
+Status train_rank(PreparedJob& job, const std::shared_ptr<Collective>& coll,
+                  const DataParallelOptions& options, const std::optional<fs::path>& resume,
+                  models::TrainObserver* events, const fs::path& run_dir) {
   auto& trainer = *job.trainer;
-  const std::string who = "rank " + std::to_string(coll->rank()) + " of " + std::to_string(coll->world_size());
+  const std::string who =
+      "rank " + std::to_string(coll->rank()) + " of " + std::to_string(coll->world_size());
   // A checkpoint some ranks cannot read would leave them at other epochs and steps.
   const bool have = resume.has_value() && fs::exists(*resume);
   SEGFLOW_ASSIGN_OR_RETURN(bool all_have, coll->all(have));
@@ -143,7 +160,8 @@ Status train_rank(PreparedJob& job, const std::shared_ptr<Collective>& coll, con
   static const std::vector<Sample> no_validation;
   Status st;
   try {
-    st = trainer.fit(*job.source, job.steps_per_epoch, events ? job.validation : no_validation, run_dir, agreed);
+    st = trainer.fit(*job.source, job.steps_per_epoch, events ? job.validation : no_validation, run_dir,
+                     agreed);
   } catch (const std::exception& e) {  // should_stop's collective, polled outside train_epoch
     st = internal_error(e.what());
   }
@@ -156,13 +174,14 @@ Result<std::vector<std::string>> rank_devices(const models::JobConfig& cfg, cons
   if (w < 1) return invalid_argument("data parallel: world_size must be >= 1, got " + std::to_string(w));
   if (!o.devices.empty()) {
     if (static_cast<std::int64_t>(o.devices.size()) != w)
-      return invalid_argument("data parallel: " + std::to_string(o.devices.size()) + " devices for world size " +
-                              std::to_string(w));
+      return invalid_argument("data parallel: " + std::to_string(o.devices.size()) +
+                              " devices for world size " + std::to_string(w));
     return o.devices;
   }
   SEGFLOW_ASSIGN_OR_RETURN(c10::Device base, models::resolve_device(cfg.train.device));
   std::vector<std::string> out;
-  for (std::int64_t r = 0; r < w; ++r) out.push_back(base.is_cuda() ? "cuda:" + std::to_string(r) : std::string("cpu"));
+  for (std::int64_t r = 0; r < w; ++r)
+    out.push_back(base.is_cuda() ? "cuda:" + std::to_string(r) : std::string("cpu"));
   if (base.is_cuda() && static_cast<std::int64_t>(torch::cuda::device_count()) < w)
     return invalid_argument("data parallel: world size " + std::to_string(w) + " needs " + std::to_string(w) +
                             " CUDA devices, found " + std::to_string(torch::cuda::device_count()));
@@ -178,15 +197,15 @@ CollectiveOptions collective_options(const DataParallelOptions& o) {
 
 }  // namespace
 
-Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOptions& run, models::TrainObserver& observer,
-                                   std::int64_t world_size) {
+Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOptions& run,
+                                   models::TrainObserver& observer, std::int64_t world_size) {
   DataParallelOptions o;
   o.world_size = world_size;
   return run_data_parallel(cfg, run, observer, o);
 }
 
-Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOptions& run, models::TrainObserver& observer,
-                                   const DataParallelOptions& options) {
+Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOptions& run,
+                                   models::TrainObserver& observer, const DataParallelOptions& options) {
   SEGFLOW_ASSIGN_OR_RETURN(auto devices, rank_devices(cfg, options));
   const std::int64_t world = options.world_size;
 
@@ -201,17 +220,18 @@ Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOption
     o.rank = r;
     o.world_size = world;
     auto job = prepare_job(c, o, r == 0 ? observer : quiet);
-    if (!job.is_ok()) return job.status().with_context("rank " + std::to_string(r) + " of " + std::to_string(world));
+    if (!job.is_ok())
+      return job.status().with_context("rank " + std::to_string(r) + " of " + std::to_string(world));
     jobs.push_back(std::move(job).value());
   }
 
   RunFolder rf;
   locate_run(cfg, run, rf);
   SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, *jobs[0].trainer, jobs[0].split, observer, rf));
-  log::info("data-parallel run " + rf.dir.string() + ": " + std::to_string(world) + " ranks on " + devices[0] +
-            (world > 1 ? " .. " + devices.back() : std::string()) + ", " + std::to_string(jobs[0].steps_per_epoch) +
-            " steps per epoch, global batch " + std::to_string(cfg.train.batch_size * world) + " x " +
-            std::to_string(cfg.train.accumulate));
+  log::info("data-parallel run " + rf.dir.string() + ": " + std::to_string(world) + " ranks on " +
+            devices[0] + (world > 1 ? " .. " + devices.back() : std::string()) + ", " +
+            std::to_string(jobs[0].steps_per_epoch) + " steps per epoch, global batch " +
+            std::to_string(cfg.train.batch_size * world) + " x " + std::to_string(cfg.train.accumulate));
 
   models::parallel::LocalRendezvous rendezvous(static_cast<int>(world), collective_options(options));
   std::vector<Status> results(static_cast<std::size_t>(world));
@@ -254,7 +274,8 @@ Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOption
 }
 
 Result<fs::path> run_distributed_from_env(const models::JobConfig& cfg, const RunOptions& run,
-                                          models::TrainObserver& observer, const DataParallelOptions& options) {
+                                          models::TrainObserver& observer,
+                                          const DataParallelOptions& options) {
   SEGFLOW_ASSIGN_OR_RETURN(auto env, models::parallel::launch_env());
   SEGFLOW_ASSIGN_OR_RETURN(c10::Device base, models::resolve_device(cfg.train.device));
   models::JobConfig c = cfg;
@@ -268,15 +289,17 @@ Result<fs::path> run_distributed_from_env(const models::JobConfig& cfg, const Ru
   auto prepared = prepare_job(c, o, env.rank == 0 ? observer : quiet);
   if (!prepared.is_ok()) return prepared.status().with_context(who);
   PreparedJob job = std::move(prepared).value();
-  SEGFLOW_ASSIGN_OR_RETURN(std::shared_ptr<Collective> coll,
-                           models::parallel::connect(env, job.trainer->device(), collective_options(options)));
+  SEGFLOW_ASSIGN_OR_RETURN(
+      std::shared_ptr<Collective> coll,
+      models::parallel::connect(env, job.trainer->device(), collective_options(options)));
   RunFolder rf;
   locate_run(cfg, run, rf);
   if (env.rank == 0) {
     SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, *job.trainer, job.split, observer, rf));
-    log::info("distributed run " + rf.dir.string() + ": " + std::to_string(env.world_size) + " ranks (" + env.launcher +
-              "), store " + env.master_addr + ":" + std::to_string(env.master_port) + ", global batch " +
-              std::to_string(cfg.train.batch_size * env.world_size) + " x " + std::to_string(cfg.train.accumulate));
+    log::info("distributed run " + rf.dir.string() + ": " + std::to_string(env.world_size) + " ranks (" +
+              env.launcher + "), store " + env.master_addr + ":" + std::to_string(env.master_port) +
+              ", global batch " + std::to_string(cfg.train.batch_size * env.world_size) + " x " +
+              std::to_string(cfg.train.accumulate));
     SEGFLOW_RETURN_IF_ERROR(train_rank(job, coll, options, rf.resume, &rf.all, rf.dir));
     return rf.dir;
   }

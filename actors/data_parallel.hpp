@@ -63,7 +63,8 @@ struct DataParallelOptions {
 
 /// Trains `cfg` on options.world_size ranks in this process. Returns rank 0's run folder.
 Result<std::filesystem::path> run_data_parallel(const models::JobConfig& cfg, const RunOptions& run,
-                                                models::TrainObserver& observer, const DataParallelOptions& options);
+                                                models::TrainObserver& observer,
+                                                const DataParallelOptions& options);
 /// The same with the default options for `world_size` ranks.
 Result<std::filesystem::path> run_data_parallel(const models::JobConfig& cfg, const RunOptions& run,
                                                 models::TrainObserver& observer, std::int64_t world_size);

@@ -14,7 +14,8 @@
 namespace segflow::actors {
 
 decoder_actor::behavior_type decoder(decoder_actor::stateful_pointer<DecoderState> self,
-                                     std::shared_ptr<const DecodeContext> ctx, collector_actor collector, int index) {
+                                     std::shared_ptr<const DecodeContext> ctx, collector_actor collector,
+                                     int index) {
   detail::use_one_intraop_thread();  // runs on the actor's own (detached) thread
   auto& st = self->state;
   st.ctx = std::move(ctx);
@@ -26,14 +27,16 @@ decoder_actor::behavior_type decoder(decoder_actor::stateful_pointer<DecoderStat
       [self](decode_atom, std::int64_t index) -> caf::result<DecodeResult> {
         const DecodeContext& c = *self->state.ctx;
         if (index < 0 || index >= static_cast<std::int64_t>(c.cases.size()))
-          return make_error(ErrorCode::invalid_argument, self->state.source + ": no case with index " +
-                                                             std::to_string(index));
+          return make_error(ErrorCode::invalid_argument,
+                            self->state.source + ": no case with index " + std::to_string(index));
         const auto t0 = std::chrono::steady_clock::now();
         Result<pipeline::DecodedCase> r = internal_error("not decoded");
         try {
-          r = pipeline::decode_case(c.cases[static_cast<std::size_t>(index)], *c.pipeline, c.disk.get(), c.det_spec);
+          r = pipeline::decode_case(c.cases[static_cast<std::size_t>(index)], *c.pipeline, c.disk.get(),
+                                    c.det_spec);
         } catch (const c10::Error& e) {
-          r = internal_error("case '" + c.cases[static_cast<std::size_t>(index)].id + "': " + e.what_without_backtrace());
+          r = internal_error("case '" + c.cases[static_cast<std::size_t>(index)].id +
+                             "': " + e.what_without_backtrace());
         } catch (const std::exception& e) {
           r = internal_error("case '" + c.cases[static_cast<std::size_t>(index)].id + "': " + e.what());
         }

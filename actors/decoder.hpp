@@ -31,10 +31,10 @@ namespace segflow::actors {
 
 /// What every decoder shares (read-only).
 struct DecodeContext {
-  std::vector<pipeline::CaseEntry> cases;      ///< by dataset index
+  std::vector<pipeline::CaseEntry> cases;        ///< by dataset index
   const pipeline::Pipeline* pipeline = nullptr;  ///< must outlive the actors
-  std::shared_ptr<pipeline::DiskCache> disk;   ///< may be null
-  nlohmann::json det_spec;                     ///< deterministic_spec(*pipeline)
+  std::shared_ptr<pipeline::DiskCache> disk;     ///< may be null
+  nlohmann::json det_spec;                       ///< deterministic_spec(*pipeline)
   /// Decoders alive (their state exists): the owner waits for 0 before the pipeline goes.
   mutable std::atomic<int> live_decoders{0};
 };
@@ -55,13 +55,14 @@ class LiveDecoder {
 struct DecoderState {
   std::shared_ptr<const DecodeContext> ctx;
   collector_actor collector;
-  std::string source;  ///< "decoder[i]"
+  std::string source;                 ///< "decoder[i]"
   std::unique_ptr<LiveDecoder> live;  ///< released with the state, when the decoder exits
   static inline const char* name = "segflow.decoder";
 };
 
 /// A decoder's behaviour. Spawn detached.
 decoder_actor::behavior_type decoder(decoder_actor::stateful_pointer<DecoderState> self,
-                                     std::shared_ptr<const DecodeContext> ctx, collector_actor collector, int index);
+                                     std::shared_ptr<const DecodeContext> ctx, collector_actor collector,
+                                     int index);
 
 }  // namespace segflow::actors

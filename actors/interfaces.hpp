@@ -32,11 +32,11 @@ namespace segflow::actors {
 using event_listener = caf::typed_actor<caf::reacts_to<event_atom, Event>>;
 
 /// The collector: events in, fan-out to sinks and subscribers.
-using collector_actor = caf::typed_actor<
-    caf::reacts_to<report_atom, Event>,                    // one event (metric, failure, ...)
-    caf::reacts_to<watch_atom, event_listener>,            // subscribe an actor
-    caf::replies_to<flush_sinks_atom>::with<caf::ok_atom>,  // flush every sink
-    caf::replies_to<stats_atom>::with<CollectorStats>>;
+using collector_actor =
+    caf::typed_actor<caf::reacts_to<report_atom, Event>,          // one event (metric, failure, ...)
+                     caf::reacts_to<watch_atom, event_listener>,  // subscribe an actor
+                     caf::replies_to<flush_sinks_atom>::with<caf::ok_atom>,  // flush every sink
+                     caf::replies_to<stats_atom>::with<CollectorStats>>;
 
 /// A decoder: the deterministic sample of one case (blocking work; detached).
 using decoder_actor = caf::typed_actor<caf::replies_to<decode_atom, std::int64_t>::with<DecodeResult>>;

@@ -68,7 +68,8 @@ Status ensure_dataset(const models::JobConfig& cfg) {
     if (ec) return io_error(cfg.data.root + ": cannot remove the old synthetic dataset: " + ec.message());
   }
   if (cfg.data.synth.is_null())
-    return not_found(cfg.file + ": data.root: " + cfg.data.root + " does not exist (and no data.synth to make it)");
+    return not_found(cfg.file + ": data.root: " + cfg.data.root +
+                     " does not exist (and no data.synth to make it)");
   pipeline::SynthOptions o;
   o.out = cfg.data.root;
   const json& s = cfg.data.synth;
@@ -76,17 +77,22 @@ Status ensure_dataset(const models::JobConfig& cfg) {
     const std::string& k = it.key();
     const json& v = it.value();
     const bool is_int = v.is_number_integer();
-    if (k == "cases" && is_int) o.cases = v.get<int>();
-    else if (k == "size" && is_int) o.size = v.get<int>();
-    else if (k == "seed" && is_int) o.seed = v.get<std::uint64_t>();
-    else if (k == "format" && v.is_string()) o.format = v.get<std::string>();
-    else if (k == "compress" && v.is_string()) o.compress = v.get<std::string>();
+    if (k == "cases" && is_int)
+      o.cases = v.get<int>();
+    else if (k == "size" && is_int)
+      o.size = v.get<int>();
+    else if (k == "seed" && is_int)
+      o.seed = v.get<std::uint64_t>();
+    else if (k == "format" && v.is_string())
+      o.format = v.get<std::string>();
+    else if (k == "compress" && v.is_string())
+      o.compress = v.get<std::string>();
     else
       return invalid_config(cfg.file + ": data.synth." + k + ": unknown key or wrong type " +
                             "(expected cases, size, seed: integers; format, compress: strings)");
   }
-  log::info("making dataset " + cfg.data.root + " (" + std::to_string(o.cases) + " " + o.format + " cases of size " +
-            std::to_string(o.size) + ")");
+  log::info("making dataset " + cfg.data.root + " (" + std::to_string(o.cases) + " " + o.format +
+            " cases of size " + std::to_string(o.size) + ")");
   // Write next to the target and rename, so a half-written dataset never looks complete.
   const fs::path final_root = cfg.data.root;
   o.out = final_root.string() + ".partial";
@@ -98,7 +104,8 @@ Status ensure_dataset(const models::JobConfig& cfg) {
     f << cfg.data.synth.dump();
   }
   fs::rename(o.out, final_root, ec);
-  if (ec) return io_error(final_root.string() + ": rename of the synthesised dataset failed: " + ec.message());
+  if (ec)
+    return io_error(final_root.string() + ": rename of the synthesised dataset failed: " + ec.message());
   return Status::ok();
 }
 
@@ -108,8 +115,9 @@ namespace {
 /// (fixed-size 2D inputs) also the random part with a fixed per-case seed, so every
 /// validation sees the same slices and boxes.
 Result<std::vector<Sample>> make_validation_samples(const std::vector<pipeline::CaseEntry>& val,
-                                                    const pipeline::Pipeline& pipe, const models::ModelInfo& info,
-                                                    std::uint64_t seed, models::TrainObserver& observer) {
+                                                    const pipeline::Pipeline& pipe,
+                                                    const models::ModelInfo& info, std::uint64_t seed,
+                                                    models::TrainObserver& observer) {
   std::vector<Sample> out;
   const bool patches = info.needs_box || info.fixed_size > 0;
   for (std::size_t i = 0; i < val.size(); ++i) {
@@ -141,17 +149,20 @@ PreparedJob::~PreparedJob() {
   trainer.reset();
 }
 
-Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& opts, models::TrainObserver& observer) {
+Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& opts,
+                                models::TrainObserver& observer) {
   PreparedJob job;
   SEGFLOW_RETURN_IF_ERROR(ensure_dataset(cfg));
-  SEGFLOW_ASSIGN_OR_RETURN(auto index, pipeline::scan_dataset(cfg.data.root, pipeline::ScanOptions{.validate = false}));
+  SEGFLOW_ASSIGN_OR_RETURN(auto index,
+                           pipeline::scan_dataset(cfg.data.root, pipeline::ScanOptions{.validate = false}));
   for (auto& s : index.skipped) observer.on_case_failure({s.path.string(), s.reason});
   if (index.cases.empty()) return invalid_argument(cfg.data.root + ": no usable cases");
   job.split = split_cases(index.cases, cfg);
   if (job.split.train.empty()) return invalid_argument(cfg.data.root + ": no training cases after the split");
 
   pipeline::StageRegistry registry = pipeline::builtin_registry();
-  if (!opts.plugin_dir.empty()) SEGFLOW_RETURN_IF_ERROR(pipeline::load_plugins(opts.plugin_dir, registry).status());
+  if (!opts.plugin_dir.empty())
+    SEGFLOW_RETURN_IF_ERROR(pipeline::load_plugins(opts.plugin_dir, registry).status());
   SEGFLOW_ASSIGN_OR_RETURN(pipeline::Pipeline pipe, pipeline::build_pipeline(cfg.stages, registry, cfg.file));
   job.pipeline = std::make_unique<pipeline::Pipeline>(std::move(pipe));
 
@@ -180,21 +191,25 @@ Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& 
     if (probe.is_ok()) {
       std::vector<Sample> v{std::move(*probe)};
       pipeline::Rng rng(0);
-      if (job.pipeline->run_random(v, rng).is_ok()) per_case = std::max<std::int64_t>(1, static_cast<std::int64_t>(v.size()));
+      if (job.pipeline->run_random(v, rng).is_ok())
+        per_case = std::max<std::int64_t>(1, static_cast<std::int64_t>(v.size()));
     }
   }
   const auto world = std::max<std::int64_t>(1, opts.world_size);
   const auto ncases = (static_cast<std::int64_t>(job.split.train.size()) + world - 1) / world;
   const std::int64_t batches = (ncases * per_case + cfg.train.batch_size - 1) / cfg.train.batch_size;
   job.steps_per_epoch = (batches + cfg.train.accumulate - 1) / cfg.train.accumulate;
-  if (cfg.train.steps_per_epoch > 0) job.steps_per_epoch = std::min(job.steps_per_epoch, cfg.train.steps_per_epoch);
+  if (cfg.train.steps_per_epoch > 0)
+    job.steps_per_epoch = std::min(job.steps_per_epoch, cfg.train.steps_per_epoch);
 
-  SEGFLOW_ASSIGN_OR_RETURN(job.validation, make_validation_samples(job.split.val, *job.pipeline, job.trainer->model().info(),
-                                                                   cfg.seed, observer));
+  SEGFLOW_ASSIGN_OR_RETURN(
+      job.validation,
+      make_validation_samples(job.split.val, *job.pipeline, job.trainer->model().info(), cfg.seed, observer));
   return job;
 }
 
-Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& opts, models::TrainObserver& observer) {
+Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& opts,
+                              models::TrainObserver& observer) {
   SEGFLOW_ASSIGN_OR_RETURN(PreparedJob job, prepare_job(cfg, opts, observer));
   auto& trainer = job.trainer;
   const c10::Device device = trainer->device();
@@ -219,8 +234,9 @@ Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& op
     trim_for_resume(run_dir, models::TrainState{});  // an attempt that died before its first checkpoint
   }
   log::info("run " + run_dir.string() + ": " + std::to_string(job.split.train.size()) + " training cases, " +
-            std::to_string(job.validation.size()) + " validation samples, " + std::to_string(job.steps_per_epoch) +
-            " steps per epoch on " + device.str() + " (" + cfg.train.loader + " loader)");
+            std::to_string(job.validation.size()) + " validation samples, " +
+            std::to_string(job.steps_per_epoch) + " steps per epoch on " + device.str() + " (" +
+            cfg.train.loader + " loader)");
 
   JsonlMetricsObserver metrics(run_dir / "metrics.jsonl", cfg.train.log_every);
   ObserverList all;
@@ -248,7 +264,8 @@ struct JsonlMetricsObserver::Impl {
   }
 };
 
-JsonlMetricsObserver::JsonlMetricsObserver(const fs::path& file, std::int64_t log_every) : impl_(std::make_unique<Impl>()) {
+JsonlMetricsObserver::JsonlMetricsObserver(const fs::path& file, std::int64_t log_every)
+    : impl_(std::make_unique<Impl>()) {
   impl_->out.open(file, std::ios::app);
   impl_->every = std::max<std::int64_t>(1, log_every);
 }
@@ -256,19 +273,36 @@ JsonlMetricsObserver::~JsonlMetricsObserver() = default;
 
 void JsonlMetricsObserver::on_step(const models::StepInfo& i) {
   if (i.step % impl_->every != 0 && !i.skipped) return;
-  impl_->write({{"type", "step"}, {"epoch", i.epoch}, {"step", i.step}, {"loss", i.loss}, {"lr", i.lr},
-                {"step_ms", i.step_s * 1e3}, {"data_wait_ms", i.data_wait_s * 1e3}, {"samples", i.samples},
+  impl_->write({{"type", "step"},
+                {"epoch", i.epoch},
+                {"step", i.step},
+                {"loss", i.loss},
+                {"lr", i.lr},
+                {"step_ms", i.step_s * 1e3},
+                {"data_wait_ms", i.data_wait_s * 1e3},
+                {"samples", i.samples},
                 {"skipped", i.skipped}});
 }
 void JsonlMetricsObserver::on_epoch_end(const models::EpochInfo& i) {
-  impl_->write({{"type", "epoch"}, {"epoch", i.epoch}, {"steps", i.steps}, {"loss", i.loss}, {"seconds", i.seconds},
-                {"samples_per_s", i.samples_per_s}, {"data_wait_s", i.data_wait_s}, {"lr", i.lr}});
+  impl_->write({{"type", "epoch"},
+                {"epoch", i.epoch},
+                {"steps", i.steps},
+                {"loss", i.loss},
+                {"seconds", i.seconds},
+                {"samples_per_s", i.samples_per_s},
+                {"data_wait_s", i.data_wait_s},
+                {"lr", i.lr}});
 }
 void JsonlMetricsObserver::on_validation(const models::ValidationInfo& i) {
   json per = json::array();
   for (double d : i.dice_per_class) per.push_back(std::isfinite(d) ? json(d) : json(nullptr));
-  impl_->write({{"type", "validation"}, {"epoch", i.epoch}, {"mean_dice", std::isfinite(i.mean_dice) ? json(i.mean_dice) : json(nullptr)},
-                {"dice_per_class", per}, {"cases", i.cases}, {"seconds", i.seconds}, {"best", i.best}});
+  impl_->write({{"type", "validation"},
+                {"epoch", i.epoch},
+                {"mean_dice", std::isfinite(i.mean_dice) ? json(i.mean_dice) : json(nullptr)},
+                {"dice_per_class", per},
+                {"cases", i.cases},
+                {"seconds", i.seconds},
+                {"best", i.best}});
 }
 void JsonlMetricsObserver::on_checkpoint(const fs::path& p, const std::string& kind) {
   impl_->write({{"type", "checkpoint"}, {"kind", kind}, {"path", p.string()}});

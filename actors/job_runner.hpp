@@ -25,11 +25,11 @@ namespace segflow::actors {
 
 /// How to run a job.
 struct RunOptions {
-  std::optional<std::filesystem::path> resume;  ///< checkpoint to resume from
-  bool resume_last = false;                     ///< resume from the run folder's last.pt if present
-  std::filesystem::path plugin_dir;             ///< extra stages (shared libraries); empty = none
-  std::optional<std::filesystem::path> run_dir; ///< override the deterministic run folder
-  std::int64_t rank = 0;                        ///< data-parallel rank (this trainer's shard)
+  std::optional<std::filesystem::path> resume;   ///< checkpoint to resume from
+  bool resume_last = false;                      ///< resume from the run folder's last.pt if present
+  std::filesystem::path plugin_dir;              ///< extra stages (shared libraries); empty = none
+  std::optional<std::filesystem::path> run_dir;  ///< override the deterministic run folder
+  std::int64_t rank = 0;                         ///< data-parallel rank (this trainer's shard)
   std::int64_t world_size = 1;
 };
 
@@ -51,12 +51,12 @@ Status ensure_dataset(const models::JobConfig& cfg);
 /// A job set up and ready to train: what run_training and `segflow bench` share.
 struct PreparedJob {
   Split split;
-  std::unique_ptr<pipeline::Pipeline> pipeline;      ///< the sources point at it: keep it alive
+  std::unique_ptr<pipeline::Pipeline> pipeline;  ///< the sources point at it: keep it alive
   std::unique_ptr<models::Trainer> trainer;
   std::unique_ptr<pipeline::BatchSource> source;
   std::int64_t steps_per_epoch = 1;
-  std::vector<Sample> validation;                    ///< preprocessed validation samples
-  ~PreparedJob();                                    ///< the source goes before the pipeline
+  std::vector<Sample> validation;  ///< preprocessed validation samples
+  ~PreparedJob();                  ///< the source goes before the pipeline
   PreparedJob() = default;
   PreparedJob(PreparedJob&&) = default;
 };
@@ -74,12 +74,24 @@ Result<std::filesystem::path> run_training(const models::JobConfig& cfg, const R
 class ObserverList : public models::TrainObserver {
  public:
   void add(models::TrainObserver* o) { list_.push_back(o); }
-  void on_epoch_start(std::int64_t e, std::int64_t n) override { for (auto* o : list_) o->on_epoch_start(e, n); }
-  void on_step(const models::StepInfo& i) override { for (auto* o : list_) o->on_step(i); }
-  void on_epoch_end(const models::EpochInfo& i) override { for (auto* o : list_) o->on_epoch_end(i); }
-  void on_validation(const models::ValidationInfo& i) override { for (auto* o : list_) o->on_validation(i); }
-  void on_checkpoint(const std::filesystem::path& p, const std::string& k) override { for (auto* o : list_) o->on_checkpoint(p, k); }
-  void on_case_failure(const pipeline::CaseFailure& f) override { for (auto* o : list_) o->on_case_failure(f); }
+  void on_epoch_start(std::int64_t e, std::int64_t n) override {
+    for (auto* o : list_) o->on_epoch_start(e, n);
+  }
+  void on_step(const models::StepInfo& i) override {
+    for (auto* o : list_) o->on_step(i);
+  }
+  void on_epoch_end(const models::EpochInfo& i) override {
+    for (auto* o : list_) o->on_epoch_end(i);
+  }
+  void on_validation(const models::ValidationInfo& i) override {
+    for (auto* o : list_) o->on_validation(i);
+  }
+  void on_checkpoint(const std::filesystem::path& p, const std::string& k) override {
+    for (auto* o : list_) o->on_checkpoint(p, k);
+  }
+  void on_case_failure(const pipeline::CaseFailure& f) override {
+    for (auto* o : list_) o->on_case_failure(f);
+  }
   bool should_stop() override {
     bool stop = false;
     for (auto* o : list_) stop |= o->should_stop();

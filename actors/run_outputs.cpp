@@ -113,7 +113,8 @@ std::string frame_record(std::string_view payload) {
 
 std::uint64_t get_le(const char* p, int bytes) {
   std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 
@@ -157,9 +158,16 @@ struct ProtoReader {
     field = static_cast<int>(key >> 3);
     wire = static_cast<int>(key & 7);
     switch (wire) {
-      case 0: return varint(value);
-      case 1: if (s.size() - at < 8) return false; at += 8; return true;
-      case 5: if (s.size() - at < 4) return false; at += 4; return true;
+      case 0:
+        return varint(value);
+      case 1:
+        if (s.size() - at < 8) return false;
+        at += 8;
+        return true;
+      case 5:
+        if (s.size() - at < 4) return false;
+        at += 4;
+        return true;
       case 2: {
         std::uint64_t n = 0;
         if (!varint(n) || n > s.size() - at) return false;
@@ -167,7 +175,8 @@ struct ProtoReader {
         at += n;
         return true;
       }
-      default: return false;
+      default:
+        return false;
     }
   }
 };
@@ -241,10 +250,12 @@ Status write_file_atomically(const fs::path& f, const std::string& content) {
 void trim_for_resume(const fs::path& run_dir, const models::TrainState& at) {
   auto dropped = trim_run_outputs(run_dir, at);
   if (!dropped.is_ok())
-    log::warn("resume: cannot drop the interrupted run's records past the checkpoint: " + dropped.status().message());
+    log::warn("resume: cannot drop the interrupted run's records past the checkpoint: " +
+              dropped.status().message());
   else if (*dropped > 0)
-    log::info("resume: dropped " + std::to_string(*dropped) + " metric records written after the checkpoint (epoch " +
-              std::to_string(at.epoch) + ", step " + std::to_string(at.step) + ")");
+    log::info("resume: dropped " + std::to_string(*dropped) +
+              " metric records written after the checkpoint (epoch " + std::to_string(at.epoch) + ", step " +
+              std::to_string(at.step) + ")");
 }
 
 void TensorBoardWriter::write_record(const std::string& payload) {
@@ -273,8 +284,10 @@ Result<std::int64_t> trim_run_outputs(const fs::path& run_dir, const models::Tra
     std::int64_t n = 0;
     for (std::string line; std::getline(in, line);) {
       if (line.empty()) continue;
-      if (keep_metrics_line(line, at)) kept += line + '\n';
-      else ++n;
+      if (keep_metrics_line(line, at))
+        kept += line + '\n';
+      else
+        ++n;
     }
     if (n > 0) SEGFLOW_RETURN_IF_ERROR(write_file_atomically(metrics, kept));
     dropped += n;
@@ -283,7 +296,8 @@ Result<std::int64_t> trim_run_outputs(const fs::path& run_dir, const models::Tra
   if (!fs::is_directory(tb, ec)) return dropped;
   for (const auto& entry : fs::directory_iterator(tb, ec)) {
     const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file() || name.find("tfevents") == std::string::npos || name.ends_with(".tmp")) continue;
+    if (!entry.is_regular_file() || name.find("tfevents") == std::string::npos || name.ends_with(".tmp"))
+      continue;
     const std::string data = read_all(entry.path());
     bool complete = true;
     const auto records = split_records(data, complete);
@@ -291,8 +305,10 @@ Result<std::int64_t> trim_run_outputs(const fs::path& run_dir, const models::Tra
     std::int64_t n = complete ? 0 : 1;  // a torn tail counts as one dropped record
     for (std::string_view p : records) {
       const auto [tag, step] = event_tag_step(p);
-      if (keep_record(tag, step, at)) kept += frame_record(p);
-      else ++n;
+      if (keep_record(tag, step, at))
+        kept += frame_record(p);
+      else
+        ++n;
     }
     if (n > 0) SEGFLOW_RETURN_IF_ERROR(write_file_atomically(entry.path(), kept));
     dropped += n;
@@ -318,7 +334,8 @@ void TensorBoardWriter::scalar(const std::string& tag, std::int64_t step, double
 
 // ---- TensorBoardObserver ----
 
-TensorBoardObserver::TensorBoardObserver(const fs::path& dir, std::int64_t log_every, std::function<double()> gpu_peak_mb)
+TensorBoardObserver::TensorBoardObserver(const fs::path& dir, std::int64_t log_every,
+                                         std::function<double()> gpu_peak_mb)
     : w_(dir), every_(std::max<std::int64_t>(1, log_every)), gpu_peak_mb_(std::move(gpu_peak_mb)) {}
 
 void TensorBoardObserver::on_step(const models::StepInfo& i) {
@@ -345,7 +362,8 @@ void TensorBoardObserver::on_epoch_end(const models::EpochInfo& i) {
 void TensorBoardObserver::on_validation(const models::ValidationInfo& i) {
   if (std::isfinite(i.mean_dice)) w_.scalar("val/mean_dice", i.epoch, i.mean_dice);
   for (std::size_t k = 0; k < i.dice_per_class.size(); ++k)
-    if (std::isfinite(i.dice_per_class[k])) w_.scalar("val/dice_class_" + std::to_string(k + 1), i.epoch, i.dice_per_class[k]);
+    if (std::isfinite(i.dice_per_class[k]))
+      w_.scalar("val/dice_class_" + std::to_string(k + 1), i.epoch, i.dice_per_class[k]);
   w_.flush();
 }
 
@@ -402,7 +420,8 @@ std::string fmt(double v) {
   return b;
 }
 
-void panel(std::ostringstream& o, double top, const char* title, const std::vector<Series>& series, double xmax) {
+void panel(std::ostringstream& o, double top, const char* title, const std::vector<Series>& series,
+           double xmax) {
   const double left = 70, width = 660, height = 170;
   double lo = 1e300, hi = -1e300;
   for (const auto& s : series)
@@ -411,7 +430,8 @@ void panel(std::ostringstream& o, double top, const char* title, const std::vect
         if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
   if (lo > hi) lo = 0, hi = 1;
   if (hi - lo < 1e-12) hi = lo + (lo == 0 ? 1 : std::fabs(lo) * 0.1), lo -= (hi - lo) * 0.5;
-  o << "<text x='" << left << "' y='" << top - 8 << "' font-size='14' font-weight='bold'>" << title << "</text>\n";
+  o << "<text x='" << left << "' y='" << top - 8 << "' font-size='14' font-weight='bold'>" << title
+    << "</text>\n";
   o << "<rect x='" << left << "' y='" << top << "' width='" << width << "' height='" << height
     << "' fill='none' stroke='#444'/>\n";
   auto X = [&](double x) { return left + width * (xmax <= 1 ? 0.5 : (x - 1) / (xmax - 1)); };
@@ -427,8 +447,8 @@ void panel(std::ostringstream& o, double top, const char* title, const std::vect
     for (int t = 0; t <= 4; ++t)
       o << "<text x='" << left + width + 6 << "' y='" << top + height - height * t / 4.0 + 4
         << "' font-size='11'>" << fmt(t / 4.0) << "</text>\n";
-  o << "<text x='" << left + width / 2 << "' y='" << top + height + 16 << "' font-size='11' text-anchor='middle'>epoch (1.."
-    << fmt(xmax) << ")</text>\n";
+  o << "<text x='" << left + width / 2 << "' y='" << top + height + 16
+    << "' font-size='11' text-anchor='middle'>epoch (1.." << fmt(xmax) << ")</text>\n";
   double ly = top + 14;
   for (const auto& s : series) {
     o << "<polyline fill='none' stroke='" << s.colour << "' stroke-width='2' points='";
@@ -454,7 +474,9 @@ std::string ProgressPlotObserver::render() const {
   o << "<svg xmlns='http://www.w3.org/2000/svg' width='800' height='720' font-family='sans-serif'>\n"
     << "<rect width='800' height='720' fill='white'/>\n";
   panel(o, 40, "train loss / validation mean Dice (right axis)",
-        {{&epoch_, &loss_, "#1f77b4", "train loss", false}, {&val_epoch_, &val_dice_, "#d62728", "val Dice", true}}, xmax);
+        {{&epoch_, &loss_, "#1f77b4", "train loss", false},
+         {&val_epoch_, &val_dice_, "#d62728", "val Dice", true}},
+        xmax);
   panel(o, 280, "learning rate", {{&epoch_, &lr_, "#2ca02c", "lr", false}}, xmax);
   panel(o, 520, "epoch time (s)", {{&epoch_, &seconds_, "#9467bd", "seconds", false}}, xmax);
   o << "</svg>\n";

@@ -15,20 +15,23 @@ int cmd_bench(int argc, char** argv) {
   auto a = parse_args(argc, argv, 2, {"set", "seconds", "epochs", "loaders"}, {"json"});
   if (!a.is_ok()) return fail("bench", a.status());
   if (a->positional.size() != 1)
-    return fail("bench", invalid_argument("expected one CONFIG file, got " + std::to_string(a->positional.size())));
+    return fail("bench",
+                invalid_argument("expected one CONFIG file, got " + std::to_string(a->positional.size())));
   auto cfg = models::load_job_config(a->positional[0], a->all("set"));
   if (!cfg.is_ok()) return fail("bench", cfg.status());
   actors::BenchOptions o;
   if (a->has("seconds")) {
     auto s = parse_int("--seconds", a->get("seconds"));
     if (!s.is_ok()) return fail("bench", s.status());
-    if (*s < 1) return fail("bench", invalid_argument("--seconds: expected an integer >= 1, got " + a->get("seconds")));
+    if (*s < 1)
+      return fail("bench", invalid_argument("--seconds: expected an integer >= 1, got " + a->get("seconds")));
     o.seconds = static_cast<double>(*s);
   }
   if (a->has("epochs")) {
     auto e = parse_int("--epochs", a->get("epochs"));
     if (!e.is_ok()) return fail("bench", e.status());
-    if (*e < 1) return fail("bench", invalid_argument("--epochs: expected an integer >= 1, got " + a->get("epochs")));
+    if (*e < 1)
+      return fail("bench", invalid_argument("--epochs: expected an integer >= 1, got " + a->get("epochs")));
     o.max_epochs = *e;
   }
   if (a->has("loaders")) {
@@ -44,12 +47,14 @@ int cmd_bench(int argc, char** argv) {
     }
     if (j["bench"] == "summary") {
       std::cout << "summary: pipeline efficiency " << j["pipeline_efficiency"].dump() << ", peak host "
-                << j["peak_host_mb"].get<double>() << " MiB, peak device " << j["peak_gpu_mb"].get<double>() << " MiB\n";
+                << j["peak_host_mb"].get<double>() << " MiB, peak device " << j["peak_gpu_mb"].get<double>()
+                << " MiB\n";
       return;
     }
-    std::cout << j["bench"].get<std::string>() << " (" << j["loader"].get<std::string>() << ", " << j["device"].get<std::string>()
-              << "): " << j["samples_per_s"].get<double>() << " samples/s, " << j["step_ms"].get<double>()
-              << " ms/step, data wait " << j["data_wait_ms"].get<double>() << " ms/step over " << j["steps"] << " steps\n";
+    std::cout << j["bench"].get<std::string>() << " (" << j["loader"].get<std::string>() << ", "
+              << j["device"].get<std::string>() << "): " << j["samples_per_s"].get<double>() << " samples/s, "
+              << j["step_ms"].get<double>() << " ms/step, data wait " << j["data_wait_ms"].get<double>()
+              << " ms/step over " << j["steps"] << " steps\n";
   });
   if (!r.is_ok()) return fail("bench", r.status());
   return 0;

@@ -65,9 +65,8 @@ Result<json> call(const Client& c, const json& request) {
     if (!(items[0].revents & ZMQ_POLLIN)) {
       char secs[32];
       std::snprintf(secs, sizeof secs, "%g", c.timeout_ms / 1000.0);
-      return io_error("no answer from " + c.endpoint + " within " + secs +
-                      " s (is segflowd running there" + (c.server_key.empty() ? "" : ", and is this client's key authorized") +
-                      "?)");
+      return io_error("no answer from " + c.endpoint + " within " + secs + " s (is segflowd running there" +
+                      (c.server_key.empty() ? "" : ", and is this client's key authorized") + "?)");
     }
     zmq::message_t reply;
     if (!s.recv(reply, zmq::recv_flags::dontwait)) return io_error("no reply from " + c.endpoint);
@@ -114,8 +113,8 @@ void print_jobs(const json& jobs) {
     std::printf("no jobs\n");
     return;
   }
-  std::printf("%-4s %-22s %-10s %-9s %-7s %-8s %-7s %-10s %-7s %s\n", "ID", "NAME", "STATE", "EPOCH", "STEP", "LOSS",
-              "DICE", "SAMPLES/S", "DEVICE", "REASON");
+  std::printf("%-4s %-22s %-10s %-9s %-7s %-8s %-7s %-10s %-7s %s\n", "ID", "NAME", "STATE", "EPOCH", "STEP",
+              "LOSS", "DICE", "SAMPLES/S", "DEVICE", "REASON");
   for (const auto& j : jobs) {
     if (!j.is_object()) continue;
     const std::string epoch = str(j.value("epoch", json())) + "/" + str(j.value("epochs", json()));
@@ -124,13 +123,15 @@ void print_jobs(const json& jobs) {
     std::printf("%-4s %-22s %-10s %-9s %-7s %-8s %-7s %-10s %-7s %s\n", str(j.value("id", json())).c_str(),
                 str(j.value("name", json())).c_str(), state.c_str(), epoch.c_str(),
                 str(field(j, "step")).c_str(), num(j.value("loss", json())).c_str(),
-                num(j.value("best_dice", json()), "%.3f").c_str(), num(j.value("samples_per_s", json()), "%.1f").c_str(),
-                devices_text(j).c_str(), str(field(j, "reason")).c_str());
+                num(j.value("best_dice", json()), "%.3f").c_str(),
+                num(j.value("samples_per_s", json()), "%.1f").c_str(), devices_text(j).c_str(),
+                str(field(j, "reason")).c_str());
   }
 }
 
 void print_job(const json& j) {
-  std::printf("job %s (%s): %s\n", str(field(j, "id")).c_str(), str(field(j, "name")).c_str(), str(field(j, "state")).c_str());
+  std::printf("job %s (%s): %s\n", str(field(j, "id")).c_str(), str(field(j, "name")).c_str(),
+              str(field(j, "state")).c_str());
   auto line = [](const char* k, const std::string& v) {
     if (!v.empty() && v != "-") std::printf("  %-12s %s\n", k, v.c_str());
   };
@@ -156,10 +157,13 @@ void print_datasets(const json& r) {
   }
   std::printf("%-20s %-11s %-6s %-4s %-8s %s\n", "DATASET", "LAYOUT", "CASES", "BAD", "PENDING", "PATH");
   for (const auto& d : ds) {
-    std::printf("%-20s %-11s %-6s %-4s %-8s %s\n", str(field(d, "name")).c_str(), str(field(d, "layout")).c_str(),
-                str(field(d, "cases")).c_str(), str(field(d, "bad")).c_str(), str(field(d, "pending")).c_str(), str(field(d, "path")).c_str());
-    if (d.value("error", std::string()) != "") std::printf("  not a dataset: %s\n", str(field(d, "error")).c_str());
-    for (const auto& b : field(d, "bad_files")) std::printf("  bad %s: %s\n", str(field(b, "case")).c_str(), str(field(b, "reason")).c_str());
+    std::printf("%-20s %-11s %-6s %-4s %-8s %s\n", str(field(d, "name")).c_str(),
+                str(field(d, "layout")).c_str(), str(field(d, "cases")).c_str(), str(field(d, "bad")).c_str(),
+                str(field(d, "pending")).c_str(), str(field(d, "path")).c_str());
+    if (d.value("error", std::string()) != "")
+      std::printf("  not a dataset: %s\n", str(field(d, "error")).c_str());
+    for (const auto& b : field(d, "bad_files"))
+      std::printf("  bad %s: %s\n", str(field(b, "case")).c_str(), str(field(b, "reason")).c_str());
     for (const auto& b : field(d, "pending_files"))
       std::printf("  pending %s: %s\n", str(field(b, "case")).c_str(), str(field(b, "reason")).c_str());
   }
@@ -168,7 +172,8 @@ void print_datasets(const json& r) {
 void print_stages(const json& stages) {
   for (const auto& s : stages) {
     std::printf("%-24s %-13s %s\n", str(field(s, "name")).c_str(),
-                s.value("deterministic", true) ? "deterministic" : "random", str(s.value("doc", json())).c_str());
+                s.value("deterministic", true) ? "deterministic" : "random",
+                str(s.value("doc", json())).c_str());
   }
 }
 
@@ -201,7 +206,8 @@ int keygen(const Args& a) {
 }  // namespace
 
 int cmd_ctl(int argc, char** argv) {
-  auto parsed = parse_args(argc, argv, 2, {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out"},
+  auto parsed = parse_args(argc, argv, 2,
+                           {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out"},
                            {"json", "now", "help"});
   if (!parsed.is_ok()) return fail("ctl", parsed.status());
   const Args& a = *parsed;
@@ -270,9 +276,10 @@ int cmd_ctl(int argc, char** argv) {
     if (cmd == "datasets" && a.positional.size() == 2) req["dataset"] = a.positional[1];
     if (cmd == "shutdown" && a.flag("now")) req["now"] = true;
   } else {
-    return fail("ctl", invalid_argument("unknown command '" + cmd +
-                                        "' (start, stop, pause, resume, status, list, datasets, stages, ping, "
-                                        "shutdown, keygen)"));
+    return fail("ctl",
+                invalid_argument("unknown command '" + cmd +
+                                 "' (start, stop, pause, resume, status, list, datasets, stages, ping, "
+                                 "shutdown, keygen)"));
   }
 
   auto reply = call(c, req);
@@ -281,7 +288,9 @@ int cmd_ctl(int argc, char** argv) {
   const bool ok = r.is_object() && r.value("ok", false);
   if (a.flag("json")) {
     std::cout << r.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
-    if (!ok) std::fprintf(stderr, "segflow %s: %s\n", where.c_str(), r.value("error", std::string("failed")).c_str());
+    if (!ok)
+      std::fprintf(stderr, "segflow %s: %s\n", where.c_str(),
+                   r.value("error", std::string("failed")).c_str());
     return ok ? 0 : 1;
   }
   if (!ok) {
@@ -290,15 +299,19 @@ int cmd_ctl(int argc, char** argv) {
     return 1;
   }
   if (cmd == "start") {
-    std::printf("job %s %s (run folder %s)\n", str(field(r, "job")).c_str(), str(field(r, "state")).c_str(), str(field(r, "run_dir")).c_str());
+    std::printf("job %s %s (run folder %s)\n", str(field(r, "job")).c_str(), str(field(r, "state")).c_str(),
+                str(field(r, "run_dir")).c_str());
   } else if (cmd == "stop" || cmd == "pause" || cmd == "resume") {
     std::printf("job %s: %s%s\n", str(field(r, "job")).c_str(), str(field(r, "state")).c_str(),
-                field(r, "pending").is_string()
-                    ? (" (" + field(r, "pending").get<std::string>() + " pending: a checkpoint is written first)").c_str()
-                    : "");
+                field(r, "pending").is_string() ? (" (" + field(r, "pending").get<std::string>() +
+                                                   " pending: a checkpoint is written first)")
+                                                      .c_str()
+                                                : "");
   } else if (cmd == "status") {
-    if (r.contains("job")) print_job(field(r, "job"));
-    else print_jobs(field(r, "jobs"));
+    if (r.contains("job"))
+      print_job(field(r, "job"));
+    else
+      print_jobs(field(r, "jobs"));
   } else if (cmd == "list") {
     print_jobs(field(r, "jobs"));
   } else if (cmd == "datasets") {

@@ -32,7 +32,9 @@ int cmd_synth(int argc, char** argv) {
   }
   if (a->has("seed")) {
     auto v = parse_int("--seed", a->get("seed"));
-    if (!v.is_ok() || *v < 0) return fail("synth", segflow::invalid_argument("--seed: expected an integer >= 0, got '" + a->get("seed") + "'"));
+    if (!v.is_ok() || *v < 0)
+      return fail("synth", segflow::invalid_argument("--seed: expected an integer >= 0, got '" +
+                                                     a->get("seed") + "'"));
     o.seed = static_cast<std::uint64_t>(*v);
   }
   if (!a->positional.empty())
@@ -47,13 +49,15 @@ int cmd_inspect(int argc, char** argv) {
   auto a = parse_args(argc, argv, 2, {}, {"json"});
   if (!a.is_ok()) return fail("inspect", a.status());
   if (a->positional.size() != 1)
-    return fail("inspect", segflow::invalid_argument("expected one PATH, got " + std::to_string(a->positional.size())));
+    return fail("inspect",
+                segflow::invalid_argument("expected one PATH, got " + std::to_string(a->positional.size())));
   auto j = segflow::pipeline::inspect_path(a->positional[0]);
   if (!j.is_ok()) return fail("inspect", j.status());
   if (a->flag("json")) {
     std::cout << j->dump() << '\n';
   } else {
-    for (auto it = j->begin(); it != j->end(); ++it) std::cout << it.key() << ": " << it.value().dump() << '\n';
+    for (auto it = j->begin(); it != j->end(); ++it)
+      std::cout << it.key() << ": " << it.value().dump() << '\n';
   }
   return 0;
 }

@@ -27,8 +27,10 @@ std::string clock_text(double s) {
   if (!std::isfinite(s) || s < 0) return "--:--";
   const long t = std::lround(s);
   char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
   return buf;
 }
 
@@ -62,10 +64,12 @@ class ProgressObserver : public models::TrainObserver {
   void on_epoch_end(const models::EpochInfo& i) override {
     steps_per_epoch_ = std::max(steps_per_epoch_, i.steps);
     if (quiet_) return;
-    std::fprintf(stderr, "%sepoch %lld/%lld: %lld steps, loss %.4f, %.1f s, %.1f samples/s, data wait %.1f s, ETA %s\n",
-                 tty_ ? "\r\033[K" : "", static_cast<long long>(i.epoch + 1), static_cast<long long>(total_),
-                 static_cast<long long>(i.steps), i.loss, i.seconds, i.samples_per_s, i.data_wait_s,
-                 clock_text(eta(i.steps)).c_str());
+    std::fprintf(
+        stderr,
+        "%sepoch %lld/%lld: %lld steps, loss %.4f, %.1f s, %.1f samples/s, data wait %.1f s, ETA %s\n",
+        tty_ ? "\r\033[K" : "", static_cast<long long>(i.epoch + 1), static_cast<long long>(total_),
+        static_cast<long long>(i.steps), i.loss, i.seconds, i.samples_per_s, i.data_wait_s,
+        clock_text(eta(i.steps)).c_str());
   }
   void on_validation(const models::ValidationInfo& v) override {
     if (quiet_) return;
@@ -76,8 +80,8 @@ class ProgressObserver : public models::TrainObserver {
       per += buf;
     }
     std::fprintf(stderr, "validation epoch %lld: mean Dice %.4f [%s] over %lld cases (%.1f s)%s\n",
-                 static_cast<long long>(v.epoch + 1), v.mean_dice, per.c_str(), static_cast<long long>(v.cases),
-                 v.seconds, v.best ? " (best)" : "");
+                 static_cast<long long>(v.epoch + 1), v.mean_dice, per.c_str(),
+                 static_cast<long long>(v.cases), v.seconds, v.best ? " (best)" : "");
   }
   void on_case_failure(const pipeline::CaseFailure& f) override {
     std::fprintf(stderr, "%sskipped %s: %s\n", tty_ ? "\r\033[K" : "", f.case_id.c_str(), f.reason.c_str());
@@ -104,10 +108,12 @@ class ProgressObserver : public models::TrainObserver {
 }  // namespace
 
 int cmd_train(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {"set", "resume", "plugins", "run-dir", "ranks", "devices"}, {"quiet", "resume-last"});
+  auto a = parse_args(argc, argv, 2, {"set", "resume", "plugins", "run-dir", "ranks", "devices"},
+                      {"quiet", "resume-last"});
   if (!a.is_ok()) return fail("train", a.status());
   if (a->positional.size() != 1)
-    return fail("train", invalid_argument("expected one CONFIG file, got " + std::to_string(a->positional.size())));
+    return fail("train",
+                invalid_argument("expected one CONFIG file, got " + std::to_string(a->positional.size())));
   auto cfg = models::load_job_config(a->positional[0], a->all("set"));
   if (!cfg.is_ok()) return fail("train", cfg.status());
   actors::RunOptions ro;
@@ -131,14 +137,16 @@ int cmd_train(int argc, char** argv) {
   if (a->has("ranks")) {
     auto n = parse_int("--ranks", a->get("ranks"));
     if (!n.is_ok()) return fail("train", n.status());
-    if (*n < 1) return fail("train", invalid_argument("--ranks: expected an integer >= 1, got " + a->get("ranks")));
+    if (*n < 1)
+      return fail("train", invalid_argument("--ranks: expected an integer >= 1, got " + a->get("ranks")));
     if (!dp.devices.empty() && *n != dp.world_size)
       return fail("train", invalid_argument("--ranks " + a->get("ranks") + " does not match the " +
                                             std::to_string(dp.devices.size()) + " --devices given"));
     dp.world_size = *n;
   }
   // The config's train.devices, when the command line names none.
-  if (!a->has("ranks") && !a->has("devices") && cfg->train.devices.size() == 1) cfg->train.device = cfg->train.devices[0];
+  if (!a->has("ranks") && !a->has("devices") && cfg->train.devices.size() == 1)
+    cfg->train.device = cfg->train.devices[0];
   const bool config_parallel = !a->has("ranks") && !a->has("devices") && cfg->train.devices.size() > 1;
   if (config_parallel) {
     dp.devices = cfg->train.devices;
@@ -149,9 +157,12 @@ int cmd_train(int argc, char** argv) {
     return v ? std::atoll(v) : 0LL;
   };
   Result<std::filesystem::path> run = std::filesystem::path();
-  if (env_world("WORLD_SIZE") > 1 || env_world("SLURM_NTASKS") > 1) run = actors::run_distributed_from_env(*cfg, ro, progress, dp);
-  else if (a->has("ranks") || a->has("devices") || config_parallel) run = actors::run_data_parallel(*cfg, ro, progress, dp);
-  else run = actors::run_training(*cfg, ro, progress);
+  if (env_world("WORLD_SIZE") > 1 || env_world("SLURM_NTASKS") > 1)
+    run = actors::run_distributed_from_env(*cfg, ro, progress, dp);
+  else if (a->has("ranks") || a->has("devices") || config_parallel)
+    run = actors::run_data_parallel(*cfg, ro, progress, dp);
+  else
+    run = actors::run_training(*cfg, ro, progress);
   if (!run.is_ok()) return fail("train", run.status());
   if (!run->empty()) std::printf("run folder: %s\n", run->string().c_str());
   return 0;
@@ -169,7 +180,8 @@ int cmd_infer(int argc, char** argv) {
   o.device = a->get("device", "auto");
   auto r = models::run_inference(o);
   if (!r.is_ok()) return fail("infer", r.status());
-  nlohmann::json j = {{"output", r->output.string()}, {"size", r->size}, {"labels", r->labels}, {"seconds", r->seconds}};
+  nlohmann::json j = {
+      {"output", r->output.string()}, {"size", r->size}, {"labels", r->labels}, {"seconds", r->seconds}};
   std::cout << j.dump() << '\n';
   return 0;
 }
@@ -182,8 +194,10 @@ int cmd_stages(int argc, char** argv) {
     auto p = pipeline::load_plugins(a->get("plugins"), registry);
     if (!p.is_ok()) return fail("stages", p.status());
   }
-  if (a->flag("json")) std::cout << pipeline::describe_stages(registry).dump(2) << '\n';
-  else std::cout << pipeline::format_stages(registry);
+  if (a->flag("json"))
+    std::cout << pipeline::describe_stages(registry).dump(2) << '\n';
+  else
+    std::cout << pipeline::format_stages(registry);
   return 0;
 }
 

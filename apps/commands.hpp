@@ -14,7 +14,7 @@ int cmd_stages(int argc, char** argv);
 int cmd_train(int argc, char** argv);
 int cmd_infer(int argc, char** argv);
 int cmd_bench(int argc, char** argv);  ///< apps/cmd_bench.cpp
-int cmd_ctl(int argc, char** argv);  ///< apps/cmd_ctl.cpp: the daemon client
+int cmd_ctl(int argc, char** argv);    ///< apps/cmd_ctl.cpp: the daemon client
 
 /// Prints "segflow CMD: message" on stderr; returns 2 for invalid_argument, else 1.
 int fail(const std::string& cmd, const Status& st);

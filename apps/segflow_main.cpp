@@ -46,8 +46,8 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   static const std::map<std::string, std::function<int(int, char**)>> commands = {
-      {"synth", cmd_synth},   {"inspect", cmd_inspect}, {"stages", cmd_stages},
-      {"train", cmd_train},   {"infer", cmd_infer},     {"ctl", cmd_ctl},       {"bench", cmd_bench},
+      {"synth", cmd_synth}, {"inspect", cmd_inspect}, {"stages", cmd_stages}, {"train", cmd_train},
+      {"infer", cmd_infer}, {"ctl", cmd_ctl},         {"bench", cmd_bench},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);

@@ -36,13 +36,15 @@ int main(int argc, char** argv) {
       return 0;
     }
   }
-  auto args = apps::parse_args(argc, argv, 1, {"config", "data-root", "state-dir", "control", "events", "log-level"}, {});
+  auto args = apps::parse_args(argc, argv, 1,
+                               {"config", "data-root", "state-dir", "control", "events", "log-level"}, {});
   if (!args.is_ok()) {
     std::fprintf(stderr, "segflowd: %s\n", args.status().message().c_str());
     return 2;
   }
   if (!args->positional.empty()) {
-    std::fprintf(stderr, "segflowd: unexpected argument '%s' (see segflowd --help)\n", args->positional[0].c_str());
+    std::fprintf(stderr, "segflowd: unexpected argument '%s' (see segflowd --help)\n",
+                 args->positional[0].c_str());
     return 2;
   }
   try {

@@ -76,7 +76,9 @@ constexpr const char* kUsage =
     "  --device       cpu (Gloo, default) or cuda (NCCL on cuda:0 .. cuda:W-1)\n"
     "  --set          config override, as `segflow train --set` (repeatable)\n";
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 struct Options {
   std::string config = "configs/quickstart-unet3d.yaml";
@@ -124,7 +126,8 @@ Result<std::vector<std::int64_t>> patch_xyz(const models::JobConfig& cfg, const 
   const auto dims = static_cast<std::size_t>(info.spatial_dims);
   if (info.fixed_size > 0) return std::vector<std::int64_t>(dims, info.fixed_size);
   std::int64_t fallback = 32;
-  if (cfg.data.synth.is_object() && cfg.data.synth.contains("size") && cfg.data.synth["size"].is_number_integer())
+  if (cfg.data.synth.is_object() && cfg.data.synth.contains("size") &&
+      cfg.data.synth["size"].is_number_integer())
     fallback = cfg.data.synth["size"].get<std::int64_t>();
   std::vector<std::int64_t> xyz;
   for (const auto& st : cfg.stages.stages) {
@@ -184,8 +187,8 @@ struct RankResult {
 };
 
 /// One rank's thread: join, attach DDP, warm up, time the steps, time the all-reduces.
-Status run_rank(int rank, models::parallel::LocalRendezvous& rv, models::Trainer& trainer, MemorySource& source,
-                const Options& o, RankResult& out) {
+Status run_rank(int rank, models::parallel::LocalRendezvous& rv, models::Trainer& trainer,
+                MemorySource& source, const Options& o, RankResult& out) {
   const c10::Device dev = trainer.device();
   SEGFLOW_ASSIGN_OR_RETURN(std::unique_ptr<models::parallel::Collective> joined, rv.join(rank, dev));
   std::shared_ptr<models::parallel::Collective> coll = std::move(joined);
@@ -234,9 +237,11 @@ Result<std::optional<double>> run_world(const models::JobConfig& base, int world
   if (o.cuda) {
     const auto n = static_cast<int>(torch::cuda::device_count());
     if (n < world) {
-      std::cerr << "segflow_parallel_bench: world size " << world << " needs " << world << " CUDA devices, found " << n
-                << "; skipped\n";
-      std::cout << json{{"bench", "parallel"}, {"world_size", world}, {"skipped", "only " + std::to_string(n) + " CUDA devices"}}
+      std::cerr << "segflow_parallel_bench: world size " << world << " needs " << world
+                << " CUDA devices, found " << n << "; skipped\n";
+      std::cout << json{{"bench", "parallel"},
+                        {"world_size", world},
+                        {"skipped", "only " + std::to_string(n) + " CUDA devices"}}
                        .dump()
                 << std::endl;
       return std::optional<double>();
@@ -252,7 +257,8 @@ Result<std::optional<double>> run_world(const models::JobConfig& base, int world
   std::vector<std::string> devices;
   std::vector<std::int64_t> xyz;
   for (int r = 0; r < world; ++r) {
-    const c10::Device dev = o.cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(r)) : c10::Device(c10::kCPU);
+    const c10::Device dev =
+        o.cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(r)) : c10::Device(c10::kCPU);
     devices.push_back(dev.str());
     SEGFLOW_ASSIGN_OR_RETURN(auto t, models::Trainer::create(cfg, dev));
     SEGFLOW_ASSIGN_OR_RETURN(xyz, patch_xyz(cfg, t->model().info()));
@@ -279,7 +285,8 @@ Result<std::optional<double>> run_world(const models::JobConfig& base, int world
   for (auto& t : threads) t.join();
   for (int r = 0; r < world; ++r) {
     const auto& st = results[static_cast<std::size_t>(r)].status;
-    if (!st.is_ok()) return st.with_context("world size " + std::to_string(world) + ", rank " + std::to_string(r));
+    if (!st.is_ok())
+      return st.with_context("world size " + std::to_string(world) + ", rank " + std::to_string(r));
   }
 
   double train_s = 0, comm_s = 0;
@@ -290,7 +297,8 @@ Result<std::optional<double>> run_world(const models::JobConfig& base, int world
     steps = std::min(steps, rr.steps);
   }
   if (steps <= 0 || train_s <= 0)
-    return internal_error("world size " + std::to_string(world) + ": no timed step completed (raise --seconds)");
+    return internal_error("world size " + std::to_string(world) +
+                          ": no timed step completed (raise --seconds)");
   double grad_bytes = 0;
   for (const auto& p : trainers[0]->parameters())
     grad_bytes += static_cast<double>(p.numel()) * static_cast<double>(p.element_size());
@@ -341,7 +349,8 @@ std::optional<std::string> parse_args(int argc, char** argv, Options& o, bool& h
       help = true;
       return std::nullopt;
     }
-    if (a != "--config" && a != "--world-sizes" && a != "--steps" && a != "--seconds" && a != "--device" && a != "--set")
+    if (a != "--config" && a != "--world-sizes" && a != "--steps" && a != "--seconds" && a != "--device" &&
+        a != "--set")
       return "unknown argument '" + a + "'";
     if (!has_value) return a + ": expected a value";
     const std::string v = argv[++i];
@@ -353,7 +362,8 @@ std::optional<std::string> parse_args(int argc, char** argv, Options& o, bool& h
       std::string item;
       while (std::getline(ss, item, ',')) {
         std::int64_t w = 0;
-        if (!parse_int(item, w) || w < 1 || w > 64) return "--world-sizes: expected integers in [1, 64], got '" + v + "'";
+        if (!parse_int(item, w) || w < 1 || w > 64)
+          return "--world-sizes: expected integers in [1, 64], got '" + v + "'";
         o.world_sizes.push_back(static_cast<int>(w));
       }
       if (o.world_sizes.empty()) return "--world-sizes: expected at least one world size";

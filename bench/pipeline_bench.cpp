@@ -26,8 +26,8 @@
 #include <string>
 #include <thread>
 
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>  // complete YAML::Node: parse_pipeline_spec has a YAML overload
+#include <nlohmann/json.hpp>
 
 #include "actors/actor_batch_source.hpp"
 #include "pipeline/io/dataset.hpp"
@@ -42,13 +42,16 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 /// A source that fabricates a (1, S, S, S) image and label from the case file (no I/O cost
 /// beyond a tiny read), so that the overlap scenario measures the sleeps only.
 class BenchSource final : public SourceStage {
  public:
-  explicit BenchSource(int size) : SourceStage("bench_source", {{"size", size}}, {"image", "label"}), size_(size) {}
+  explicit BenchSource(int size)
+      : SourceStage("bench_source", {{"size", size}}, {"image", "label"}), size_(size) {}
   bool deterministic() const override { return true; }
   Status apply_sample(Sample&, Rng&) const override { return Status::ok(); }
   Result<Sample> read(const CaseEntry& e) const override {
@@ -144,9 +147,12 @@ Result<std::unique_ptr<BatchSource>> make_source(bool actors, const LoaderOption
 }
 
 nlohmann::json config_json(const LoaderOptions& o) {
-  return {{"cases", o.cases.size()},       {"batch_size", o.batch_size},
-          {"decode_workers", o.decode_workers}, {"max_inflight_batches", o.max_inflight_batches},
-          {"cache_rate", o.cache_rate},    {"seed", o.seed},
+  return {{"cases", o.cases.size()},
+          {"batch_size", o.batch_size},
+          {"decode_workers", o.decode_workers},
+          {"max_inflight_batches", o.max_inflight_batches},
+          {"cache_rate", o.cache_rate},
+          {"seed", o.seed},
           {"torch_threads", torch::get_num_threads()}};
 }
 
@@ -185,7 +191,8 @@ Status throughput(const std::filesystem::path& tmp, const std::string& device, b
     SEGFLOW_ASSIGN_OR_RETURN(Run cold, pull_epoch(*src, 0, 0, c10::Device(device)));
     emit(name + "/cold", cold, device, cfg, {{"epoch", 0}, {"note", "decodes every case"}});
     SEGFLOW_ASSIGN_OR_RETURN(Run warm, pull_epoch(*src, 1, 0, c10::Device(device)));
-    emit(name + "/warm", warm, device, cfg, {{"epoch", 1}, {"note", "deterministic part from the memory cache"}});
+    emit(name + "/warm", warm, device, cfg,
+         {{"epoch", 1}, {"note", "deterministic part from the memory cache"}});
   }
   return Status::ok();
 }
@@ -215,8 +222,8 @@ Status overlap(const std::filesystem::path& tmp, const std::string& device, bool
   o.max_inflight_batches = 2;
   o.cache_rate = 0;  // every epoch pays the loader cost
   const double B = static_cast<double>(o.batch_size), W = o.decode_workers;
-  const double serial = 1000.0 / (T + L * B);               // steps/s
-  const double ideal = 1000.0 / std::max(T, L * B / W);     // steps/s
+  const double serial = 1000.0 / (T + L * B);            // steps/s
+  const double ideal = 1000.0 / std::max(T, L * B / W);  // steps/s
   nlohmann::json cfg = config_json(o);
   cfg["step_sleep_ms"] = T;
   cfg["loader_sleep_ms_per_sample"] = L;

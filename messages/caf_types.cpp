@@ -20,7 +20,7 @@ Status to_status(const caf::error& error) {
   if (error.category() == kErrorCategory) {
     const caf::message& ctx = error.context();
     std::string msg = ctx.size() == 1 && ctx.match_element<std::string>(0) ? ctx.get_as<std::string>(0)
-                                                                             : caf::to_string(ctx);
+                                                                           : caf::to_string(ctx);
     const auto code = static_cast<ErrorCode>(error.code());
     return Status(code == ErrorCode::ok ? ErrorCode::internal : code, std::move(msg));
   }

@@ -37,14 +37,14 @@ namespace segflow {
 
 // ------------------------------------------------------------------------------ atoms
 
-using decode_atom = caf::atom_constant<caf::atom("decode")>;  ///< decoder: decode a case
-using fetch_atom = caf::atom_constant<caf::atom("fetch")>;    ///< cache: get a case's sample
-using epoch_atom = caf::atom_constant<caf::atom("epoch")>;    ///< augmenter: start an epoch
-using next_atom = caf::atom_constant<caf::atom("next")>;      ///< augmenter: next batch
-using stats_atom = caf::atom_constant<caf::atom("stats")>;    ///< any actor: counters
-using report_atom = caf::atom_constant<caf::atom("report")>;  ///< collector: an event
-using event_atom = caf::atom_constant<caf::atom("event")>;    ///< collector -> subscriber
-using watch_atom = caf::atom_constant<caf::atom("watch")>;    ///< collector: subscribe an actor
+using decode_atom = caf::atom_constant<caf::atom("decode")>;           ///< decoder: decode a case
+using fetch_atom = caf::atom_constant<caf::atom("fetch")>;             ///< cache: get a case's sample
+using epoch_atom = caf::atom_constant<caf::atom("epoch")>;             ///< augmenter: start an epoch
+using next_atom = caf::atom_constant<caf::atom("next")>;               ///< augmenter: next batch
+using stats_atom = caf::atom_constant<caf::atom("stats")>;             ///< any actor: counters
+using report_atom = caf::atom_constant<caf::atom("report")>;           ///< collector: an event
+using event_atom = caf::atom_constant<caf::atom("event")>;             ///< collector -> subscriber
+using watch_atom = caf::atom_constant<caf::atom("watch")>;             ///< collector: subscribe an actor
 using flush_sinks_atom = caf::atom_constant<caf::atom("flushsinks")>;  ///< collector: flush sinks
 
 // ---------------------------------------------------------------------- plain messages
@@ -52,42 +52,42 @@ using flush_sinks_atom = caf::atom_constant<caf::atom("flushsinks")>;  ///< coll
 /// A case the data path skipped (bad file, a stage that threw), with the reason.
 struct CaseSkip {
   std::string case_id;
-  std::string reason;     ///< Status::to_string() of the failure
+  std::string reason;  ///< Status::to_string() of the failure
   std::int64_t epoch = -1;
 };
 
 /// What actors report to the collector: metrics, events and failures. One JSON line each in
 /// the JSONL sink.
 struct Event {
-  std::string kind;        ///< "case_skipped", "actor_error", "epoch_done", "metric", ...
-  std::string source;      ///< reporting actor ("augmenter[0]", "decoder[1]", "cache")
-  std::string case_id;     ///< when about one case; else empty
-  std::string message;     ///< human-readable detail
-  std::string name;        ///< metric name (kind "metric")
-  double value = 0;        ///< metric value
-  std::int64_t epoch = -1; ///< epoch when known
+  std::string kind;          ///< "case_skipped", "actor_error", "epoch_done", "metric", ...
+  std::string source;        ///< reporting actor ("augmenter[0]", "decoder[1]", "cache")
+  std::string case_id;       ///< when about one case; else empty
+  std::string message;       ///< human-readable detail
+  std::string name;          ///< metric name (kind "metric")
+  double value = 0;          ///< metric value
+  std::int64_t epoch = -1;   ///< epoch when known
   std::int64_t time_ns = 0;  ///< wall clock (system_clock, ns since the epoch)
 };
 
 /// Counters of the cache actor (a snapshot).
 struct CacheStats {
-  std::int64_t entries = 0;            ///< samples held in memory
-  std::int64_t bytes = 0;              ///< tensor bytes held in memory
-  std::int64_t budget_bytes = 0;       ///< LoaderOptions::cache_bytes
-  std::int64_t max_bytes_seen = 0;     ///< high-water mark of `bytes`
-  std::int64_t cacheable_cases = 0;    ///< cases allowed in memory (cache_rate)
-  std::int64_t hits = 0;               ///< requests answered from memory
-  std::int64_t misses = 0;             ///< requests that went to the decode pool
-  std::int64_t not_admitted = 0;       ///< cacheable samples left out for the budget
-  std::int64_t decodes = 0;            ///< full decodes (reader + deterministic stages)
-  std::int64_t disk_hits = 0;          ///< samples read back from the disk cache
-  std::int64_t failures = 0;           ///< decode requests that failed
-  std::int64_t decodes_in_flight = 0;  ///< requests at decoders now
+  std::int64_t entries = 0;                ///< samples held in memory
+  std::int64_t bytes = 0;                  ///< tensor bytes held in memory
+  std::int64_t budget_bytes = 0;           ///< LoaderOptions::cache_bytes
+  std::int64_t max_bytes_seen = 0;         ///< high-water mark of `bytes`
+  std::int64_t cacheable_cases = 0;        ///< cases allowed in memory (cache_rate)
+  std::int64_t hits = 0;                   ///< requests answered from memory
+  std::int64_t misses = 0;                 ///< requests that went to the decode pool
+  std::int64_t not_admitted = 0;           ///< cacheable samples left out for the budget
+  std::int64_t decodes = 0;                ///< full decodes (reader + deterministic stages)
+  std::int64_t disk_hits = 0;              ///< samples read back from the disk cache
+  std::int64_t failures = 0;               ///< decode requests that failed
+  std::int64_t decodes_in_flight = 0;      ///< requests at decoders now
   std::int64_t max_decodes_in_flight = 0;  ///< high-water mark of the above
-  std::int64_t decode_limit = 0;       ///< bound on decodes in flight (pool size)
-  std::int64_t queued = 0;             ///< misses waiting for a free decoder
-  std::int64_t max_queued = 0;         ///< high-water mark of the above
-  std::int64_t decoder_restarts = 0;   ///< decoders respawned after dying
+  std::int64_t decode_limit = 0;           ///< bound on decodes in flight (pool size)
+  std::int64_t queued = 0;                 ///< misses waiting for a free decoder
+  std::int64_t max_queued = 0;             ///< high-water mark of the above
+  std::int64_t decoder_restarts = 0;       ///< decoders respawned after dying
 };
 
 /// Counters of one augmenter (a snapshot).
@@ -159,7 +159,7 @@ struct DecodeResult {
 struct BatchReply {
   bool end_of_epoch = false;
   std::int64_t epoch = -1;
-  Batch batch;                     ///< empty at the end of the epoch
+  Batch batch;  ///< empty at the end of the epoch
   std::vector<CaseSkip> skipped;
 };
 
@@ -189,13 +189,13 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(segflow::DecodeResult)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(segflow::BatchReply)
 
 CAF_BEGIN_TYPE_ID_BLOCK(segflow, caf::first_custom_type_id)
-  CAF_ADD_TYPE_ID(segflow, (::segflow::CaseSkip))
-  CAF_ADD_TYPE_ID(segflow, (::segflow::Event))
-  CAF_ADD_TYPE_ID(segflow, (::segflow::CacheStats))
-  CAF_ADD_TYPE_ID(segflow, (::segflow::AugmentStats))
-  CAF_ADD_TYPE_ID(segflow, (::segflow::CollectorStats))
-  CAF_ADD_TYPE_ID(segflow, (::segflow::Sample))
-  CAF_ADD_TYPE_ID(segflow, (::segflow::Batch))
-  CAF_ADD_TYPE_ID(segflow, (::segflow::DecodeResult))
-  CAF_ADD_TYPE_ID(segflow, (::segflow::BatchReply))
+CAF_ADD_TYPE_ID(segflow, (::segflow::CaseSkip))
+CAF_ADD_TYPE_ID(segflow, (::segflow::Event))
+CAF_ADD_TYPE_ID(segflow, (::segflow::CacheStats))
+CAF_ADD_TYPE_ID(segflow, (::segflow::AugmentStats))
+CAF_ADD_TYPE_ID(segflow, (::segflow::CollectorStats))
+CAF_ADD_TYPE_ID(segflow, (::segflow::Sample))
+CAF_ADD_TYPE_ID(segflow, (::segflow::Batch))
+CAF_ADD_TYPE_ID(segflow, (::segflow::DecodeResult))
+CAF_ADD_TYPE_ID(segflow, (::segflow::BatchReply))
 CAF_END_TYPE_ID_BLOCK(segflow)

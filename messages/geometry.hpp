@@ -11,8 +11,8 @@ namespace segflow {
 /// Physical placement of a voxel grid. Physical point of index (i, j, k) (x, y, z order):
 ///   p = origin + D * diag(spacing) * [i, j, k]^T, D = direction (row-major, columns are axes).
 struct Geometry {
-  std::array<double, 3> spacing{1.0, 1.0, 1.0};  ///< mm between voxel centres, (x, y, z), > 0
-  std::array<double, 3> origin{0.0, 0.0, 0.0};   ///< LPS mm of the centre of voxel (0, 0, 0)
+  std::array<double, 3> spacing{1.0, 1.0, 1.0};                ///< mm between voxel centres, (x, y, z), > 0
+  std::array<double, 3> origin{0.0, 0.0, 0.0};                 ///< LPS mm of the centre of voxel (0, 0, 0)
   std::array<double, 9> direction{1, 0, 0, 0, 1, 0, 0, 0, 1};  ///< row-major 3x3, orthonormal
 };
 

@@ -11,12 +11,18 @@ namespace segflow::log {
 namespace {
 spdlog::level::level_enum to_spd(Level l) {
   switch (l) {
-    case Level::trace: return spdlog::level::trace;
-    case Level::debug: return spdlog::level::debug;
-    case Level::info: return spdlog::level::info;
-    case Level::warn: return spdlog::level::warn;
-    case Level::error: return spdlog::level::err;
-    case Level::off: return spdlog::level::off;
+    case Level::trace:
+      return spdlog::level::trace;
+    case Level::debug:
+      return spdlog::level::debug;
+    case Level::info:
+      return spdlog::level::info;
+    case Level::warn:
+      return spdlog::level::warn;
+    case Level::error:
+      return spdlog::level::err;
+    case Level::off:
+      return spdlog::level::off;
   }
   return spdlog::level::info;
 }
@@ -33,9 +39,9 @@ std::shared_ptr<spdlog::logger> default_logger() {
 }  // namespace
 
 bool parse_level(std::string_view t, Level& out) {
-  static const std::pair<std::string_view, Level> names[] = {
-      {"trace", Level::trace}, {"debug", Level::debug}, {"info", Level::info},
-      {"warn", Level::warn},   {"error", Level::error}, {"off", Level::off}};
+  static const std::pair<std::string_view, Level> names[] = {{"trace", Level::trace}, {"debug", Level::debug},
+                                                             {"info", Level::info},   {"warn", Level::warn},
+                                                             {"error", Level::error}, {"off", Level::off}};
   for (auto& [n, l] : names)
     if (n == t) {
       out = l;

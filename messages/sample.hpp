@@ -15,9 +15,9 @@ namespace segflow {
 /// One training or validation sample. Tensors are (C, Z, Y, X) for 3D, (C, Y, X) for 2D;
 /// "label" holds integer class values, "box" a float tensor (4,) x0, y0, x1, y1 in voxels.
 struct Sample {
-  std::string id;                            ///< case id (plus crop index after random crops)
+  std::string id;                             ///< case id (plus crop index after random crops)
   std::map<std::string, at::Tensor> tensors;  ///< named tensors
-  Geometry geometry;                         ///< geometry of "image" (updated by spatial stages)
+  Geometry geometry;                          ///< geometry of "image" (updated by spatial stages)
 
   bool has(const std::string& key) const { return tensors.count(key) != 0; }
   at::Tensor& at(const std::string& key) { return tensors.at(key); }

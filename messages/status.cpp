@@ -4,14 +4,22 @@ namespace segflow {
 
 const char* to_string(ErrorCode code) noexcept {
   switch (code) {
-    case ErrorCode::ok: return "ok";
-    case ErrorCode::invalid_argument: return "invalid_argument";
-    case ErrorCode::not_found: return "not_found";
-    case ErrorCode::io_error: return "io_error";
-    case ErrorCode::corrupt_data: return "corrupt_data";
-    case ErrorCode::unsupported: return "unsupported";
-    case ErrorCode::invalid_config: return "invalid_config";
-    case ErrorCode::internal: return "internal";
+    case ErrorCode::ok:
+      return "ok";
+    case ErrorCode::invalid_argument:
+      return "invalid_argument";
+    case ErrorCode::not_found:
+      return "not_found";
+    case ErrorCode::io_error:
+      return "io_error";
+    case ErrorCode::corrupt_data:
+      return "corrupt_data";
+    case ErrorCode::unsupported:
+      return "unsupported";
+    case ErrorCode::invalid_config:
+      return "invalid_config";
+    case ErrorCode::internal:
+      return "internal";
   }
   return "unknown";
 }

@@ -61,8 +61,8 @@ inline Status internal_error(std::string m) { return {ErrorCode::internal, std::
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}                      // NOLINT: implicit on purpose
-  Result(Status status) : v_(std::move(status)) {}               // NOLINT: implicit on purpose
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit on purpose
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT: implicit on purpose
   Result(ErrorCode code, std::string msg) : v_(Status(code, std::move(msg))) {}
 
   bool is_ok() const noexcept { return std::holds_alternative<T>(v_); }
@@ -87,10 +87,10 @@ class [[nodiscard]] Result {
 #define SEGFLOW_CONCAT(a, b) SEGFLOW_CONCAT_INNER(a, b)
 
 /// Returns the Status of `expr` from the enclosing function when it is not ok.
-#define SEGFLOW_RETURN_IF_ERROR(expr)                   \
-  do {                                                  \
-    ::segflow::Status _segflow_st = (expr);             \
-    if (!_segflow_st.is_ok()) return _segflow_st;       \
+#define SEGFLOW_RETURN_IF_ERROR(expr)             \
+  do {                                            \
+    ::segflow::Status _segflow_st = (expr);       \
+    if (!_segflow_st.is_ok()) return _segflow_st; \
   } while (0)
 
 /// `SEGFLOW_ASSIGN_OR_RETURN(auto x, make())`: binds the value or returns the error.

@@ -16,7 +16,8 @@ namespace segflow::models {
 namespace fs = std::filesystem;
 namespace F = torch::nn::functional;
 
-at::Tensor resample_to_grid(const at::Tensor& data, const Geometry& src, const Geometry& dst, const Size3& dst_size) {
+at::Tensor resample_to_grid(const at::Tensor& data, const Geometry& src, const Geometry& dst,
+                            const Size3& dst_size) {
   torch::NoGradGuard ng;
   // Continuous source index of a destination index: i_s = A i_d + b.
   double A[3][3], b[3];
@@ -55,11 +56,8 @@ at::Tensor resample_to_grid(const at::Tensor& data, const Geometry& src, const G
     at::Tensor grid = torch::stack(coords, -1).unsqueeze(0);  // (1, z, y, x, 3) in (x, y, z)
     F::GridSampleFuncOptions::mode_t mode = torch::kBilinear;
     if (integral) mode = torch::kNearest;
-    at::Tensor r = F::grid_sample(src_f, grid,
-                                  F::GridSampleFuncOptions()
-                                      .mode(mode)
-                                      .padding_mode(torch::kZeros)
-                                      .align_corners(true));
+    at::Tensor r = F::grid_sample(
+        src_f, grid, F::GridSampleFuncOptions().mode(mode).padding_mode(torch::kZeros).align_corners(true));
     out.slice(1, z0, z1).copy_(r[0]);
   }
   return integral ? out.round().to(data.scalar_type()) : out;
@@ -70,7 +68,8 @@ Result<InferResult> run_inference(const InferOptions& o) {
   SEGFLOW_ASSIGN_OR_RETURN(auto trainer, load_for_inference(o.checkpoint, o.device));
   const JobConfig& cfg = trainer->config();
   if (trainer->model().info().needs_box)
-    return unsupported(o.checkpoint.string() + ": box-prompted models need a box per slice; segflow infer runs "
+    return unsupported(o.checkpoint.string() +
+                       ": box-prompted models need a box per slice; segflow infer runs "
                        "UNet checkpoints (use the Trainer API with boxes for SAM-style models)");
   SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image input, pipeline::read_image(o.input));
   const auto fmt = pipeline::detect_format(o.input);
@@ -84,7 +83,8 @@ Result<InferResult> run_inference(const InferOptions& o) {
   s.tensors["image"] = input.voxels.to(at::kFloat);
   s.geometry = input.geometry;
   // Stages written for (image, label) pairs get an empty label map, dropped afterwards.
-  s.tensors["label"] = torch::zeros({1, input.voxels.size(1), input.voxels.size(2), input.voxels.size(3)}, at::kByte);
+  s.tensors["label"] =
+      torch::zeros({1, input.voxels.size(1), input.voxels.size(2), input.voxels.size(3)}, at::kByte);
   SEGFLOW_ASSIGN_OR_RETURN(Sample pre, pipe.run_deterministic(std::move(s)));
   at::Tensor logits = trainer->predict(pre.at("image"));
   at::Tensor labels = logits.size(0) == 1 ? (logits > 0).to(at::kByte) : logits.argmax(0, true).to(at::kByte);
@@ -106,7 +106,9 @@ Result<InferResult> run_inference(const InferOptions& o) {
     out = dicom ? out / "seg.dcm" : out / (stem + "_seg.nii.gz");
   }
   if (out.extension() == ".dcm") {
-    if (!dicom) return invalid_argument(out.string() + ": DICOM SEG output needs a DICOM input, got " + o.input.string());
+    if (!dicom)
+      return invalid_argument(out.string() + ": DICOM SEG output needs a DICOM input, got " +
+                              o.input.string());
     fs::path dir = fs::is_directory(o.input) ? o.input : o.input.parent_path();
     SEGFLOW_ASSIGN_OR_RETURN(auto series, pipeline::scan_dicom_folder(dir));
     const pipeline::DicomSeriesInfo* ref = nullptr;

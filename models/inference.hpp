@@ -23,8 +23,8 @@ struct InferOptions {
 /// What was written.
 struct InferResult {
   std::filesystem::path output;
-  Size3 size{0, 0, 0};                 ///< of the written label map (= input size)
-  std::vector<std::int64_t> labels;    ///< distinct values written
+  Size3 size{0, 0, 0};               ///< of the written label map (= input size)
+  std::vector<std::int64_t> labels;  ///< distinct values written
   double seconds = 0.0;
 };
 
@@ -35,6 +35,7 @@ Result<InferResult> run_inference(const InferOptions& options);
 /// Resamples an integer label map or float maps (C, Z, Y, X) from grid `src` onto the grid
 /// `dst` of size `dst_size` through patient coordinates (nearest for integer types, linear
 /// otherwise); points outside `src` get 0.
-at::Tensor resample_to_grid(const at::Tensor& data, const Geometry& src, const Geometry& dst, const Size3& dst_size);
+at::Tensor resample_to_grid(const at::Tensor& data, const Geometry& src, const Geometry& dst,
+                            const Size3& dst_size);
 
 }  // namespace segflow::models

@@ -21,7 +21,8 @@ namespace {
 /// Reads the keys of one section, remembering which were used, so leftovers are errors.
 class Section {
  public:
-  Section(const json& j, std::string file, std::string path) : j_(j), file_(std::move(file)), path_(std::move(path)) {}
+  Section(const json& j, std::string file, std::string path)
+      : j_(j), file_(std::move(file)), path_(std::move(path)) {}
 
   Status status() const { return st_; }
   bool ok() const { return st_.is_ok(); }
@@ -40,26 +41,34 @@ class Section {
     if (auto* x = get(key)) {
       if (!x->is_number_integer() || x->get<std::int64_t>() < lo || x->get<std::int64_t>() > hi)
         fail(key, "expected an integer " + range_text(lo, hi) + ", got " + format_value(*x));
-      else v = x->get<std::int64_t>();
+      else
+        v = x->get<std::int64_t>();
     }
   }
   void number(const std::string& key, double& v, double lo, double hi, bool hi_open = false) {
     if (auto* x = get(key)) {
-      if (!x->is_number() || x->get<double>() < lo || (hi_open ? x->get<double>() >= hi : x->get<double>() > hi))
-        fail(key, "expected a number in [" + fmt(lo) + ", " + fmt(hi) + (hi_open ? ")" : "]") + ", got " + format_value(*x));
-      else v = x->get<double>();
+      if (!x->is_number() || x->get<double>() < lo ||
+          (hi_open ? x->get<double>() >= hi : x->get<double>() > hi))
+        fail(key, "expected a number in [" + fmt(lo) + ", " + fmt(hi) + (hi_open ? ")" : "]") + ", got " +
+                      format_value(*x));
+      else
+        v = x->get<double>();
     }
   }
   void boolean(const std::string& key, bool& v) {
     if (auto* x = get(key)) {
-      if (!x->is_boolean()) fail(key, "expected true or false, got " + format_value(*x));
-      else v = x->get<bool>();
+      if (!x->is_boolean())
+        fail(key, "expected true or false, got " + format_value(*x));
+      else
+        v = x->get<bool>();
     }
   }
   void string(const std::string& key, std::string& v) {
     if (auto* x = get(key)) {
-      if (!x->is_string()) fail(key, "expected a string, got " + format_value(*x));
-      else v = x->get<std::string>();
+      if (!x->is_string())
+        fail(key, "expected a string, got " + format_value(*x));
+      else
+        v = x->get<std::string>();
     }
   }
   void choice(const std::string& key, std::string& v, const std::vector<std::string>& allowed) {
@@ -67,15 +76,18 @@ class Section {
     string(key, s);
     if (std::find(allowed.begin(), allowed.end(), s) == allowed.end())
       fail(key, "expected one of " + pipeline::join(allowed) + ", got \"" + s + "\"");
-    else v = s;
+    else
+      v = s;
   }
   void int_list(const std::string& key, std::vector<std::int64_t>& v, std::int64_t lo) {
     if (auto* x = get(key)) {
       bool good = x->is_array();
       if (good)
         for (auto& e : *x) good &= e.is_number_integer() && e.get<std::int64_t>() >= lo;
-      if (!good) fail(key, "expected a list of integers >= " + std::to_string(lo) + ", got " + format_value(*x));
-      else v = x->get<std::vector<std::int64_t>>();
+      if (!good)
+        fail(key, "expected a list of integers >= " + std::to_string(lo) + ", got " + format_value(*x));
+      else
+        v = x->get<std::vector<std::int64_t>>();
     }
   }
   /// Errors for keys nobody asked for.
@@ -95,7 +107,8 @@ class Section {
     return os.str();
   }
   static std::string range_text(std::int64_t lo, std::int64_t hi) {
-    return hi == INT64_MAX ? ">= " + std::to_string(lo) : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    return hi == INT64_MAX ? ">= " + std::to_string(lo)
+                           : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
   }
   const json& j_;
   std::string file_, path_;
@@ -128,10 +141,12 @@ Status apply_override(YAML::Node root, const std::string& ov, const std::string&
       try {
         idx = std::stoul(p);
       } catch (...) {
-        return invalid_argument("--set " + key + ": '" + p + "' is not an index of the sequence at " + parts[i - 1]);
+        return invalid_argument("--set " + key + ": '" + p + "' is not an index of the sequence at " +
+                                parts[i - 1]);
       }
       if (idx >= cur.size())
-        return invalid_argument("--set " + key + ": index " + p + " out of range (size " + std::to_string(cur.size()) + ")");
+        return invalid_argument("--set " + key + ": index " + p + " out of range (size " +
+                                std::to_string(cur.size()) + ")");
       chain.push_back(cur[idx]);
     } else {
       chain.push_back(cur[p]);
@@ -156,7 +171,8 @@ Status apply_override(YAML::Node root, const std::string& ov, const std::string&
 }
 
 Status parse_into(const json& j, const std::string& file, JobConfig& c) {
-  if (!j.is_object()) return invalid_config((file.empty() ? "config" : file) + ": expected a mapping at the top level");
+  if (!j.is_object())
+    return invalid_config((file.empty() ? "config" : file) + ": expected a mapping at the top level");
   Section top(j, file, "");
   top.string("name", c.name);
   if (!std::regex_match(c.name, std::regex("[A-Za-z0-9._-]+")))
@@ -170,8 +186,10 @@ Status parse_into(const json& j, const std::string& file, JobConfig& c) {
     Section s(*d, file, "data");
     s.string("root", c.data.root);
     if (auto* syn = s.get("synth")) {
-      if (!syn->is_object()) s.fail("synth", "expected a mapping of synth options, got " + format_value(*syn));
-      else c.data.synth = *syn;
+      if (!syn->is_object())
+        s.fail("synth", "expected a mapping of synth options, got " + format_value(*syn));
+      else
+        c.data.synth = *syn;
     }
     s.number("val_fraction", c.data.val_fraction, 0.0, 1.0, true);
     s.integer("val_cases", c.data.val_cases, 0);
@@ -180,19 +198,24 @@ Status parse_into(const json& j, const std::string& file, JobConfig& c) {
     SEGFLOW_RETURN_IF_ERROR(s.status());
   }
   const json* stages = top.get("stages");
-  if (!stages) return invalid_config((file.empty() ? "config" : file) + ": stages: expected a list of stages, got nothing");
+  if (!stages)
+    return invalid_config((file.empty() ? "config" : file) +
+                          ": stages: expected a list of stages, got nothing");
   SEGFLOW_ASSIGN_OR_RETURN(c.stages, pipeline::parse_pipeline_spec(*stages, file, "stages"));
 
   const json* model = top.get("model");
   if (!model || !model->is_object() || !model->contains("name") || !(*model)["name"].is_string())
-    return invalid_config((file.empty() ? "config" : file) + ": model.name: expected a model name (unet, plain_unet, sam)");
+    return invalid_config((file.empty() ? "config" : file) +
+                          ": model.name: expected a model name (unet, plain_unet, sam)");
   c.model_name = (*model)["name"].get<std::string>();
   c.model_options = *model;
   c.model_options.erase("name");
   for (const char* key : {"loss", "optimizer", "schedule"}) {
     if (auto* x = top.get(key)) {
-      if (!x->is_object()) return invalid_config(top.where(key) + ": expected a mapping, got " + format_value(*x));
-      json& dst = std::string(key) == "loss" ? c.loss : (std::string(key) == "optimizer" ? c.optimizer : c.schedule);
+      if (!x->is_object())
+        return invalid_config(top.where(key) + ": expected a mapping, got " + format_value(*x));
+      json& dst =
+          std::string(key) == "loss" ? c.loss : (std::string(key) == "optimizer" ? c.optimizer : c.schedule);
       dst = *x;
     }
   }
@@ -212,8 +235,11 @@ Status parse_into(const json& j, const std::string& file, JobConfig& c) {
       if (good)
         for (auto& e : *x)
           good &= e.is_string() && std::regex_match(e.get<std::string>(), std::regex("cpu|cuda(:[0-9]+)?"));
-      if (!good) s.fail("devices", "expected a list of cpu, cuda or cuda:N (one data-parallel rank each), got " + format_value(*x));
-      else tr.devices = x->get<std::vector<std::string>>();
+      if (!good)
+        s.fail("devices", "expected a list of cpu, cuda or cuda:N (one data-parallel rank each), got " +
+                              format_value(*x));
+      else
+        tr.devices = x->get<std::vector<std::string>>();
     }
     s.integer("val_interval", tr.val_interval, 0);
     s.integer("checkpoint_interval", tr.checkpoint_interval, 1);
@@ -252,25 +278,48 @@ Status parse_into(const json& j, const std::string& file, JobConfig& c) {
   c.resolved = {
       {"name", c.name},
       {"seed", c.seed},
-      {"data", {{"root", c.data.root}, {"synth", c.data.synth}, {"val_fraction", c.data.val_fraction},
-                {"val_cases", c.data.val_cases}, {"num_classes", c.data.num_classes}}},
+      {"data",
+       {{"root", c.data.root},
+        {"synth", c.data.synth},
+        {"val_fraction", c.data.val_fraction},
+        {"val_cases", c.data.val_cases},
+        {"num_classes", c.data.num_classes}}},
       {"stages", pipeline::to_json(c.stages)},
-      {"model", [&] { json m = c.model_options; m["name"] = c.model_name; return m; }()},
+      {"model",
+       [&] {
+         json m = c.model_options;
+         m["name"] = c.model_name;
+         return m;
+       }()},
       {"loss", c.loss},
       {"optimizer", c.optimizer},
       {"schedule", c.schedule},
-      {"train", {{"epochs", c.train.epochs}, {"batch_size", c.train.batch_size}, {"accumulate", c.train.accumulate},
-                 {"grad_clip", c.train.grad_clip}, {"amp", c.train.amp}, {"device", c.train.device},
-                 {"devices", c.train.devices},
-                 {"val_interval", c.train.val_interval}, {"checkpoint_interval", c.train.checkpoint_interval},
-                 {"steps_per_epoch", c.train.steps_per_epoch}, {"loader", c.train.loader},
-                 {"decode_workers", c.train.decode_workers}, {"prefetch", c.train.prefetch},
-                 {"cache_rate", c.train.cache_rate}, {"cache_bytes", c.train.cache_bytes},
-                 {"disk_cache", c.train.disk_cache}, {"threads", c.train.threads},
-                 {"cudnn_benchmark", c.train.cudnn_benchmark}, {"channels_last", c.train.channels_last},
-                 {"log_every", c.train.log_every}}},
-      {"validation", {{"roi_size", c.validation.roi_size}, {"overlap", c.validation.overlap},
-                      {"mode", c.validation.mode}, {"sw_batch_size", c.validation.sw_batch_size}}},
+      {"train",
+       {{"epochs", c.train.epochs},
+        {"batch_size", c.train.batch_size},
+        {"accumulate", c.train.accumulate},
+        {"grad_clip", c.train.grad_clip},
+        {"amp", c.train.amp},
+        {"device", c.train.device},
+        {"devices", c.train.devices},
+        {"val_interval", c.train.val_interval},
+        {"checkpoint_interval", c.train.checkpoint_interval},
+        {"steps_per_epoch", c.train.steps_per_epoch},
+        {"loader", c.train.loader},
+        {"decode_workers", c.train.decode_workers},
+        {"prefetch", c.train.prefetch},
+        {"cache_rate", c.train.cache_rate},
+        {"cache_bytes", c.train.cache_bytes},
+        {"disk_cache", c.train.disk_cache},
+        {"threads", c.train.threads},
+        {"cudnn_benchmark", c.train.cudnn_benchmark},
+        {"channels_last", c.train.channels_last},
+        {"log_every", c.train.log_every}}},
+      {"validation",
+       {{"roi_size", c.validation.roi_size},
+        {"overlap", c.validation.overlap},
+        {"mode", c.validation.mode},
+        {"sw_batch_size", c.validation.sw_batch_size}}},
       {"output", {{"runs_dir", c.runs_dir}}},
   };
   return Status::ok();
@@ -287,7 +336,8 @@ Result<JobConfig> parse_job_config(const std::string& text, const std::string& f
     return invalid_config((file.empty() ? "config" : file) + ": line " + std::to_string(e.mark.line + 1) +
                           ": invalid YAML: " + e.msg);
   }
-  if (!root.IsMap()) return invalid_config((file.empty() ? "config" : file) + ": expected a mapping at the top level");
+  if (!root.IsMap())
+    return invalid_config((file.empty() ? "config" : file) + ": expected a mapping at the top level");
   for (const auto& ov : overrides) SEGFLOW_RETURN_IF_ERROR(apply_override(root, ov, file));
   JobConfig c;
   c.file = file;

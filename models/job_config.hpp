@@ -42,29 +42,29 @@ struct DataSettings {
 
 /// How to train.
 struct TrainSettings {
-  std::int64_t epochs = 10;             ///< >= 1
-  std::int64_t batch_size = 2;          ///< samples per micro-batch (after crops), >= 1
-  std::int64_t accumulate = 1;          ///< micro-batches per optimizer step, >= 1
-  double grad_clip = 0.0;               ///< max global grad norm; 0 = off
-  std::string amp = "none";             ///< none | bf16 | fp16 (fp16: CUDA only, dynamic loss scaling)
-  std::string device = "auto";          ///< auto | cpu | cuda | cuda:N
+  std::int64_t epochs = 10;     ///< >= 1
+  std::int64_t batch_size = 2;  ///< samples per micro-batch (after crops), >= 1
+  std::int64_t accumulate = 1;  ///< micro-batches per optimizer step, >= 1
+  double grad_clip = 0.0;       ///< max global grad norm; 0 = off
+  std::string amp = "none";     ///< none | bf16 | fp16 (fp16: CUDA only, dynamic loss scaling)
+  std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
   /// Data parallel in one process: one rank per entry ([cuda:0, cuda:1], or [cpu, cpu] for
   /// CPU ranks); empty or one entry = a single trainer on `device`. `segflow train
   /// --devices/--ranks` override it.
   std::vector<std::string> devices;
-  std::int64_t val_interval = 1;        ///< validate every N epochs (and at the end); 0 = never
-  std::int64_t checkpoint_interval = 1; ///< write last.pt every N epochs (and at the end), >= 1
-  std::int64_t steps_per_epoch = 0;     ///< > 0 caps the batches per epoch
-  std::string loader = "actors";        ///< actors (CAF pipeline) | simple (synchronous baseline)
-  std::int64_t decode_workers = 2;      ///< decode pool size, >= 1
-  std::int64_t prefetch = 2;            ///< batches prepared ahead per trainer, >= 1
-  double cache_rate = 1.0;              ///< fraction of cases cached in memory, [0, 1]
-  std::int64_t cache_bytes = 8LL << 30; ///< memory cache budget in bytes
-  std::string disk_cache;               ///< persistent cache folder ("" = none)
-  std::int64_t threads = 0;             ///< intra-op threads; 0 = LibTorch's default
-  bool cudnn_benchmark = true;          ///< cuDNN autotuner on CUDA
-  bool channels_last = false;           ///< channels-last memory format on CUDA
-  std::int64_t log_every = 10;          ///< metrics.jsonl step records every N steps
+  std::int64_t val_interval = 1;         ///< validate every N epochs (and at the end); 0 = never
+  std::int64_t checkpoint_interval = 1;  ///< write last.pt every N epochs (and at the end), >= 1
+  std::int64_t steps_per_epoch = 0;      ///< > 0 caps the batches per epoch
+  std::string loader = "actors";         ///< actors (CAF pipeline) | simple (synchronous baseline)
+  std::int64_t decode_workers = 2;       ///< decode pool size, >= 1
+  std::int64_t prefetch = 2;             ///< batches prepared ahead per trainer, >= 1
+  double cache_rate = 1.0;               ///< fraction of cases cached in memory, [0, 1]
+  std::int64_t cache_bytes = 8LL << 30;  ///< memory cache budget in bytes
+  std::string disk_cache;                ///< persistent cache folder ("" = none)
+  std::int64_t threads = 0;              ///< intra-op threads; 0 = LibTorch's default
+  bool cudnn_benchmark = true;           ///< cuDNN autotuner on CUDA
+  bool channels_last = false;            ///< channels-last memory format on CUDA
+  std::int64_t log_every = 10;           ///< metrics.jsonl step records every N steps
 };
 
 /// Sliding-window validation and inference.
@@ -77,8 +77,8 @@ struct ValidationSettings {
 
 /// A whole job.
 struct JobConfig {
-  std::string file;              ///< where it came from ("" for inline configs)
-  std::string name = "job";      ///< [A-Za-z0-9._-]+
+  std::string file;          ///< where it came from ("" for inline configs)
+  std::string name = "job";  ///< [A-Za-z0-9._-]+
   std::uint64_t seed = 0;
   DataSettings data;
   pipeline::PipelineSpec stages;
@@ -90,7 +90,7 @@ struct JobConfig {
   TrainSettings train;
   ValidationSettings validation;
   std::string runs_dir = "runs";
-  nlohmann::json resolved;       ///< the whole config as JSON after overrides and defaults
+  nlohmann::json resolved;  ///< the whole config as JSON after overrides and defaults
 };
 
 /// Reads a YAML job config from a file, applying `--set key=value` overrides first

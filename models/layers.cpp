@@ -23,20 +23,28 @@ Result<ActKind> parse_act(const std::string& s) {
 
 const char* to_string(NormKind k) noexcept {
   switch (k) {
-    case NormKind::none: return "none";
-    case NormKind::batch: return "batch";
-    case NormKind::instance: return "instance";
+    case NormKind::none:
+      return "none";
+    case NormKind::batch:
+      return "batch";
+    case NormKind::instance:
+      return "instance";
   }
   return "?";
 }
 
 const char* to_string(ActKind k) noexcept {
   switch (k) {
-    case ActKind::none: return "none";
-    case ActKind::relu: return "relu";
-    case ActKind::prelu: return "prelu";
-    case ActKind::leakyrelu: return "leakyrelu";
-    case ActKind::gelu: return "gelu";
+    case ActKind::none:
+      return "none";
+    case ActKind::relu:
+      return "relu";
+    case ActKind::prelu:
+      return "prelu";
+    case ActKind::leakyrelu:
+      return "leakyrelu";
+    case ActKind::gelu:
+      return "gelu";
   }
   return "?";
 }
@@ -86,9 +94,9 @@ at::Tensor ConvNdImpl::forward(const at::Tensor& x) {
 
 void ConvNdImpl::pretty_print(std::ostream& s) const {
   const auto& o = options;
-  s << "segflow::models::ConvNd(" << o.spatial_dims << "d" << (o.transposed ? ", transposed" : "")
-    << ", " << o.in_channels << ", " << o.out_channels << ", kernel_size=" << o.kernel_size
-    << ", stride=" << o.stride << ", padding=" << (o.padding < 0 ? (o.kernel_size - 1) / 2 : o.padding);
+  s << "segflow::models::ConvNd(" << o.spatial_dims << "d" << (o.transposed ? ", transposed" : "") << ", "
+    << o.in_channels << ", " << o.out_channels << ", kernel_size=" << o.kernel_size << ", stride=" << o.stride
+    << ", padding=" << (o.padding < 0 ? (o.kernel_size - 1) / 2 : o.padding);
   if (o.transposed && o.output_padding) s << ", output_padding=" << o.output_padding;
   if (!o.bias) s << ", bias=false";
   s << ")";
@@ -145,11 +153,16 @@ void ActivationImpl::reset() {
 
 at::Tensor ActivationImpl::forward(const at::Tensor& x) {
   switch (options.kind) {
-    case ActKind::none: return x;
-    case ActKind::relu: return at::relu(x);
-    case ActKind::prelu: return at::prelu(x, weight);
-    case ActKind::leakyrelu: return at::leaky_relu(x, options.negative_slope);
-    case ActKind::gelu: return at::gelu(x);
+    case ActKind::none:
+      return x;
+    case ActKind::relu:
+      return at::relu(x);
+    case ActKind::prelu:
+      return at::prelu(x, weight);
+    case ActKind::leakyrelu:
+      return at::leaky_relu(x, options.negative_slope);
+    case ActKind::gelu:
+      return at::gelu(x);
   }
   return x;
 }

@@ -31,15 +31,15 @@ const char* to_string(ActKind k) noexcept;
 
 /// Options of ConvNd. Weight shape (out, in, k...) or, transposed, (in, out, k...).
 struct ConvOptions {
-  int spatial_dims = 3;         ///< 2 or 3
-  int64_t in_channels = 1;      ///< >= 1
-  int64_t out_channels = 1;     ///< >= 1
-  int64_t kernel_size = 3;      ///< same in every dim, >= 1
-  int64_t stride = 1;           ///< same in every dim, >= 1
-  int64_t padding = -1;         ///< voxels each side; -1 = "same" padding (kernel_size - 1) / 2
-  int64_t output_padding = 0;   ///< transposed only; extra voxels on one side of the output
-  bool transposed = false;      ///< transposed convolution (upsampling by `stride`)
-  bool bias = true;             ///< learn an additive bias per output channel
+  int spatial_dims = 3;        ///< 2 or 3
+  int64_t in_channels = 1;     ///< >= 1
+  int64_t out_channels = 1;    ///< >= 1
+  int64_t kernel_size = 3;     ///< same in every dim, >= 1
+  int64_t stride = 1;          ///< same in every dim, >= 1
+  int64_t padding = -1;        ///< voxels each side; -1 = "same" padding (kernel_size - 1) / 2
+  int64_t output_padding = 0;  ///< transposed only; extra voxels on one side of the output
+  bool transposed = false;     ///< transposed convolution (upsampling by `stride`)
+  bool bias = true;            ///< learn an additive bias per output channel
 };
 
 /// A 2D or 3D (transposed) convolution, initialised like torch.nn.ConvNd
@@ -64,10 +64,10 @@ TORCH_MODULE(ConvNd);
 /// training and evaluation (track_running_stats off, as MONAI and nnU-Net use it).
 struct NormOptions {
   NormKind kind = NormKind::batch;
-  int64_t channels = 1;     ///< C
-  double eps = 1e-5;        ///< added to the variance
-  double momentum = 0.1;    ///< running statistics update (batch norm only)
-  bool affine = true;       ///< learn weight and bias per channel
+  int64_t channels = 1;   ///< C
+  double eps = 1e-5;      ///< added to the variance
+  double momentum = 0.1;  ///< running statistics update (batch norm only)
+  bool affine = true;     ///< learn weight and bias per channel
 };
 
 class NormImpl : public torch::nn::Cloneable<NormImpl> {
@@ -78,7 +78,7 @@ class NormImpl : public torch::nn::Cloneable<NormImpl> {
   void pretty_print(std::ostream& stream) const override;
 
   NormOptions options;
-  at::Tensor weight, bias;                              ///< when affine
+  at::Tensor weight, bias;                                    ///< when affine
   at::Tensor running_mean, running_var, num_batches_tracked;  ///< batch norm only
 };
 TORCH_MODULE(Norm);

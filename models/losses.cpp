@@ -12,8 +12,8 @@ namespace {
 
 // Label map (N, 1, ...) -> one-hot float (N, C, ...).
 at::Tensor one_hot(const at::Tensor& labels, int64_t num_classes, at::ScalarType dtype) {
-  TORCH_CHECK(labels.dim() >= 2 && labels.size(1) == 1, "one-hot: expected a label map (N, 1, *spatial), got shape ",
-              labels.sizes());
+  TORCH_CHECK(labels.dim() >= 2 && labels.size(1) == 1,
+              "one-hot: expected a label map (N, 1, *spatial), got shape ", labels.sizes());
   auto shape = labels.sizes().vec();
   shape[1] = num_classes;
   auto out = torch::zeros(shape, labels.options().dtype(dtype));
@@ -23,22 +23,27 @@ at::Tensor one_hot(const at::Tensor& labels, int64_t num_classes, at::ScalarType
 at::Tensor activate(const at::Tensor& input, LossActivation act) {
   switch (act) {
     case LossActivation::softmax:
-      TORCH_CHECK(input.size(1) >= 2, "dice loss: softmax needs at least 2 channels, got shape ", input.sizes(),
-                  " (use sigmoid for a single channel)");
+      TORCH_CHECK(input.size(1) >= 2, "dice loss: softmax needs at least 2 channels, got shape ",
+                  input.sizes(), " (use sigmoid for a single channel)");
       return torch::softmax(input, 1);
-    case LossActivation::sigmoid: return torch::sigmoid(input);
-    case LossActivation::none: return input;
+    case LossActivation::sigmoid:
+      return torch::sigmoid(input);
+    case LossActivation::none:
+      return input;
   }
   return input;
 }
 
 // Target as float (N, C, ...): one-hot a label map when asked (and C >= 2), else convert.
 at::Tensor prepare_target(const at::Tensor& input, const at::Tensor& target, bool to_onehot_y) {
-  TORCH_CHECK(target.dim() == input.dim(), "loss: target must have the input's number of dims (N, C, *spatial); input ",
-              input.sizes(), ", target ", target.sizes());
+  TORCH_CHECK(target.dim() == input.dim(),
+              "loss: target must have the input's number of dims (N, C, *spatial); input ", input.sizes(),
+              ", target ", target.sizes());
   at::Tensor t = target;
-  if (to_onehot_y && input.size(1) > 1) t = one_hot(target, input.size(1), input.scalar_type());
-  else t = target.to(input.scalar_type());
+  if (to_onehot_y && input.size(1) > 1)
+    t = one_hot(target, input.size(1), input.scalar_type());
+  else
+    t = target.to(input.scalar_type());
   TORCH_CHECK(t.sizes() == input.sizes(), "loss: target shape ", t.sizes(), " does not match input shape ",
               input.sizes(), to_onehot_y ? "" : " (a label map needs to_onehot_y)");
   return t;
@@ -46,9 +51,12 @@ at::Tensor prepare_target(const at::Tensor& input, const at::Tensor& target, boo
 
 at::Tensor reduce(const at::Tensor& f, LossReduction r) {
   switch (r) {
-    case LossReduction::mean: return f.mean();
-    case LossReduction::sum: return f.sum();
-    case LossReduction::none: return f;
+    case LossReduction::mean:
+      return f.mean();
+    case LossReduction::sum:
+      return f.sum();
+    case LossReduction::none:
+      return f;
   }
   return f;
 }
@@ -56,7 +64,8 @@ at::Tensor reduce(const at::Tensor& f, LossReduction r) {
 }  // namespace
 
 Status DiceLossOptions::validate() const {
-  if (!(smooth_nr >= 0)) return invalid_argument("loss: smooth_nr: expected >= 0, got " + std::to_string(smooth_nr));
+  if (!(smooth_nr >= 0))
+    return invalid_argument("loss: smooth_nr: expected >= 0, got " + std::to_string(smooth_nr));
   if (!(smooth_dr > 0))
     return invalid_argument("loss: smooth_dr: expected > 0 (0 gives NaN for empty classes), got " +
                             std::to_string(smooth_dr));
@@ -64,7 +73,8 @@ Status DiceLossOptions::validate() const {
 }
 
 at::Tensor dice_loss(const at::Tensor& input_logits, const at::Tensor& target_in, const DiceLossOptions& o) {
-  TORCH_CHECK(input_logits.dim() >= 3, "dice loss: expected input (N, C, *spatial), got shape ", input_logits.sizes());
+  TORCH_CHECK(input_logits.dim() >= 3, "dice loss: expected input (N, C, *spatial), got shape ",
+              input_logits.sizes());
   auto input = activate(input_logits, o.act);
   auto target = prepare_target(input, target_in, o.to_onehot_y);
   if (!o.include_background && input.size(1) > 1) {
@@ -104,8 +114,8 @@ at::Tensor ce_loss(const at::Tensor& input, const at::Tensor& target, const std:
 }
 
 at::Tensor bce_with_logits_loss(const at::Tensor& input, const at::Tensor& target) {
-  TORCH_CHECK(target.sizes() == input.sizes(), "bce: target shape ", target.sizes(), " does not match input shape ",
-              input.sizes());
+  TORCH_CHECK(target.sizes() == input.sizes(), "bce: target shape ", target.sizes(),
+              " does not match input shape ", input.sizes());
   return F::binary_cross_entropy_with_logits(input, target.to(input.scalar_type()));
 }
 
@@ -113,7 +123,8 @@ at::Tensor focal_loss(const at::Tensor& input, const at::Tensor& target_in, cons
   auto target = prepare_target(input, target_in, o.to_onehot_y);
   at::Tensor loss;
   if (o.use_softmax) {
-    TORCH_CHECK(input.size(1) >= 2, "focal loss: softmax needs at least 2 channels, got shape ", input.sizes());
+    TORCH_CHECK(input.size(1) >= 2, "focal loss: softmax needs at least 2 channels, got shape ",
+                input.sizes());
     auto ls = torch::log_softmax(input, 1);
     loss = -(1 - ls.exp()).pow(o.gamma) * ls * target;
     if (o.alpha) loss = loss * (target * *o.alpha + (1 - target) * (1 - *o.alpha));
@@ -124,14 +135,17 @@ at::Tensor focal_loss(const at::Tensor& input, const at::Tensor& target_in, cons
     loss = (invprobs * o.gamma).exp() * loss;
     if (o.alpha) loss = loss * (target * *o.alpha + (1 - target) * (1 - *o.alpha));
   }
-  if (!o.include_background && input.size(1) > 1) loss = loss.index({torch::indexing::Slice(), torch::indexing::Slice(1)});
+  if (!o.include_background && input.size(1) > 1)
+    loss = loss.index({torch::indexing::Slice(), torch::indexing::Slice(1)});
   return loss.mean();
 }
 
 Status LossOptions::validate() const {
   SEGFLOW_RETURN_IF_ERROR(dice.validate());
-  if (!(lambda_dice >= 0)) return invalid_argument("loss: lambda_dice: expected >= 0, got " + std::to_string(lambda_dice));
-  if (!(lambda_ce >= 0)) return invalid_argument("loss: lambda_ce: expected >= 0, got " + std::to_string(lambda_ce));
+  if (!(lambda_dice >= 0))
+    return invalid_argument("loss: lambda_dice: expected >= 0, got " + std::to_string(lambda_dice));
+  if (!(lambda_ce >= 0))
+    return invalid_argument("loss: lambda_ce: expected >= 0, got " + std::to_string(lambda_ce));
   if (!(lambda_focal >= 0))
     return invalid_argument("loss: lambda_focal: expected >= 0, got " + std::to_string(lambda_focal));
   if (!(gamma >= 0)) return invalid_argument("loss: gamma: expected >= 0, got " + std::to_string(gamma));
@@ -167,7 +181,8 @@ Result<LossFn> make_loss(const LossOptions& o) {
       });
     case LossKind::dice_bce:
       return LossFn([dice, ld, lc](const at::Tensor& x, const at::Tensor& t) {
-        return ld * dice_loss(x, t, dice) + lc * bce_with_logits_loss(x, prepare_target(x, t, dice.to_onehot_y));
+        return ld * dice_loss(x, t, dice) +
+               lc * bce_with_logits_loss(x, prepare_target(x, t, dice.to_onehot_y));
       });
     case LossKind::focal:
       return LossFn([focal](const at::Tensor& x, const at::Tensor& t) { return focal_loss(x, t, focal); });
@@ -179,13 +194,15 @@ Result<LossFn> make_loss(const LossOptions& o) {
   return invalid_argument("loss: unknown kind");
 }
 
-std::vector<std::string> loss_names() { return {"dice", "ce", "bce", "dice_ce", "dice_bce", "focal", "dice_focal"}; }
+std::vector<std::string> loss_names() {
+  return {"dice", "ce", "bce", "dice_ce", "dice_bce", "focal", "dice_focal"};
+}
 
 Result<LossOptions> parse_loss_options(const nlohmann::json& j) {
   detail::OptionReader r(j, "loss",
-                         {"name", "softmax", "sigmoid", "include_background", "to_onehot_y", "squared_pred", "jaccard",
-                          "smooth_nr", "smooth_dr", "batch", "ce_weight", "lambda_dice", "lambda_ce", "lambda_focal",
-                          "gamma", "alpha", "focal_softmax"});
+                         {"name", "softmax", "sigmoid", "include_background", "to_onehot_y", "squared_pred",
+                          "jaccard", "smooth_nr", "smooth_dr", "batch", "ce_weight", "lambda_dice",
+                          "lambda_ce", "lambda_focal", "gamma", "alpha", "focal_softmax"});
   SEGFLOW_RETURN_IF_ERROR(r.check_keys());
   LossOptions o;
   std::string name = "dice_ce";
@@ -207,7 +224,8 @@ Result<LossOptions> parse_loss_options(const nlohmann::json& j) {
   SEGFLOW_RETURN_IF_ERROR(r.get("sigmoid", sigmoid));
   if (r.has("sigmoid") && sigmoid && !r.has("softmax")) softmax = false;
   if (r.has("softmax") && softmax && !r.has("sigmoid")) sigmoid = false;
-  if (softmax && sigmoid) return invalid_argument("loss: softmax and sigmoid: expected at most one true, got both");
+  if (softmax && sigmoid)
+    return invalid_argument("loss: softmax and sigmoid: expected at most one true, got both");
   o.dice.act = softmax ? LossActivation::softmax : sigmoid ? LossActivation::sigmoid : LossActivation::none;
   SEGFLOW_RETURN_IF_ERROR(r.get("include_background", o.dice.include_background));
   SEGFLOW_RETURN_IF_ERROR(r.get("to_onehot_y", o.dice.to_onehot_y));
@@ -229,7 +247,8 @@ Result<LossOptions> parse_loss_options(const nlohmann::json& j) {
 
 // ---------------------------------------------------------------------- DeepSupervisionLoss
 
-DeepSupervisionLoss::DeepSupervisionLoss(LossFn loss, bool zero_lowest) : loss_(std::move(loss)), zero_lowest_(zero_lowest) {}
+DeepSupervisionLoss::DeepSupervisionLoss(LossFn loss, bool zero_lowest)
+    : loss_(std::move(loss)), zero_lowest_(zero_lowest) {}
 
 std::vector<double> DeepSupervisionLoss::weights(size_t n, bool zero_lowest) {
   std::vector<double> w(n);
@@ -247,15 +266,23 @@ at::Tensor DeepSupervisionLoss::downsample_target(const at::Tensor& target, at::
   // ATen's nearest-exact kernels directly: F::interpolate warns about align_corners for it.
   auto t = target.to(torch::kFloat);
   switch (spatial.size()) {
-    case 1: t = at::_upsample_nearest_exact1d(t, spatial); break;
-    case 2: t = at::_upsample_nearest_exact2d(t, spatial); break;
-    case 3: t = at::_upsample_nearest_exact3d(t, spatial); break;
-    default: TORCH_CHECK(false, "deep supervision: expected 1 to 3 spatial dims, got ", spatial.size());
+    case 1:
+      t = at::_upsample_nearest_exact1d(t, spatial);
+      break;
+    case 2:
+      t = at::_upsample_nearest_exact2d(t, spatial);
+      break;
+    case 3:
+      t = at::_upsample_nearest_exact3d(t, spatial);
+      break;
+    default:
+      TORCH_CHECK(false, "deep supervision: expected 1 to 3 spatial dims, got ", spatial.size());
   }
   return t.to(target.scalar_type());
 }
 
-at::Tensor DeepSupervisionLoss::operator()(const std::vector<at::Tensor>& outputs, const at::Tensor& target) const {
+at::Tensor DeepSupervisionLoss::operator()(const std::vector<at::Tensor>& outputs,
+                                           const at::Tensor& target) const {
   TORCH_CHECK(!outputs.empty(), "deep supervision loss: no outputs");
   const auto w = weights(outputs.size(), zero_lowest_);
   at::Tensor total;

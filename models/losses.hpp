@@ -33,13 +33,13 @@ enum class LossReduction { mean, sum, none };
 /// sigmoid / softmax).
 struct DiceLossOptions {
   LossActivation act = LossActivation::softmax;  ///< softmax needs C >= 2 (else an error)
-  bool include_background = true;  ///< keep channel 0 (dropped only when C >= 2)
-  bool to_onehot_y = true;         ///< target is a label map (N, 1, ...): one-hot to C channels (C >= 2)
-  bool squared_pred = false;       ///< squares in the denominator (V-Net)
-  bool jaccard = false;            ///< Jaccard (IoU) form instead of Dice
-  double smooth_nr = 1e-5;         ///< added to the numerator, >= 0
-  double smooth_dr = 1e-5;         ///< added to the denominator, > 0
-  bool batch = false;              ///< sum over the batch before the ratio (one score per class)
+  bool include_background = true;                ///< keep channel 0 (dropped only when C >= 2)
+  bool to_onehot_y = true;    ///< target is a label map (N, 1, ...): one-hot to C channels (C >= 2)
+  bool squared_pred = false;  ///< squares in the denominator (V-Net)
+  bool jaccard = false;       ///< Jaccard (IoU) form instead of Dice
+  double smooth_nr = 1e-5;    ///< added to the numerator, >= 0
+  double smooth_dr = 1e-5;    ///< added to the denominator, > 0
+  bool batch = false;         ///< sum over the batch before the ratio (one score per class)
   LossReduction reduction = LossReduction::mean;  ///< none: (N, C') or, with batch, (C')
 
   Status validate() const;
@@ -52,7 +52,7 @@ at::Tensor dice_loss(const at::Tensor& input, const at::Tensor& target, const Di
 /// targets (N, C, ...); class_weights (C) weight each voxel by its true class and the mean
 /// divides by the summed weights (torch.nn.CrossEntropyLoss). Mean over voxels.
 at::Tensor ce_loss(const at::Tensor& input, const at::Tensor& target,
-                              const std::vector<double>& class_weights = {});
+                   const std::vector<double>& class_weights = {});
 
 /// Mean binary cross entropy with logits; target is converted to the input's dtype.
 at::Tensor bce_with_logits_loss(const at::Tensor& input, const at::Tensor& target);
@@ -61,13 +61,14 @@ at::Tensor bce_with_logits_loss(const at::Tensor& input, const at::Tensor& targe
 /// -(1 - p)^gamma t log p; optional alpha balances positives (alpha) against negatives.
 /// Target float like the input (or a label map with to_onehot_y). Mean over all elements.
 struct FocalLossOptions {
-  double gamma = 2.0;                ///< focusing exponent, >= 0
-  std::optional<double> alpha;       ///< in [0, 1]; none = no balancing
-  bool use_softmax = false;          ///< softmax focal loss instead of sigmoid
+  double gamma = 2.0;           ///< focusing exponent, >= 0
+  std::optional<double> alpha;  ///< in [0, 1]; none = no balancing
+  bool use_softmax = false;     ///< softmax focal loss instead of sigmoid
   bool include_background = true;
   bool to_onehot_y = false;
 };
-at::Tensor focal_loss(const at::Tensor& input, const at::Tensor& target, const FocalLossOptions& options = {});
+at::Tensor focal_loss(const at::Tensor& input, const at::Tensor& target,
+                      const FocalLossOptions& options = {});
 
 /// The losses make_loss can build.
 enum class LossKind { dice, ce, bce, dice_ce, dice_bce, focal, dice_focal };
@@ -75,14 +76,14 @@ enum class LossKind { dice, ce, bce, dice_ce, dice_bce, focal, dice_focal };
 /// One loss by name with every knob (parsed from a job config by parse_loss_options).
 struct LossOptions {
   LossKind kind = LossKind::dice_ce;
-  DiceLossOptions dice;               ///< Dice term (and activation / one-hot of the focal term)
-  std::vector<double> ce_weight;      ///< class weights of the cross entropy term (empty: none)
-  double lambda_dice = 1.0;           ///< weight of the Dice term, >= 0
-  double lambda_ce = 1.0;             ///< weight of the CE / BCE term, >= 0
-  double lambda_focal = 1.0;          ///< weight of the focal term, >= 0
-  double gamma = 2.0;                 ///< focal exponent
-  std::optional<double> alpha;        ///< focal alpha
-  bool focal_softmax = false;         ///< softmax focal term (MONAI FocalLoss use_softmax)
+  DiceLossOptions dice;           ///< Dice term (and activation / one-hot of the focal term)
+  std::vector<double> ce_weight;  ///< class weights of the cross entropy term (empty: none)
+  double lambda_dice = 1.0;       ///< weight of the Dice term, >= 0
+  double lambda_ce = 1.0;         ///< weight of the CE / BCE term, >= 0
+  double lambda_focal = 1.0;      ///< weight of the focal term, >= 0
+  double gamma = 2.0;             ///< focal exponent
+  std::optional<double> alpha;    ///< focal alpha
+  bool focal_softmax = false;     ///< softmax focal term (MONAI FocalLoss use_softmax)
 
   Status validate() const;
 };
@@ -99,8 +100,8 @@ Result<LossFn> make_loss(const LossOptions& options);
 /// Parses {"name": "dice_ce", "softmax": true, "to_onehot_y": true, "include_background":
 /// false, "squared_pred": false, "jaccard": false, "smooth_nr": 1e-5, "smooth_dr": 1e-5,
 /// "batch": false, "sigmoid": false, "ce_weight": [..], "lambda_dice": 1, "lambda_ce": 1,
-/// "lambda_focal": 1, "gamma": 2, "alpha": null, "focal_softmax": false}. Unknown keys and bad values are errors.
-/// "softmax"/"sigmoid" pick act (at most one true; neither = none; default softmax).
+/// "lambda_focal": 1, "gamma": 2, "alpha": null, "focal_softmax": false}. Unknown keys and bad values are
+/// errors. "softmax"/"sigmoid" pick act (at most one true; neither = none; default softmax).
 Result<LossOptions> parse_loss_options(const nlohmann::json& j);
 /// Names accepted by parse_loss_options' "name".
 std::vector<std::string> loss_names();

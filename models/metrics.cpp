@@ -19,7 +19,8 @@ at::Tensor dice_per_case(const at::Tensor& pred_in, const at::Tensor& target_in,
   auto target = as_label_map(target_in).to(torch::kLong);
   TORCH_CHECK(pred.sizes() == target.sizes(), "dice metric: prediction shape ", pred_in.sizes(),
               " does not match target shape ", target_in.sizes());
-  TORCH_CHECK(pred.dim() >= 2, "dice metric: expected label maps (N, [1,] *spatial), got shape ", pred_in.sizes());
+  TORCH_CHECK(pred.dim() >= 2, "dice metric: expected label maps (N, [1,] *spatial), got shape ",
+              pred_in.sizes());
   const int64_t first = o.include_background ? 0 : 1;
   const int64_t K = o.num_classes - first;
   const int64_t N = pred.size(0);
@@ -82,7 +83,8 @@ void DiceMetric::merge(const DiceMetric& other) {
 }
 
 std::vector<double> DiceMetric::per_class() const {
-  const size_t K = static_cast<size_t>(std::max<int64_t>(options_.num_classes - (options_.include_background ? 0 : 1), 0));
+  const size_t K =
+      static_cast<size_t>(std::max<int64_t>(options_.num_classes - (options_.include_background ? 0 : 1), 0));
   std::vector<double> sum(K, 0.0), count(K, 0.0);
   for (const auto& row : cases_) {
     for (size_t k = 0; k < K && k < row.size(); ++k) {

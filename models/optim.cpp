@@ -33,8 +33,10 @@ Result<std::unique_ptr<torch::optim::Optimizer>> make_optimizer(const OptimizerO
   if (params.empty()) return invalid_argument("optimizer: no parameter requires grad");
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (o.name == "sgd") {
-    opt = std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).nesterov(o.nesterov).weight_decay(o.weight_decay));
+    opt = std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(o.lr)
+                                                          .momentum(o.momentum)
+                                                          .nesterov(o.nesterov)
+                                                          .weight_decay(o.weight_decay));
   } else if (o.name == "adam") {
     opt = std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(o.lr)
                                                            .betas({o.betas[0], o.betas[1]})
@@ -50,7 +52,8 @@ Result<std::unique_ptr<torch::optim::Optimizer>> make_optimizer(const OptimizerO
 }
 
 Result<OptimizerOptions> parse_optimizer_options(const nlohmann::json& j) {
-  detail::OptionReader r(j, "optimizer", {"name", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps"});
+  detail::OptionReader r(j, "optimizer",
+                         {"name", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps"});
   SEGFLOW_RETURN_IF_ERROR(r.check_keys());
   OptimizerOptions o;
   SEGFLOW_RETURN_IF_ERROR(r.get("name", o.name));
@@ -70,10 +73,12 @@ Result<OptimizerOptions> parse_optimizer_options(const nlohmann::json& j) {
 }
 
 Status ScheduleOptions::validate() const {
-  if (warmup_steps < 0) return invalid_argument("schedule: warmup_steps: expected >= 0, got " + std::to_string(warmup_steps));
+  if (warmup_steps < 0)
+    return invalid_argument("schedule: warmup_steps: expected >= 0, got " + std::to_string(warmup_steps));
   if (!(poly_exponent > 0))
     return invalid_argument("schedule: poly_exponent: expected > 0, got " + std::to_string(poly_exponent));
-  if (!(min_lr >= 0)) return invalid_argument("schedule: min_lr: expected >= 0, got " + std::to_string(min_lr));
+  if (!(min_lr >= 0))
+    return invalid_argument("schedule: min_lr: expected >= 0, got " + std::to_string(min_lr));
   return Status::ok();
 }
 
@@ -83,10 +88,14 @@ Result<ScheduleOptions> parse_schedule_options(const nlohmann::json& j) {
   ScheduleOptions o;
   std::string name = "poly";
   SEGFLOW_RETURN_IF_ERROR(r.get("name", name));
-  if (name == "constant") o.kind = ScheduleKind::constant;
-  else if (name == "poly") o.kind = ScheduleKind::poly;
-  else if (name == "cosine") o.kind = ScheduleKind::cosine;
-  else return invalid_argument("schedule: name: expected one of constant, poly, cosine, got '" + name + "'");
+  if (name == "constant")
+    o.kind = ScheduleKind::constant;
+  else if (name == "poly")
+    o.kind = ScheduleKind::poly;
+  else if (name == "cosine")
+    o.kind = ScheduleKind::cosine;
+  else
+    return invalid_argument("schedule: name: expected one of constant, poly, cosine, got '" + name + "'");
   SEGFLOW_RETURN_IF_ERROR(r.get("warmup_steps", o.warmup_steps));
   SEGFLOW_RETURN_IF_ERROR(r.get("poly_exponent", o.poly_exponent));
   SEGFLOW_RETURN_IF_ERROR(r.get("min_lr", o.min_lr));
@@ -99,10 +108,12 @@ LrSchedule::LrSchedule(ScheduleOptions options, double base_lr) : options_(optio
 double LrSchedule::lr_at(int64_t step, int64_t total_steps) const {
   const auto& o = options_;
   if (step < 0) step = 0;
-  if (step < o.warmup_steps) return base_lr_ * static_cast<double>(step + 1) / static_cast<double>(o.warmup_steps);
+  if (step < o.warmup_steps)
+    return base_lr_ * static_cast<double>(step + 1) / static_cast<double>(o.warmup_steps);
   if (o.kind == ScheduleKind::constant) return base_lr_;
   const int64_t span = std::max<int64_t>(total_steps - o.warmup_steps, 1);
-  const double p = std::clamp(static_cast<double>(step - o.warmup_steps) / static_cast<double>(span), 0.0, 1.0);
+  const double p =
+      std::clamp(static_cast<double>(step - o.warmup_steps) / static_cast<double>(span), 0.0, 1.0);
   const double lo = std::min(o.min_lr, base_lr_);
   if (o.kind == ScheduleKind::poly) return lo + (base_lr_ - lo) * std::pow(1.0 - p, o.poly_exponent);
   return lo + (base_lr_ - lo) * 0.5 * (1.0 + std::cos(M_PI * p));

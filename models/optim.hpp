@@ -4,8 +4,8 @@
 // clipping by global norm.
 
 #include <ATen/core/Tensor.h>
-#include <nlohmann/json_fwd.hpp>
 #include <torch/optim/optimizer.h>
+#include <nlohmann/json_fwd.hpp>
 
 #include <array>
 #include <cstdint>
@@ -18,13 +18,13 @@
 namespace segflow::models {
 
 struct OptimizerOptions {
-  std::string name = "adamw";          ///< sgd | adam | adamw
-  double lr = 1e-3;                    ///< base learning rate, > 0
-  double momentum = 0.9;               ///< sgd only, in [0, 1) (nnU-Net uses 0.99)
-  bool nesterov = false;               ///< sgd only; needs momentum > 0
-  double weight_decay = 0.0;           ///< >= 0; L2 for sgd/adam, decoupled for adamw
+  std::string name = "adamw";                  ///< sgd | adam | adamw
+  double lr = 1e-3;                            ///< base learning rate, > 0
+  double momentum = 0.9;                       ///< sgd only, in [0, 1) (nnU-Net uses 0.99)
+  bool nesterov = false;                       ///< sgd only; needs momentum > 0
+  double weight_decay = 0.0;                   ///< >= 0; L2 for sgd/adam, decoupled for adamw
   std::array<double, 2> betas = {0.9, 0.999};  ///< adam/adamw, each in [0, 1)
-  double eps = 1e-8;                   ///< adam/adamw, > 0
+  double eps = 1e-8;                           ///< adam/adamw, > 0
 
   Status validate() const;
 };
@@ -42,9 +42,9 @@ enum class ScheduleKind { constant, poly, cosine };
 
 struct ScheduleOptions {
   ScheduleKind kind = ScheduleKind::poly;
-  int64_t warmup_steps = 0;       ///< linear warmup: lr = base (step + 1) / warmup_steps
-  double poly_exponent = 0.9;     ///< poly: base (1 - progress)^exponent (nnU-Net)
-  double min_lr = 0.0;            ///< floor reached at the end of poly and cosine, >= 0
+  int64_t warmup_steps = 0;    ///< linear warmup: lr = base (step + 1) / warmup_steps
+  double poly_exponent = 0.9;  ///< poly: base (1 - progress)^exponent (nnU-Net)
+  double min_lr = 0.0;         ///< floor reached at the end of poly and cosine, >= 0
 
   Status validate() const;
 };

@@ -29,8 +29,8 @@ Status read_norm(const detail::OptionReader& r, NormKind& out) {
 
 Result<ModelHandle> make_unet(const nlohmann::json& j) {
   detail::OptionReader r(j, "unet",
-                         with_common({"channels", "strides", "kernel_size", "up_kernel_size", "num_res_units", "norm",
-                                      "act", "dropout", "bias"}));
+                         with_common({"channels", "strides", "kernel_size", "up_kernel_size", "num_res_units",
+                                      "norm", "act", "dropout", "bias"}));
   SEGFLOW_RETURN_IF_ERROR(r.check_keys());
   UNetOptions o;
   SEGFLOW_RETURN_IF_ERROR(r.get("spatial_dims", o.spatial_dims));
@@ -60,8 +60,8 @@ Result<ModelHandle> make_unet(const nlohmann::json& j) {
 Result<ModelHandle> make_plain_unet(const nlohmann::json& j) {
   detail::OptionReader r(j, "plain_unet",
                          with_common({"n_stages", "base_features", "max_features", "n_conv_per_stage",
-                                      "n_conv_per_stage_decoder", "kernel_size", "strides", "deep_supervision",
-                                      "conv_bias", "negative_slope", "norm"}));
+                                      "n_conv_per_stage_decoder", "kernel_size", "strides",
+                                      "deep_supervision", "conv_bias", "negative_slope", "norm"}));
   SEGFLOW_RETURN_IF_ERROR(r.check_keys());
   PlainConvUNetOptions o;
   SEGFLOW_RETURN_IF_ERROR(r.get("spatial_dims", o.spatial_dims));
@@ -79,8 +79,8 @@ Result<ModelHandle> make_plain_unet(const nlohmann::json& j) {
   SEGFLOW_RETURN_IF_ERROR(r.get("negative_slope", o.negative_slope));
   SEGFLOW_RETURN_IF_ERROR(read_norm(r, o.norm));
   SEGFLOW_RETURN_IF_ERROR(o.validate());
-  ModelInfo info{"plain_unet", o.spatial_dims, o.in_channels, o.num_classes, false, o.deep_supervision,
-                 o.size_divisor(), 0};
+  ModelInfo info{"plain_unet", o.spatial_dims,     o.in_channels,    o.num_classes,
+                 false,        o.deep_supervision, o.size_divisor(), 0};
   auto m = PlainConvUNet(o).ptr();
   return ModelHandle(info, m, [](torch::nn::Module& mod, const at::Tensor& x, const at::Tensor&) {
     return static_cast<PlainConvUNetImpl&>(mod).forward(x);
@@ -88,12 +88,12 @@ Result<ModelHandle> make_plain_unet(const nlohmann::json& j) {
 }
 
 Result<ModelHandle> make_sam(const nlohmann::json& j) {
-  detail::OptionReader r(j, "sam",
-                         with_common({"preset", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio",
-                                      "out_chans", "use_rel_pos", "window_size", "global_attn_indexes",
-                                      "decoder_depth", "decoder_heads", "decoder_mlp_dim", "num_multimask_outputs",
-                                      "iou_head", "freeze_image_encoder", "freeze_prompt_encoder",
-                                      "freeze_mask_decoder"}));
+  detail::OptionReader r(
+      j, "sam",
+      with_common({"preset", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio",
+                   "out_chans", "use_rel_pos", "window_size", "global_attn_indexes", "decoder_depth",
+                   "decoder_heads", "decoder_mlp_dim", "num_multimask_outputs", "iou_head",
+                   "freeze_image_encoder", "freeze_prompt_encoder", "freeze_mask_decoder"}));
   SEGFLOW_RETURN_IF_ERROR(r.check_keys());
   std::string preset = "tiny";
   SEGFLOW_RETURN_IF_ERROR(r.get("preset", preset));
@@ -144,7 +144,9 @@ std::vector<at::Tensor> ModelHandle::forward(const at::Tensor& image, const at::
   return forward_(*module_, image, box);
 }
 
-at::Tensor ModelHandle::predict(const at::Tensor& image, const at::Tensor& box) const { return forward(image, box).front(); }
+at::Tensor ModelHandle::predict(const at::Tensor& image, const at::Tensor& box) const {
+  return forward(image, box).front();
+}
 
 ModelHandle ModelHandle::clone(const std::optional<c10::Device>& device) const {
   return ModelHandle(info_, module_->clone(device), forward_);
@@ -164,10 +166,14 @@ Result<ModelHandle> create_model(const std::string& name, const nlohmann::json& 
     return invalid_argument("model options: expected an object, got " + options.dump());
   Result<ModelHandle> made = invalid_argument("");
   try {
-    if (name == "unet") made = make_unet(options);
-    else if (name == "plain_unet") made = make_plain_unet(options);
-    else if (name == "sam") made = make_sam(options);
-    else return invalid_argument("model: unknown name '" + name + "'; known models: unet, plain_unet, sam");
+    if (name == "unet")
+      made = make_unet(options);
+    else if (name == "plain_unet")
+      made = make_plain_unet(options);
+    else if (name == "sam")
+      made = make_sam(options);
+    else
+      return invalid_argument("model: unknown name '" + name + "'; known models: unet, plain_unet, sam");
   } catch (const std::exception& e) {
     return invalid_argument(name + ": " + e.what());
   }

@@ -38,21 +38,22 @@ namespace segflow::models {
 
 /// What a caller needs to know to feed a model and read its outputs.
 struct ModelInfo {
-  std::string name;              ///< "unet", "plain_unet", "sam"
-  int spatial_dims = 3;          ///< 2 or 3
+  std::string name;      ///< "unet", "plain_unet", "sam"
+  int spatial_dims = 3;  ///< 2 or 3
   int64_t in_channels = 1;
-  int64_t out_channels = 2;      ///< logit channels (1 for sam: sigmoid)
-  bool needs_box = false;        ///< forward needs a (B, 4) box tensor (sam)
-  bool deep_supervision = false; ///< forward returns several resolutions
-  int64_t size_divisor = 1;      ///< every spatial input size must be a multiple of this
-  int64_t fixed_size = 0;        ///< > 0: inputs must be exactly this size per axis (sam)
+  int64_t out_channels = 2;       ///< logit channels (1 for sam: sigmoid)
+  bool needs_box = false;         ///< forward needs a (B, 4) box tensor (sam)
+  bool deep_supervision = false;  ///< forward returns several resolutions
+  int64_t size_divisor = 1;       ///< every spatial input size must be a multiple of this
+  int64_t fixed_size = 0;         ///< > 0: inputs must be exactly this size per axis (sam)
 };
 
 /// A network with a uniform forward. Copies share the module; clone() makes an independent
 /// copy (per device). Not thread-safe: one handle per trainer thread.
 class ModelHandle {
  public:
-  using ForwardFn = std::function<std::vector<at::Tensor>(torch::nn::Module&, const at::Tensor&, const at::Tensor&)>;
+  using ForwardFn =
+      std::function<std::vector<at::Tensor>(torch::nn::Module&, const at::Tensor&, const at::Tensor&)>;
   ModelHandle(ModelInfo info, std::shared_ptr<torch::nn::Module> module, ForwardFn forward);
 
   /// image (N, C, *spatial), box (N, 4) for needs_box models (ignored otherwise) -> logits,

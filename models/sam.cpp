@@ -22,7 +22,8 @@ Result<SamOptions> SamOptions::preset(const std::string& name) {
     e.img_size = 256, e.patch_size = 16, e.embed_dim = 256, e.depth = 4, e.num_heads = 4, e.out_chans = 128;
     d.depth = 2, d.num_heads = 4, d.mlp_dim = 512, d.iou_head_hidden_dim = 128;
   } else if (name == "vit_b") {
-    e.img_size = 1024, e.patch_size = 16, e.embed_dim = 768, e.depth = 12, e.num_heads = 12, e.out_chans = 256;
+    e.img_size = 1024, e.patch_size = 16, e.embed_dim = 768, e.depth = 12, e.num_heads = 12,
+    e.out_chans = 256;
     e.use_rel_pos = true, e.window_size = 14, e.global_attn_indexes = {2, 5, 8, 11};
     d.depth = 2, d.num_heads = 8, d.mlp_dim = 2048, d.iou_head_hidden_dim = 256;
   } else {
@@ -53,10 +54,12 @@ Status SamOptions::validate() const {
   if (e.in_chans < 1) return bad("in_channels", ">= 1", to_string(e.in_chans));
   if (e.num_heads < 1) return bad("num_heads", ">= 1", to_string(e.num_heads));
   if (e.embed_dim < 1 || e.embed_dim % e.num_heads != 0)
-    return bad("embed_dim", "a positive multiple of num_heads " + to_string(e.num_heads), to_string(e.embed_dim));
+    return bad("embed_dim", "a positive multiple of num_heads " + to_string(e.num_heads),
+               to_string(e.embed_dim));
   if (e.depth < 1) return bad("depth", ">= 1", to_string(e.depth));
   if (!(e.mlp_ratio > 0)) return bad("mlp_ratio", "> 0", to_string(e.mlp_ratio));
-  if (e.out_chans < 8 || e.out_chans % 8 != 0) return bad("out_chans", "a positive multiple of 8", to_string(e.out_chans));
+  if (e.out_chans < 8 || e.out_chans % 8 != 0)
+    return bad("out_chans", "a positive multiple of 8", to_string(e.out_chans));
   if (e.window_size < 0) return bad("window_size", ">= 0", to_string(e.window_size));
   for (auto i : e.global_attn_indexes)
     if (i < 0 || i >= e.depth) return bad("global_attn_indexes", "block indexes in [0, depth)", to_string(i));
@@ -67,7 +70,8 @@ Status SamOptions::validate() const {
       (d.transformer_dim / d.attention_downsample_rate) % d.num_heads != 0)
     return bad("decoder_heads", "a divisor of out_chans / attention_downsample_rate", to_string(d.num_heads));
   if (d.mlp_dim < 1) return bad("decoder_mlp_dim", ">= 1", to_string(d.mlp_dim));
-  if (d.num_multimask_outputs < 0) return bad("num_multimask_outputs", ">= 0", to_string(d.num_multimask_outputs));
+  if (d.num_multimask_outputs < 0)
+    return bad("num_multimask_outputs", ">= 0", to_string(d.num_multimask_outputs));
   if (d.iou_head && (d.iou_head_depth < 1 || d.iou_head_hidden_dim < 1))
     return bad("iou_head_depth", ">= 1 with hidden dim >= 1", to_string(d.iou_head_depth));
   if (prompt_encoder.mask_in_chans < 4 || prompt_encoder.mask_in_chans % 4 != 0)
@@ -80,7 +84,9 @@ Status SamOptions::validate() const {
 
 // -------------------------------------------------------------------------------- MlpBlock
 
-MlpBlockImpl::MlpBlockImpl(int64_t e, int64_t m, ActKind a) : embedding_dim(e), mlp_dim(m), act(a) { reset(); }
+MlpBlockImpl::MlpBlockImpl(int64_t e, int64_t m, ActKind a) : embedding_dim(e), mlp_dim(m), act(a) {
+  reset();
+}
 
 void MlpBlockImpl::reset() {
   lin1 = register_module("lin1", torch::nn::Linear(embedding_dim, mlp_dim));
@@ -165,11 +171,14 @@ std::pair<at::Tensor, std::pair<int64_t, int64_t>> window_partition(const at::Te
   return {t, {Hp, Wp}};
 }
 
-at::Tensor window_unpartition(const at::Tensor& windows, int64_t ws, std::pair<int64_t, int64_t> pad_hw, int64_t H,
-                              int64_t W) {
+at::Tensor window_unpartition(const at::Tensor& windows, int64_t ws, std::pair<int64_t, int64_t> pad_hw,
+                              int64_t H, int64_t W) {
   const auto [Hp, Wp] = pad_hw;
   const int64_t B = windows.size(0) / (Hp * Wp / ws / ws);
-  auto x = windows.view({B, Hp / ws, Wp / ws, ws, ws, -1}).permute({0, 1, 3, 2, 4, 5}).contiguous().view({B, Hp, Wp, -1});
+  auto x = windows.view({B, Hp / ws, Wp / ws, ws, ws, -1})
+               .permute({0, 1, 3, 2, 4, 5})
+               .contiguous()
+               .view({B, Hp, Wp, -1});
   if (Hp > H || Wp > W) {
     using torch::indexing::Slice;
     x = x.index({Slice(), Slice(0, H), Slice(0, W), Slice()}).contiguous();
@@ -179,16 +188,21 @@ at::Tensor window_unpartition(const at::Tensor& windows, int64_t ws, std::pair<i
 
 }  // namespace
 
-VitBlockImpl::VitBlockImpl(const ImageEncoderOptions& o, int64_t ws) : options(o), window_size(ws) { reset(); }
+VitBlockImpl::VitBlockImpl(const ImageEncoderOptions& o, int64_t ws) : options(o), window_size(ws) {
+  reset();
+}
 
 void VitBlockImpl::reset() {
   const auto& o = options;
   const int64_t grid = o.img_size / o.patch_size;
-  norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed_dim}).eps(1e-6)));
+  norm1 =
+      register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed_dim}).eps(1e-6)));
   attn = register_module("attn", VitAttention(o.embed_dim, o.num_heads, o.qkv_bias, o.use_rel_pos,
                                               window_size > 0 ? window_size : grid));
-  norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed_dim}).eps(1e-6)));
-  mlp = register_module("mlp", MlpBlock(o.embed_dim, static_cast<int64_t>(o.embed_dim * o.mlp_ratio), ActKind::gelu));
+  norm2 =
+      register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed_dim}).eps(1e-6)));
+  mlp = register_module(
+      "mlp", MlpBlock(o.embed_dim, static_cast<int64_t>(o.embed_dim * o.mlp_ratio), ActKind::gelu));
 }
 
 at::Tensor VitBlockImpl::forward(const at::Tensor& x) {
@@ -206,7 +220,9 @@ at::Tensor VitBlockImpl::forward(const at::Tensor& x) {
 
 // ------------------------------------------------------------------------------ PatchEmbed
 
-PatchEmbedImpl::PatchEmbedImpl(int64_t p, int64_t c, int64_t e) : patch_size(p), in_chans(c), embed_dim(e) { reset(); }
+PatchEmbedImpl::PatchEmbedImpl(int64_t p, int64_t c, int64_t e) : patch_size(p), in_chans(c), embed_dim(e) {
+  reset();
+}
 
 void PatchEmbedImpl::reset() {
   proj = register_module("proj", ConvNd(ConvOptions{2, in_chans, embed_dim, patch_size, patch_size, 0}));
@@ -222,18 +238,20 @@ void ImageEncoderViTImpl::reset() {
   const auto& o = options;
   const int64_t grid = o.img_size / o.patch_size;
   patch_embed = register_module("patch_embed", PatchEmbed(o.patch_size, o.in_chans, o.embed_dim));
-  pos_embed = o.use_abs_pos ? register_parameter("pos_embed", torch::zeros({1, grid, grid, o.embed_dim})) : at::Tensor();
+  pos_embed = o.use_abs_pos ? register_parameter("pos_embed", torch::zeros({1, grid, grid, o.embed_dim}))
+                            : at::Tensor();
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.depth; ++i) {
     bool global = false;
     for (auto g : o.global_attn_indexes) global = global || g == i;
     blocks->push_back(VitBlock(o, global ? 0 : o.window_size));
   }
-  neck = register_module("neck", torch::nn::Sequential(
-                                     ConvNd(ConvOptions{2, o.embed_dim, o.out_chans, 1, 1, 0, 0, false, false}),
-                                     LayerNorm2d(o.out_chans),
-                                     ConvNd(ConvOptions{2, o.out_chans, o.out_chans, 3, 1, 1, 0, false, false}),
-                                     LayerNorm2d(o.out_chans)));
+  neck = register_module(
+      "neck",
+      torch::nn::Sequential(ConvNd(ConvOptions{2, o.embed_dim, o.out_chans, 1, 1, 0, 0, false, false}),
+                            LayerNorm2d(o.out_chans),
+                            ConvNd(ConvOptions{2, o.out_chans, o.out_chans, 3, 1, 1, 0, false, false}),
+                            LayerNorm2d(o.out_chans)));
   if (o.frozen) set_requires_grad(*this, false);
 }
 
@@ -248,7 +266,8 @@ at::Tensor ImageEncoderViTImpl::forward(const at::Tensor& x) {
   return neck->forward(h.permute({0, 3, 1, 2}));
 }
 
-std::shared_ptr<torch::nn::Module> ImageEncoderViTImpl::clone(const std::optional<torch::Device>& device) const {
+std::shared_ptr<torch::nn::Module> ImageEncoderViTImpl::clone(
+    const std::optional<torch::Device>& device) const {
   auto copy = Cloneable<ImageEncoderViTImpl>::clone(device);
   mirror_requires_grad(*this, *copy);
   return copy;
@@ -316,7 +335,8 @@ void PromptEncoderImpl::reset() {
 
 std::pair<at::Tensor, at::Tensor> PromptEncoderImpl::forward(const at::Tensor& boxes) {
   const auto& o = options;
-  TORCH_CHECK((boxes.dim() == 2 && boxes.size(1) == 4) || (boxes.dim() == 3 && boxes.size(1) == 1 && boxes.size(2) == 4),
+  TORCH_CHECK((boxes.dim() == 2 && boxes.size(1) == 4) ||
+                  (boxes.dim() == 3 && boxes.size(1) == 1 && boxes.size(2) == 4),
               "PromptEncoder: expected boxes (B, 4) or (B, 1, 4), got shape ", boxes.sizes());
   const int64_t B = boxes.size(0);
   auto dev = pe_layer->positional_encoding_gaussian_matrix.device();
@@ -335,7 +355,8 @@ at::Tensor PromptEncoderImpl::get_dense_pe() {
   return pe_layer->forward(options.image_embedding_size, options.image_embedding_size).unsqueeze(0);
 }
 
-std::shared_ptr<torch::nn::Module> PromptEncoderImpl::clone(const std::optional<torch::Device>& device) const {
+std::shared_ptr<torch::nn::Module> PromptEncoderImpl::clone(
+    const std::optional<torch::Device>& device) const {
   auto copy = Cloneable<PromptEncoderImpl>::clone(device);
   mirror_requires_grad(*this, *copy);
   return copy;
@@ -349,20 +370,23 @@ void PromptEncoderImpl::pretty_print(std::ostream& s) const {
 
 // -------------------------------------------------------------------------- TokenAttention
 
-TokenAttentionImpl::TokenAttentionImpl(int64_t e, int64_t h, int64_t r) : embedding_dim(e), num_heads(h), downsample_rate(r) {
+TokenAttentionImpl::TokenAttentionImpl(int64_t e, int64_t h, int64_t r)
+    : embedding_dim(e), num_heads(h), downsample_rate(r) {
   reset();
 }
 
 void TokenAttentionImpl::reset() {
   const int64_t internal = embedding_dim / downsample_rate;
-  TORCH_CHECK(internal % num_heads == 0, "TokenAttention: num_heads must divide embedding_dim / downsample_rate");
+  TORCH_CHECK(internal % num_heads == 0,
+              "TokenAttention: num_heads must divide embedding_dim / downsample_rate");
   q_proj = register_module("q_proj", torch::nn::Linear(embedding_dim, internal));
   k_proj = register_module("k_proj", torch::nn::Linear(embedding_dim, internal));
   v_proj = register_module("v_proj", torch::nn::Linear(embedding_dim, internal));
   out_proj = register_module("out_proj", torch::nn::Linear(internal, embedding_dim));
 }
 
-at::Tensor TokenAttentionImpl::forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
+at::Tensor TokenAttentionImpl::forward(const at::Tensor& q_in, const at::Tensor& k_in,
+                                       const at::Tensor& v_in) {
   auto heads = [&](const at::Tensor& t) {  // (B, N, C) -> (B, heads, N, C / heads)
     return t.reshape({t.size(0), t.size(1), num_heads, t.size(2) / num_heads}).transpose(1, 2);
   };
@@ -385,14 +409,14 @@ void TwoWayAttentionBlockImpl::reset() {
   auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({D})); };
   self_attn = register_module("self_attn", TokenAttention(D, o.num_heads));
   norm1 = register_module("norm1", ln());
-  cross_attn_token_to_image =
-      register_module("cross_attn_token_to_image", TokenAttention(D, o.num_heads, o.attention_downsample_rate));
+  cross_attn_token_to_image = register_module("cross_attn_token_to_image",
+                                              TokenAttention(D, o.num_heads, o.attention_downsample_rate));
   norm2 = register_module("norm2", ln());
   mlp = register_module("mlp", MlpBlock(D, o.mlp_dim, ActKind::relu));
   norm3 = register_module("norm3", ln());
   norm4 = register_module("norm4", ln());
-  cross_attn_image_to_token =
-      register_module("cross_attn_image_to_token", TokenAttention(D, o.num_heads, o.attention_downsample_rate));
+  cross_attn_image_to_token = register_module("cross_attn_image_to_token",
+                                              TokenAttention(D, o.num_heads, o.attention_downsample_rate));
 }
 
 std::pair<at::Tensor, at::Tensor> TwoWayAttentionBlockImpl::forward(const at::Tensor& queries_in,
@@ -425,12 +449,15 @@ void TwoWayTransformerImpl::reset() {
   const auto& o = options;
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.depth; ++i) layers->push_back(TwoWayAttentionBlock(o, i == 0));
-  final_attn_token_to_image = register_module(
-      "final_attn_token_to_image", TokenAttention(o.transformer_dim, o.num_heads, o.attention_downsample_rate));
-  norm_final_attn = register_module("norm_final_attn", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.transformer_dim})));
+  final_attn_token_to_image =
+      register_module("final_attn_token_to_image",
+                      TokenAttention(o.transformer_dim, o.num_heads, o.attention_downsample_rate));
+  norm_final_attn = register_module("norm_final_attn",
+                                    torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.transformer_dim})));
 }
 
-std::pair<at::Tensor, at::Tensor> TwoWayTransformerImpl::forward(const at::Tensor& image, const at::Tensor& image_pe,
+std::pair<at::Tensor, at::Tensor> TwoWayTransformerImpl::forward(const at::Tensor& image,
+                                                                 const at::Tensor& image_pe,
                                                                  const at::Tensor& tokens) {
   auto keys = image.flatten(2).permute({0, 2, 1});
   auto key_pe = image_pe.flatten(2).permute({0, 2, 1});
@@ -446,14 +473,16 @@ std::pair<at::Tensor, at::Tensor> TwoWayTransformerImpl::forward(const at::Tenso
 
 // -------------------------------------------------------------------------------- HyperMlp
 
-HyperMlpImpl::HyperMlpImpl(int64_t i, int64_t h, int64_t o, int64_t n) : input_dim(i), hidden_dim(h), output_dim(o), num_layers(n) {
+HyperMlpImpl::HyperMlpImpl(int64_t i, int64_t h, int64_t o, int64_t n)
+    : input_dim(i), hidden_dim(h), output_dim(o), num_layers(n) {
   reset();
 }
 
 void HyperMlpImpl::reset() {
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t l = 0; l < num_layers; ++l) {
-    layers->push_back(torch::nn::Linear(l == 0 ? input_dim : hidden_dim, l == num_layers - 1 ? output_dim : hidden_dim));
+    layers->push_back(
+        torch::nn::Linear(l == 0 ? input_dim : hidden_dim, l == num_layers - 1 ? output_dim : hidden_dim));
   }
 }
 
@@ -478,25 +507,30 @@ void MaskDecoderImpl::reset() {
   mask_tokens = register_module("mask_tokens", torch::nn::Embedding(tokens, D));
   output_upscaling = register_module(
       "output_upscaling",
-      torch::nn::Sequential(ConvNd(ConvOptions{2, D, D / 4, 2, 2, 0, 0, /*transposed=*/true}), LayerNorm2d(D / 4),
-                            torch::nn::GELU(), ConvNd(ConvOptions{2, D / 4, D / 8, 2, 2, 0, 0, /*transposed=*/true}),
+      torch::nn::Sequential(ConvNd(ConvOptions{2, D, D / 4, 2, 2, 0, 0, /*transposed=*/true}),
+                            LayerNorm2d(D / 4), torch::nn::GELU(),
+                            ConvNd(ConvOptions{2, D / 4, D / 8, 2, 2, 0, 0, /*transposed=*/true}),
                             torch::nn::GELU()));
   output_hypernetworks_mlps = register_module("output_hypernetworks_mlps", torch::nn::ModuleList());
   for (int64_t i = 0; i < tokens; ++i) output_hypernetworks_mlps->push_back(HyperMlp(D, D, D / 8, 3));
-  iou_prediction_head = o.iou_head ? register_module("iou_prediction_head",
-                                                     HyperMlp(D, o.iou_head_hidden_dim, tokens, o.iou_head_depth))
-                                   : nullptr;
+  iou_prediction_head = o.iou_head
+                            ? register_module("iou_prediction_head",
+                                              HyperMlp(D, o.iou_head_hidden_dim, tokens, o.iou_head_depth))
+                            : nullptr;
   if (o.frozen) set_requires_grad(*this, false);
 }
 
 std::pair<at::Tensor, at::Tensor> MaskDecoderImpl::forward(const at::Tensor& image_embeddings,
-                                                           const at::Tensor& image_pe, const at::Tensor& sparse,
+                                                           const at::Tensor& image_pe,
+                                                           const at::Tensor& sparse,
                                                            const at::Tensor& dense) {
   const int64_t B = sparse.size(0);
-  auto output_tokens = torch::cat({iou_token->weight, mask_tokens->weight}, 0).unsqueeze(0).expand({B, -1, -1});
+  auto output_tokens =
+      torch::cat({iou_token->weight, mask_tokens->weight}, 0).unsqueeze(0).expand({B, -1, -1});
   auto tokens = torch::cat({output_tokens, sparse}, 1);
   // MedSAM pairs image i with box i; SAM's single-image case repeats the image per box.
-  at::Tensor src = image_embeddings.size(0) == B ? image_embeddings : torch::repeat_interleave(image_embeddings, B, 0);
+  at::Tensor src =
+      image_embeddings.size(0) == B ? image_embeddings : torch::repeat_interleave(image_embeddings, B, 0);
   src = src + dense;
   auto pos_src = image_pe.expand({B, -1, -1, -1});
   const int64_t c = src.size(1), h = src.size(2), w = src.size(3);
@@ -508,7 +542,8 @@ std::pair<at::Tensor, at::Tensor> MaskDecoderImpl::forward(const at::Tensor& ima
   const int64_t uc = upscaled.size(1), uh = upscaled.size(2), uw = upscaled.size(3);
   // Only mask token 0 is returned (MedSAM's multimask_output = False), so only its
   // hypernetwork runs; the other tokens' MLPs exist for SAM checkpoints.
-  auto hyper = output_hypernetworks_mlps->at<HyperMlpImpl>(0).forward(mask_token0).unsqueeze(1);  // (B, 1, uc)
+  auto hyper =
+      output_hypernetworks_mlps->at<HyperMlpImpl>(0).forward(mask_token0).unsqueeze(1);  // (B, 1, uc)
   auto masks = hyper.matmul(upscaled.reshape({B, uc, uh * uw})).reshape({B, 1, uh, uw});
   at::Tensor iou;
   if (iou_prediction_head) iou = iou_prediction_head->forward(iou_token_out).index({Slice(), Slice(0, 1)});
@@ -524,8 +559,9 @@ std::shared_ptr<torch::nn::Module> MaskDecoderImpl::clone(const std::optional<to
 void MaskDecoderImpl::pretty_print(std::ostream& s) const {
   const auto& o = options;
   s << "segflow::models::MaskDecoder(transformer_dim=" << o.transformer_dim << ", depth=" << o.depth
-    << ", num_heads=" << o.num_heads << ", mlp_dim=" << o.mlp_dim << ", mask_tokens=" << o.num_multimask_outputs + 1
-    << ", iou_head=" << (o.iou_head ? "true" : "false") << (o.frozen ? ", frozen" : "") << ")";
+    << ", num_heads=" << o.num_heads << ", mlp_dim=" << o.mlp_dim
+    << ", mask_tokens=" << o.num_multimask_outputs + 1 << ", iou_head=" << (o.iou_head ? "true" : "false")
+    << (o.frozen ? ", frozen" : "") << ")";
 }
 
 // ------------------------------------------------------------------------------------- Sam
@@ -547,8 +583,8 @@ SamOutput SamImpl::forward_full(const at::Tensor& image, const at::Tensor& boxes
   const int64_t S = options.image_encoder.img_size;
   TORCH_CHECK(image.dim() == 4 && image.size(2) == S && image.size(3) == S, "Sam: expected an image (B, ",
               options.image_encoder.in_chans, ", ", S, ", ", S, "), got shape ", image.sizes());
-  TORCH_CHECK(boxes.size(0) == image.size(0), "Sam: expected one box per image, got ", boxes.size(0), " boxes for ",
-              image.size(0), " images");
+  TORCH_CHECK(boxes.size(0) == image.size(0), "Sam: expected one box per image, got ", boxes.size(0),
+              " boxes for ", image.size(0), " images");
   auto embeddings = image_encoder->forward(image);
   auto [sparse, dense] = prompt_encoder->forward(boxes);
   auto [low_res, iou] = mask_decoder->forward(embeddings, prompt_encoder->get_dense_pe(), sparse, dense);
@@ -559,7 +595,9 @@ SamOutput SamImpl::forward_full(const at::Tensor& image, const at::Tensor& boxes
   return {masks, low_res, iou};
 }
 
-at::Tensor SamImpl::forward(const at::Tensor& image, const at::Tensor& boxes) { return forward_full(image, boxes).masks; }
+at::Tensor SamImpl::forward(const at::Tensor& image, const at::Tensor& boxes) {
+  return forward_full(image, boxes).masks;
+}
 
 std::shared_ptr<torch::nn::Module> SamImpl::clone(const std::optional<torch::Device>& device) const {
   auto copy = Cloneable<SamImpl>::clone(device);
@@ -569,8 +607,8 @@ std::shared_ptr<torch::nn::Module> SamImpl::clone(const std::optional<torch::Dev
 
 void SamImpl::pretty_print(std::ostream& s) const {
   const auto& e = options.image_encoder;
-  s << "segflow::models::Sam(img_size=" << e.img_size << ", patch_size=" << e.patch_size << ", embed_dim=" << e.embed_dim
-    << ", depth=" << e.depth << ", out_chans=" << e.out_chans << ")";
+  s << "segflow::models::Sam(img_size=" << e.img_size << ", patch_size=" << e.patch_size
+    << ", embed_dim=" << e.embed_dim << ", depth=" << e.depth << ", out_chans=" << e.out_chans << ")";
 }
 
 }  // namespace segflow::models

@@ -33,40 +33,40 @@ namespace segflow::models {
 
 /// SAM's ImageEncoderViT options (defaults: ViT-B without windows and relative positions).
 struct ImageEncoderOptions {
-  int64_t img_size = 1024;     ///< input height = width, pixels; divisible by patch_size
-  int64_t patch_size = 16;     ///< pixels per patch side
-  int64_t in_chans = 3;        ///< image channels
-  int64_t embed_dim = 768;     ///< token width; divisible by num_heads
-  int64_t depth = 12;          ///< transformer blocks
-  int64_t num_heads = 12;      ///< attention heads
-  double mlp_ratio = 4.0;      ///< MLP hidden width / embed_dim
-  int64_t out_chans = 256;     ///< neck output channels (= the decoder's transformer_dim)
+  int64_t img_size = 1024;  ///< input height = width, pixels; divisible by patch_size
+  int64_t patch_size = 16;  ///< pixels per patch side
+  int64_t in_chans = 3;     ///< image channels
+  int64_t embed_dim = 768;  ///< token width; divisible by num_heads
+  int64_t depth = 12;       ///< transformer blocks
+  int64_t num_heads = 12;   ///< attention heads
+  double mlp_ratio = 4.0;   ///< MLP hidden width / embed_dim
+  int64_t out_chans = 256;  ///< neck output channels (= the decoder's transformer_dim)
   bool qkv_bias = true;
-  bool use_abs_pos = true;     ///< learned absolute positional embedding (1, h, w, embed_dim)
-  bool use_rel_pos = false;    ///< SAM's decomposed relative positions (rel_pos_h/w)
-  int64_t window_size = 0;     ///< windowed attention window (0 = global everywhere)
+  bool use_abs_pos = true;                   ///< learned absolute positional embedding (1, h, w, embed_dim)
+  bool use_rel_pos = false;                  ///< SAM's decomposed relative positions (rel_pos_h/w)
+  int64_t window_size = 0;                   ///< windowed attention window (0 = global everywhere)
   std::vector<int64_t> global_attn_indexes;  ///< blocks with global attention when windowed
-  bool frozen = false;         ///< requires_grad false on every parameter
+  bool frozen = false;                       ///< requires_grad false on every parameter
 };
 
 /// SAM's PromptEncoder options (derived from the encoder by SamOptions::resolve()).
 struct PromptEncoderOptions {
-  int64_t embed_dim = 256;              ///< = out_chans
-  int64_t image_embedding_size = 64;    ///< img_size / patch_size
-  int64_t input_image_size = 1024;      ///< img_size: box coordinates are divided by this
-  int64_t mask_in_chans = 16;           ///< SAM's mask-downscaling width (unused by boxes)
-  bool frozen = true;                   ///< MedSAM freezes the prompt encoder
+  int64_t embed_dim = 256;            ///< = out_chans
+  int64_t image_embedding_size = 64;  ///< img_size / patch_size
+  int64_t input_image_size = 1024;    ///< img_size: box coordinates are divided by this
+  int64_t mask_in_chans = 16;         ///< SAM's mask-downscaling width (unused by boxes)
+  bool frozen = true;                 ///< MedSAM freezes the prompt encoder
 };
 
 /// SAM's MaskDecoder + TwoWayTransformer options.
 struct MaskDecoderOptions {
-  int64_t transformer_dim = 256;        ///< = out_chans; divisible by 8
-  int64_t depth = 2;                    ///< two-way attention blocks
-  int64_t num_heads = 8;                ///< divides transformer_dim / attention_downsample_rate
-  int64_t mlp_dim = 2048;               ///< two-way block MLP hidden width
+  int64_t transformer_dim = 256;  ///< = out_chans; divisible by 8
+  int64_t depth = 2;              ///< two-way attention blocks
+  int64_t num_heads = 8;          ///< divides transformer_dim / attention_downsample_rate
+  int64_t mlp_dim = 2048;         ///< two-way block MLP hidden width
   int64_t attention_downsample_rate = 2;
-  int64_t num_multimask_outputs = 3;    ///< mask tokens = this + 1; output uses token 0
-  bool iou_head = true;                 ///< IoU prediction head (needed to load SAM weights)
+  int64_t num_multimask_outputs = 3;  ///< mask tokens = this + 1; output uses token 0
+  bool iou_head = true;               ///< IoU prediction head (needed to load SAM weights)
   int64_t iou_head_depth = 3;
   int64_t iou_head_hidden_dim = 256;
   bool frozen = false;
@@ -152,7 +152,8 @@ class ImageEncoderViTImpl : public torch::nn::Cloneable<ImageEncoderViTImpl> {
   explicit ImageEncoderViTImpl(ImageEncoderOptions options);
   void reset() override;
   at::Tensor forward(const at::Tensor& x);
-  std::shared_ptr<torch::nn::Module> clone(const std::optional<torch::Device>& device = std::nullopt) const override;
+  std::shared_ptr<torch::nn::Module> clone(
+      const std::optional<torch::Device>& device = std::nullopt) const override;
   void pretty_print(std::ostream& stream) const override;
   ImageEncoderOptions options;
   PatchEmbed patch_embed{nullptr};
@@ -175,6 +176,7 @@ class PositionEmbeddingRandomImpl : public torch::nn::Cloneable<PositionEmbeddin
   int64_t num_pos_feats;
   double scale;
   at::Tensor positional_encoding_gaussian_matrix;
+
  private:
   at::Tensor pe_encoding(const at::Tensor& coords) const;
 };
@@ -190,7 +192,8 @@ class PromptEncoderImpl : public torch::nn::Cloneable<PromptEncoderImpl> {
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& boxes);
   /// Positional encoding of the image embedding grid: (1, D, h, w).
   at::Tensor get_dense_pe();
-  std::shared_ptr<torch::nn::Module> clone(const std::optional<torch::Device>& device = std::nullopt) const override;
+  std::shared_ptr<torch::nn::Module> clone(
+      const std::optional<torch::Device>& device = std::nullopt) const override;
   void pretty_print(std::ostream& stream) const override;
   PromptEncoderOptions options;
   PositionEmbeddingRandom pe_layer{nullptr};
@@ -269,7 +272,8 @@ class MaskDecoderImpl : public torch::nn::Cloneable<MaskDecoderImpl> {
   /// (B, C, h, w) -> {low-res masks (B, 1, 4h, 4w) from mask token 0, iou (B, 1) or undefined}.
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& image_embeddings, const at::Tensor& image_pe,
                                             const at::Tensor& sparse, const at::Tensor& dense);
-  std::shared_ptr<torch::nn::Module> clone(const std::optional<torch::Device>& device = std::nullopt) const override;
+  std::shared_ptr<torch::nn::Module> clone(
+      const std::optional<torch::Device>& device = std::nullopt) const override;
   void pretty_print(std::ostream& stream) const override;
   MaskDecoderOptions options;
   TwoWayTransformer transformer{nullptr};
@@ -289,7 +293,8 @@ class SamImpl : public torch::nn::Cloneable<SamImpl> {
   at::Tensor forward(const at::Tensor& image, const at::Tensor& boxes);
   /// As forward, with the low-resolution logits and IoU predictions.
   SamOutput forward_full(const at::Tensor& image, const at::Tensor& boxes);
-  std::shared_ptr<torch::nn::Module> clone(const std::optional<torch::Device>& device = std::nullopt) const override;
+  std::shared_ptr<torch::nn::Module> clone(
+      const std::optional<torch::Device>& device = std::nullopt) const override;
   void pretty_print(std::ostream& stream) const override;
   SamOptions options;
   ImageEncoderViT image_encoder{nullptr};

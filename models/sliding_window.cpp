@@ -9,12 +9,14 @@ using torch::indexing::Slice;
 
 Status SlidingWindowOptions::validate(int spatial_dims) const {
   if (static_cast<int>(roi_size.size()) != spatial_dims)
-    return invalid_argument("sliding window: roi_size: expected " + std::to_string(spatial_dims) + " entries, got " +
-                            std::to_string(roi_size.size()));
+    return invalid_argument("sliding window: roi_size: expected " + std::to_string(spatial_dims) +
+                            " entries, got " + std::to_string(roi_size.size()));
   if (!(overlap >= 0.0 && overlap < 1.0))
-    return invalid_argument("sliding window: overlap: expected a number in [0, 1), got " + std::to_string(overlap));
+    return invalid_argument("sliding window: overlap: expected a number in [0, 1), got " +
+                            std::to_string(overlap));
   if (sw_batch_size < 1)
-    return invalid_argument("sliding window: sw_batch_size: expected >= 1, got " + std::to_string(sw_batch_size));
+    return invalid_argument("sliding window: sw_batch_size: expected >= 1, got " +
+                            std::to_string(sw_batch_size));
   if (mode == BlendMode::gaussian && !(sigma_scale > 0))
     return invalid_argument("sliding window: sigma_scale: expected > 0, got " + std::to_string(sigma_scale));
   return Status::ok();
@@ -25,7 +27,8 @@ std::vector<std::vector<int64_t>> window_starts(const std::vector<int64_t>& imag
   std::vector<std::vector<int64_t>> starts;
   for (size_t d = 0; d < image_size.size(); ++d) {
     const int64_t size = image_size[d], patch = std::min(roi[d], image_size[d]);
-    int64_t interval = patch == size ? patch : static_cast<int64_t>(static_cast<double>(patch) * (1.0 - overlap));
+    int64_t interval =
+        patch == size ? patch : static_cast<int64_t>(static_cast<double>(patch) * (1.0 - overlap));
     interval = std::max<int64_t>(interval, 1);
     // Number of windows: the first index whose window reaches the end, plus one.
     int64_t count = 1;
@@ -62,9 +65,11 @@ at::Tensor importance_map(const std::vector<int64_t>& roi, BlendMode mode, doubl
   return map.clamp_min(min_non_zero);
 }
 
-at::Tensor sliding_window_inference(const at::Tensor& inputs, const SlidingWindowOptions& o, const Predictor& predictor) {
+at::Tensor sliding_window_inference(const at::Tensor& inputs, const SlidingWindowOptions& o,
+                                    const Predictor& predictor) {
   const int D = static_cast<int>(inputs.dim()) - 2;
-  TORCH_CHECK(D == 2 || D == 3, "sliding window: expected inputs (N, C, *spatial) with 2 or 3 spatial dims, got shape ",
+  TORCH_CHECK(D == 2 || D == 3,
+              "sliding window: expected inputs (N, C, *spatial) with 2 or 3 spatial dims, got shape ",
               inputs.sizes());
   auto st = o.validate(D);
   TORCH_CHECK(st.is_ok(), st.message());
@@ -85,7 +90,8 @@ at::Tensor sliding_window_inference(const at::Tensor& inputs, const SlidingWindo
     pad[static_cast<size_t>(2 * (D - 1 - d) + 1)] = diff - diff / 2;
     padded = padded || diff > 0;
   }
-  at::Tensor image = padded ? F::pad(inputs, F::PadFuncOptions(pad).mode(torch::kConstant).value(o.padding_value)) : inputs;
+  at::Tensor image =
+      padded ? F::pad(inputs, F::PadFuncOptions(pad).mode(torch::kConstant).value(o.padding_value)) : inputs;
   const auto size = image.sizes().slice(2).vec();
   const auto starts = window_starts(size, roi, o.overlap);
 
@@ -132,7 +138,8 @@ at::Tensor sliding_window_inference(const at::Tensor& inputs, const SlidingWindo
       auto out_n = output.index({Slice(n, n + 1)});
       for (size_t i = first; i < last; ++i) {
         const auto idx = region(windows[i]);
-        auto p = pred.index({Slice(static_cast<int64_t>(i - first), static_cast<int64_t>(i - first + 1))}).to(torch::kFloat);
+        auto p = pred.index({Slice(static_cast<int64_t>(i - first), static_cast<int64_t>(i - first + 1))})
+                     .to(torch::kFloat);
         out_n.index(idx).add_(p * weight);
         if (n == 0) count.index(idx).add_(weight);
       }

@@ -19,13 +19,13 @@ namespace segflow::models {
 enum class BlendMode { constant, gaussian };
 
 struct SlidingWindowOptions {
-  std::vector<int64_t> roi_size;   ///< one per spatial dim (Z, Y, X) / (Y, X); <= 0 = whole axis
-  double overlap = 0.25;           ///< fraction of the ROI shared by neighbours, in [0, 1)
-  int64_t sw_batch_size = 1;       ///< windows per predictor call, >= 1
+  std::vector<int64_t> roi_size;  ///< one per spatial dim (Z, Y, X) / (Y, X); <= 0 = whole axis
+  double overlap = 0.25;          ///< fraction of the ROI shared by neighbours, in [0, 1)
+  int64_t sw_batch_size = 1;      ///< windows per predictor call, >= 1
   BlendMode mode = BlendMode::constant;
-  double sigma_scale = 0.125;      ///< Gaussian sigma = sigma_scale * roi_size per axis
-  double padding_value = 0.0;      ///< value of the padding for volumes smaller than the ROI
-  bool no_grad = true;             ///< run under NoGradGuard
+  double sigma_scale = 0.125;  ///< Gaussian sigma = sigma_scale * roi_size per axis
+  double padding_value = 0.0;  ///< value of the padding for volumes smaller than the ROI
+  bool no_grad = true;         ///< run under NoGradGuard
 
   Status validate(int spatial_dims) const;
 };

@@ -61,13 +61,15 @@ std::string tensor_to_string(const at::Tensor& t) {
 }
 
 at::Tensor string_to_tensor(const std::string& s) {
-  return torch::from_blob(const_cast<char*>(s.data()), {static_cast<std::int64_t>(s.size())}, torch::kUInt8).clone();
+  return torch::from_blob(const_cast<char*>(s.data()), {static_cast<std::int64_t>(s.size())}, torch::kUInt8)
+      .clone();
 }
 
 }  // namespace
 
 Result<c10::Device> resolve_device(const std::string& text) {
-  if (text == "auto") return torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  if (text == "auto")
+    return torch::cuda::is_available() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
   if (text == "cpu") return c10::Device(c10::kCPU);
   if (text.rfind("cuda", 0) == 0) {
     if (!torch::cuda::is_available())
@@ -75,7 +77,8 @@ Result<c10::Device> resolve_device(const std::string& text) {
     try {
       c10::Device d(text);
       if (d.has_index() && d.index() >= static_cast<int>(torch::cuda::device_count()))
-        return invalid_argument("device " + text + ": only " + std::to_string(torch::cuda::device_count()) + " CUDA devices");
+        return invalid_argument("device " + text + ": only " + std::to_string(torch::cuda::device_count()) +
+                                " CUDA devices");
       return d.has_index() ? d : c10::Device(c10::kCUDA, 0);
     } catch (const std::exception& e) {
       return invalid_argument("device " + text + ": " + e.what());
@@ -102,7 +105,9 @@ const std::vector<at::Tensor>& Trainer::parameters() const { return impl_->param
 Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10::Device& device) {
   try {
     if (cfg.train.amp == "fp16" && !device.is_cuda())
-      return invalid_config(cfg.file + ": train.amp: fp16 needs a CUDA device (use bf16 on the CPU), got device " + device.str());
+      return invalid_config(cfg.file +
+                            ": train.amp: fp16 needs a CUDA device (use bf16 on the CPU), got device " +
+                            device.str());
     if (cfg.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg.train.threads));
     torch::manual_seed(cfg.seed);
     if (device.is_cuda()) {
@@ -115,7 +120,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
     if (device.is_cuda() && cfg.train.channels_last && t->model_.info().spatial_dims == 2)
       t->model_.module().to(device, /*non_blocking=*/false);
     t->num_classes_ = cfg.data.num_classes > 0 ? cfg.data.num_classes
-                                              : std::max<std::int64_t>(2, t->model_.info().out_channels);
+                                               : std::max<std::int64_t>(2, t->model_.info().out_channels);
 
     auto lo = parse_loss_options(cfg.loss);
     if (!lo.is_ok()) return lo.status().with_context(cfg.file + ": loss");
@@ -178,11 +183,13 @@ Status Trainer::save_checkpoint(const fs::path& path) const {
 namespace {
 Result<json> read_meta(torch::serialize::InputArchive& root, const fs::path& path) {
   at::Tensor meta_t;
-  if (!root.try_read("meta", meta_t)) return corrupt_data(path.string() + ": not a segflow checkpoint (no 'meta' record)");
+  if (!root.try_read("meta", meta_t))
+    return corrupt_data(path.string() + ": not a segflow checkpoint (no 'meta' record)");
   try {
     json meta = json::parse(tensor_to_string(meta_t));
     if (meta.value("format", "") != "segflow-checkpoint-1")
-      return corrupt_data(path.string() + ": meta.format: expected segflow-checkpoint-1, got " + meta.value("format", "nothing"));
+      return corrupt_data(path.string() + ": meta.format: expected segflow-checkpoint-1, got " +
+                          meta.value("format", "nothing"));
     return meta;
   } catch (const std::exception& e) {
     return corrupt_data(path.string() + ": meta: invalid JSON: " + e.what());
@@ -240,7 +247,8 @@ Status Trainer::load_checkpoint(const fs::path& path) {
 Result<std::unique_ptr<Trainer>> load_for_inference(const fs::path& checkpoint, const std::string& device) {
   SEGFLOW_ASSIGN_OR_RETURN(auto root, open_archive(checkpoint));
   SEGFLOW_ASSIGN_OR_RETURN(json meta, read_meta(root, checkpoint));
-  SEGFLOW_ASSIGN_OR_RETURN(JobConfig cfg, job_config_from_json(meta.at("config"), checkpoint.string() + " (config)"));
+  SEGFLOW_ASSIGN_OR_RETURN(JobConfig cfg,
+                           job_config_from_json(meta.at("config"), checkpoint.string() + " (config)"));
   cfg.model_options.erase("weights");  // the checkpoint holds the weights
   SEGFLOW_ASSIGN_OR_RETURN(c10::Device dev, resolve_device(device));
   if (cfg.train.amp == "fp16" && !dev.is_cuda()) cfg.train.amp = "none";
@@ -251,8 +259,8 @@ Result<std::unique_ptr<Trainer>> load_for_inference(const fs::path& checkpoint, 
 
 namespace {
 /// Image and target of a batch on `device`, shaped for the model.
-std::pair<at::Tensor, at::Tensor> model_inputs(const Batch& b, const ModelInfo& info, const c10::Device& device,
-                                               bool channels_last) {
+std::pair<at::Tensor, at::Tensor> model_inputs(const Batch& b, const ModelInfo& info,
+                                               const c10::Device& device, bool channels_last) {
   at::Tensor image = b.tensors.at("image").to(device, at::kFloat, /*non_blocking=*/true);
   at::Tensor label = b.tensors.at("label").to(device, /*non_blocking=*/true);
   // 2D models take (N, C, 1, H, W) crops of volumes as (N, C, H, W).
@@ -261,7 +269,8 @@ std::pair<at::Tensor, at::Tensor> model_inputs(const Batch& b, const ModelInfo& 
     if (label.dim() == 5) label = label.squeeze(2);
   }
   if (channels_last && device.is_cuda())
-    image = image.contiguous(image.dim() == 5 ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast);
+    image = image.contiguous(image.dim() == 5 ? at::MemoryFormat::ChannelsLast3d
+                                              : at::MemoryFormat::ChannelsLast);
   if (!at::isFloatingType(label.scalar_type())) label = label.to(at::kLong);
   return {image, label};
 }
@@ -437,8 +446,8 @@ Result<ValidationInfo> Trainer::validate(const std::vector<Sample>& samples) {
   }
 }
 
-Status Trainer::fit(pipeline::BatchSource& source, std::int64_t steps_per_epoch, const std::vector<Sample>& val,
-                    const fs::path& run_dir, TrainObserver& observer) {
+Status Trainer::fit(pipeline::BatchSource& source, std::int64_t steps_per_epoch,
+                    const std::vector<Sample>& val, const fs::path& run_dir, TrainObserver& observer) {
   const auto& tr = cfg_.train;
   while (state_.epoch < tr.epochs) {
     observer.on_epoch_start(state_.epoch, tr.epochs);

@@ -33,26 +33,26 @@ namespace segflow::models {
 
 /// One optimizer step as the observers see it.
 struct StepInfo {
-  std::int64_t epoch = 0;         ///< 0-based
-  std::int64_t step = 0;          ///< global optimizer step, 1-based after the step
-  std::int64_t step_in_epoch = 0; ///< 1-based
-  double loss = 0.0;              ///< mean loss over the step's micro-batches
+  std::int64_t epoch = 0;          ///< 0-based
+  std::int64_t step = 0;           ///< global optimizer step, 1-based after the step
+  std::int64_t step_in_epoch = 0;  ///< 1-based
+  double loss = 0.0;               ///< mean loss over the step's micro-batches
   double lr = 0.0;
-  double step_s = 0.0;            ///< wall time of the step (compute + data wait)
-  double data_wait_s = 0.0;       ///< time spent waiting for batches
-  std::int64_t samples = 0;       ///< samples in the step
-  bool skipped = false;           ///< fp16: inf/NaN gradients, step skipped
+  double step_s = 0.0;       ///< wall time of the step (compute + data wait)
+  double data_wait_s = 0.0;  ///< time spent waiting for batches
+  std::int64_t samples = 0;  ///< samples in the step
+  bool skipped = false;      ///< fp16: inf/NaN gradients, step skipped
 };
 
 /// One epoch as the observers see it.
 struct EpochInfo {
   std::int64_t epoch = 0;
   std::int64_t steps = 0;
-  double loss = 0.0;          ///< mean over steps
+  double loss = 0.0;  ///< mean over steps
   double seconds = 0.0;
   double samples_per_s = 0.0;
-  double data_wait_s = 0.0;   ///< total over the epoch
-  double lr = 0.0;            ///< at the end of the epoch
+  double data_wait_s = 0.0;  ///< total over the epoch
+  double lr = 0.0;           ///< at the end of the epoch
 };
 
 /// A validation result.
@@ -62,7 +62,7 @@ struct ValidationInfo {
   double mean_dice = 0.0;              ///< MONAI "mean" reduction
   std::int64_t cases = 0;
   double seconds = 0.0;
-  bool best = false;                   ///< a new best (best.pt written)
+  bool best = false;  ///< a new best (best.pt written)
 };
 
 /// Receives the trainer's events. Default methods do nothing.
@@ -99,9 +99,9 @@ Result<c10::Device> resolve_device(const std::string& text);
 
 /// Trainer state that a checkpoint restores.
 struct TrainState {
-  std::int64_t epoch = 0;       ///< next epoch to run (0-based)
-  std::int64_t step = 0;        ///< optimizer steps done
-  double best_metric = -1.0;    ///< best validation mean Dice so far (-1: none)
+  std::int64_t epoch = 0;     ///< next epoch to run (0-based)
+  std::int64_t step = 0;      ///< optimizer steps done
+  double best_metric = -1.0;  ///< best validation mean Dice so far (-1: none)
   std::int64_t best_epoch = -1;
   double loss_scale = 65536.0;  ///< fp16 dynamic loss scale
   std::int64_t good_steps = 0;  ///< fp16 steps since the last scale change

@@ -16,12 +16,10 @@ std::string join(const std::vector<int64_t>& v) {
 }
 
 // Checks (N, C, *spatial) against the expected dims/channels and the size divisor.
-void check_input(const char* who, const at::Tensor& x, int spatial_dims, int64_t channels,
-                 int64_t divisor) {
+void check_input(const char* who, const at::Tensor& x, int spatial_dims, int64_t channels, int64_t divisor) {
   TORCH_CHECK(x.dim() == spatial_dims + 2, who, ": expected a ", spatial_dims + 2,
               "-d input (N, C, *spatial), got shape ", x.sizes());
-  TORCH_CHECK(x.size(1) == channels, who, ": expected ", channels, " input channels, got shape ",
-              x.sizes());
+  TORCH_CHECK(x.size(1) == channels, who, ": expected ", channels, " input channels, got shape ", x.sizes());
   for (int d = 2; d < x.dim(); ++d) {
     TORCH_CHECK(x.size(d) % divisor == 0, who, ": every spatial size must be divisible by ", divisor,
                 " (the product of the strides), got shape ", x.sizes());
@@ -35,10 +33,12 @@ void check_input(const char* who, const at::Tensor& x, int spatial_dims, int64_t
 Status UNetOptions::validate() const {
   if (spatial_dims != 2 && spatial_dims != 3)
     return invalid_argument("unet: spatial_dims: expected 2 or 3, got " + std::to_string(spatial_dims));
-  if (in_channels < 1) return invalid_argument("unet: in_channels: expected >= 1, got " + std::to_string(in_channels));
+  if (in_channels < 1)
+    return invalid_argument("unet: in_channels: expected >= 1, got " + std::to_string(in_channels));
   if (out_channels < 1)
     return invalid_argument("unet: out_channels: expected >= 1, got " + std::to_string(out_channels));
-  if (channels.size() < 2) return invalid_argument("unet: channels: expected at least 2 entries, got " + join(channels));
+  if (channels.size() < 2)
+    return invalid_argument("unet: channels: expected at least 2 entries, got " + join(channels));
   for (auto c : channels)
     if (c < 1) return invalid_argument("unet: channels: expected positive numbers, got " + join(channels));
   if (strides.size() != channels.size() - 1)
@@ -47,14 +47,16 @@ Status UNetOptions::validate() const {
   for (auto s : strides)
     if (s < 1) return invalid_argument("unet: strides: expected positive numbers, got " + join(strides));
   if (kernel_size < 1 || kernel_size % 2 == 0)
-    return invalid_argument("unet: kernel_size: expected an odd number >= 1, got " + std::to_string(kernel_size));
+    return invalid_argument("unet: kernel_size: expected an odd number >= 1, got " +
+                            std::to_string(kernel_size));
   if (up_kernel_size < 1 || up_kernel_size % 2 == 0)
     return invalid_argument("unet: up_kernel_size: expected an odd number >= 1, got " +
                             std::to_string(up_kernel_size));
   if (num_res_units < 0)
     return invalid_argument("unet: num_res_units: expected >= 0, got " + std::to_string(num_res_units));
   if (!(dropout >= 0.0 && dropout < 1.0))
-    return invalid_argument("unet: dropout: expected a probability in [0, 1), got " + std::to_string(dropout));
+    return invalid_argument("unet: dropout: expected a probability in [0, 1), got " +
+                            std::to_string(dropout));
   if (act == ActKind::gelu) return invalid_argument("unet: act: expected relu, prelu or leakyrelu, got gelu");
   return Status::ok();
 }
@@ -153,8 +155,9 @@ void UNetImpl::reset() {
     const int64_t upc = (i == n - 2) ? o.channels[i] + o.channels[n - 1] : 2 * o.channels[i];
     const int64_t outc = top ? o.out_channels : o.channels[i - 1];
     ConvBlockOptions t;
-    t.conv = ConvOptions{o.spatial_dims, upc, outc, o.up_kernel_size, o.strides[i], -1,
-                         o.strides[i] - 1, /*transposed=*/true, o.bias};
+    t.conv =
+        ConvOptions{o.spatial_dims,      upc,   outc, o.up_kernel_size, o.strides[i], -1, o.strides[i] - 1,
+                    /*transposed=*/true, o.bias};
     t.norm = o.norm;
     t.act = ActOptions{o.act};
     t.dropout = o.dropout;
@@ -199,16 +202,19 @@ Status PlainConvUNetOptions::validate() const {
   auto bad = [](const std::string& field, const std::string& expected, const std::string& got) {
     return invalid_argument("plain_unet: " + field + ": expected " + expected + ", got " + got);
   };
-  if (spatial_dims != 2 && spatial_dims != 3) return bad("spatial_dims", "2 or 3", std::to_string(spatial_dims));
+  if (spatial_dims != 2 && spatial_dims != 3)
+    return bad("spatial_dims", "2 or 3", std::to_string(spatial_dims));
   if (in_channels < 1) return bad("in_channels", ">= 1", std::to_string(in_channels));
   if (num_classes < 1) return bad("num_classes", ">= 1", std::to_string(num_classes));
   if (n_stages < 2) return bad("n_stages", ">= 2", std::to_string(n_stages));
   if (base_features < 1) return bad("base_features", ">= 1", std::to_string(base_features));
-  if (max_features < base_features) return bad("max_features", ">= base_features", std::to_string(max_features));
+  if (max_features < base_features)
+    return bad("max_features", ">= base_features", std::to_string(max_features));
   if (n_conv_per_stage < 1) return bad("n_conv_per_stage", ">= 1", std::to_string(n_conv_per_stage));
   if (n_conv_per_stage_decoder < 1)
     return bad("n_conv_per_stage_decoder", ">= 1", std::to_string(n_conv_per_stage_decoder));
-  if (kernel_size < 1 || kernel_size % 2 == 0) return bad("kernel_size", "an odd number >= 1", std::to_string(kernel_size));
+  if (kernel_size < 1 || kernel_size % 2 == 0)
+    return bad("kernel_size", "an odd number >= 1", std::to_string(kernel_size));
   if (!strides.empty() && static_cast<int64_t>(strides.size()) != n_stages)
     return bad("strides", std::to_string(n_stages) + " entries (one per stage)", join(strides));
   for (auto s : strides)
@@ -265,15 +271,16 @@ void PlainConvUNetImpl::reset() {
   };
   encoder_stages = register_module("encoder_stages", torch::nn::ModuleList());
   for (size_t s = 0; s < n; ++s) {
-    encoder_stages->push_back(stack(o.n_conv_per_stage, s == 0 ? o.in_channels : feats[s - 1], feats[s], strides[s]));
+    encoder_stages->push_back(
+        stack(o.n_conv_per_stage, s == 0 ? o.in_channels : feats[s - 1], feats[s], strides[s]));
   }
   transpconvs = register_module("transpconvs", torch::nn::ModuleList());
   decoder_stages = register_module("decoder_stages", torch::nn::ModuleList());
   seg_layers = register_module("seg_layers", torch::nn::ModuleList());
   for (size_t s = 1; s < n; ++s) {
     const int64_t below = feats[n - s], skip = feats[n - s - 1], stride = strides[n - s];
-    transpconvs->push_back(
-        ConvNd(ConvOptions{o.spatial_dims, below, skip, stride, stride, 0, 0, /*transposed=*/true, o.conv_bias}));
+    transpconvs->push_back(ConvNd(
+        ConvOptions{o.spatial_dims, below, skip, stride, stride, 0, 0, /*transposed=*/true, o.conv_bias}));
     decoder_stages->push_back(stack(o.n_conv_per_stage_decoder, 2 * skip, skip, 1));
     seg_layers->push_back(ConvNd(ConvOptions{o.spatial_dims, skip, o.num_classes, 1, 1, 0, 0, false, true}));
   }

@@ -26,18 +26,18 @@ namespace segflow::models {
 /// MONAI's fast-training tutorial: channels {16,32,64,128,256}, strides {2,2,2,2},
 /// num_res_units 2, norm batch.
 struct UNetOptions {
-  int spatial_dims = 3;                               ///< 2 or 3
-  int64_t in_channels = 1;                            ///< >= 1
-  int64_t out_channels = 2;                           ///< classes incl. background, >= 1
+  int spatial_dims = 3;                                    ///< 2 or 3
+  int64_t in_channels = 1;                                 ///< >= 1
+  int64_t out_channels = 2;                                ///< classes incl. background, >= 1
   std::vector<int64_t> channels = {16, 32, 64, 128, 256};  ///< per level, >= 2 entries
-  std::vector<int64_t> strides = {2, 2, 2, 2};        ///< channels.size() - 1 entries, >= 1
-  int64_t kernel_size = 3;                            ///< odd, >= 1
-  int64_t up_kernel_size = 3;                         ///< odd, >= 1
-  int64_t num_res_units = 0;                          ///< 0: plain conv blocks; >= 1 residual
-  NormKind norm = NormKind::instance;                 ///< batch | instance (affine) | none
-  ActKind act = ActKind::prelu;                       ///< relu | prelu | leakyrelu
-  double dropout = 0.0;                               ///< probability in [0, 1)
-  bool bias = true;                                   ///< conv biases
+  std::vector<int64_t> strides = {2, 2, 2, 2};             ///< channels.size() - 1 entries, >= 1
+  int64_t kernel_size = 3;                                 ///< odd, >= 1
+  int64_t up_kernel_size = 3;                              ///< odd, >= 1
+  int64_t num_res_units = 0;                               ///< 0: plain conv blocks; >= 1 residual
+  NormKind norm = NormKind::instance;                      ///< batch | instance (affine) | none
+  ActKind act = ActKind::prelu;                            ///< relu | prelu | leakyrelu
+  double dropout = 0.0;                                    ///< probability in [0, 1)
+  bool bias = true;                                        ///< conv biases
 
   /// invalid_argument naming the bad field, or ok.
   Status validate() const;
@@ -49,9 +49,9 @@ struct UNetOptions {
 /// (identity, 1x1 conv when only channels change, or a strided kxk conv). With
 /// residual = false it is a single conv block (MONAI's down layer with num_res_units 0).
 struct ResidualUnitOptions {
-  ConvBlockOptions block;     ///< first unit; later units have stride 1 and out->out channels
-  int64_t subunits = 2;       ///< >= 1
-  bool residual = true;       ///< add the residual path
+  ConvBlockOptions block;       ///< first unit; later units have stride 1 and out->out channels
+  int64_t subunits = 2;         ///< >= 1
+  bool residual = true;         ///< add the residual path
   bool last_conv_only = false;  ///< last unit without norm/act (MONAI's top up layer)
 };
 
@@ -101,20 +101,20 @@ TORCH_MODULE(UNet);
 
 /// Options of PlainConvUNet; defaults follow nnU-Net's 3D full-resolution plans.
 struct PlainConvUNetOptions {
-  int spatial_dims = 3;              ///< 2 or 3
-  int64_t in_channels = 1;           ///< >= 1
-  int64_t num_classes = 2;           ///< output channels incl. background
-  int64_t n_stages = 5;              ///< encoder stages, >= 2
-  int64_t base_features = 32;        ///< features of stage 0; doubled per stage
-  int64_t max_features = 320;        ///< cap (nnU-Net: 320 in 3D, 512 in 2D)
-  int64_t n_conv_per_stage = 2;      ///< encoder convs per stage, >= 1
+  int spatial_dims = 3;                  ///< 2 or 3
+  int64_t in_channels = 1;               ///< >= 1
+  int64_t num_classes = 2;               ///< output channels incl. background
+  int64_t n_stages = 5;                  ///< encoder stages, >= 2
+  int64_t base_features = 32;            ///< features of stage 0; doubled per stage
+  int64_t max_features = 320;            ///< cap (nnU-Net: 320 in 3D, 512 in 2D)
+  int64_t n_conv_per_stage = 2;          ///< encoder convs per stage, >= 1
   int64_t n_conv_per_stage_decoder = 2;  ///< decoder convs per stage, >= 1
-  int64_t kernel_size = 3;           ///< odd
-  std::vector<int64_t> strides;      ///< per stage; empty = {1, 2, 2, ...}
-  bool deep_supervision = true;      ///< return one output per decoder stage
-  bool conv_bias = true;             ///< nnU-Net plans use biases
-  double negative_slope = 0.01;      ///< LeakyReLU slope
-  NormKind norm = NormKind::instance;  ///< instance (affine) as nnU-Net; batch possible
+  int64_t kernel_size = 3;               ///< odd
+  std::vector<int64_t> strides;          ///< per stage; empty = {1, 2, 2, ...}
+  bool deep_supervision = true;          ///< return one output per decoder stage
+  bool conv_bias = true;                 ///< nnU-Net plans use biases
+  double negative_slope = 0.01;          ///< LeakyReLU slope
+  NormKind norm = NormKind::instance;    ///< instance (affine) as nnU-Net; batch possible
 
   Status validate() const;
   /// Features per stage: min(base * 2^s, max).
@@ -135,10 +135,10 @@ class PlainConvUNetImpl : public torch::nn::Cloneable<PlainConvUNetImpl> {
   void pretty_print(std::ostream& stream) const override;
 
   PlainConvUNetOptions options;
-  torch::nn::ModuleList encoder_stages{nullptr};   ///< ModuleList of ConvBlocks per stage
-  torch::nn::ModuleList transpconvs{nullptr};      ///< decoder stage s: below -> skip features
-  torch::nn::ModuleList decoder_stages{nullptr};   ///< ModuleList of ConvBlocks per stage
-  torch::nn::ModuleList seg_layers{nullptr};       ///< 1x1 convs to num_classes
+  torch::nn::ModuleList encoder_stages{nullptr};  ///< ModuleList of ConvBlocks per stage
+  torch::nn::ModuleList transpconvs{nullptr};     ///< decoder stage s: below -> skip features
+  torch::nn::ModuleList decoder_stages{nullptr};  ///< ModuleList of ConvBlocks per stage
+  torch::nn::ModuleList seg_layers{nullptr};      ///< 1x1 convs to num_classes
 };
 TORCH_MODULE(PlainConvUNet);
 

@@ -67,7 +67,8 @@ Result<TensorMap> read_tensor_archive(const std::filesystem::path& path) {
     return corrupt_data(where + ": header length " + std::to_string(header_len) + " exceeds the file size " +
                         std::to_string(file_size));
   std::string header(header_len, '\0');
-  if (!f.read(header.data(), static_cast<std::streamsize>(header_len))) return io_error(where + ": cannot read header");
+  if (!f.read(header.data(), static_cast<std::streamsize>(header_len)))
+    return io_error(where + ": cannot read header");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(header);
@@ -97,15 +98,17 @@ Result<TensorMap> read_tensor_archive(const std::filesystem::path& path) {
     std::vector<int64_t> shape;
     uint64_t numel = 1;
     for (const auto& s : t["shape"]) {
-      if (!s.is_number_unsigned()) return corrupt_data(field + " (" + name + ").shape: expected non-negative integers, got " + t["shape"].dump());
+      if (!s.is_number_unsigned())
+        return corrupt_data(field + " (" + name + ").shape: expected non-negative integers, got " +
+                            t["shape"].dump());
       shape.push_back(s.get<int64_t>());
       numel *= s.get<uint64_t>();
     }
     const uint64_t offset = t["offset"].get<uint64_t>(), nbytes = t["nbytes"].get<uint64_t>();
     const uint64_t expected = numel * c10::elementSize(dtype->type);
     if (nbytes != expected)
-      return corrupt_data(field + " (" + name + ").nbytes: expected " + std::to_string(expected) + " for " + dt + " " +
-                          t["shape"].dump() + ", got " + std::to_string(nbytes));
+      return corrupt_data(field + " (" + name + ").nbytes: expected " + std::to_string(expected) + " for " +
+                          dt + " " + t["shape"].dump() + ", got " + std::to_string(nbytes));
     if (offset > data_size || nbytes > data_size - offset)
       return corrupt_data(field + " (" + name + "): data [" + std::to_string(offset) + ", " +
                           std::to_string(offset + nbytes) + ") lies past the end of the file (truncated?)");
@@ -131,7 +134,8 @@ Status write_tensor_archive(const std::filesystem::path& path, const TensorMap& 
                               std::string(c10::toString(t.scalar_type())));
     auto c = t.detach().to(at::kCPU).contiguous();
     const uint64_t nbytes = c.numel() * c.element_size();
-    list.push_back({{"name", name}, {"dtype", dt}, {"shape", c.sizes().vec()}, {"offset", offset}, {"nbytes", nbytes}});
+    list.push_back(
+        {{"name", name}, {"dtype", dt}, {"shape", c.sizes().vec()}, {"offset", offset}, {"nbytes", nbytes}});
     offset += (nbytes + kAlign - 1) / kAlign * kAlign;
     cpu.push_back(std::move(c));
   }
@@ -181,7 +185,8 @@ Status load_into(torch::nn::Module& module, const TensorMap& tensors, bool stric
       missing.push_back(name);
     } else if (!it->second.defined() || it->second.sizes() != t.sizes()) {
       mismatched.push_back(name + " (model " + shape_str(t.sizes()) + ", weights " +
-                           (it->second.defined() ? shape_str(it->second.sizes()) : std::string("undefined")) + ")");
+                           (it->second.defined() ? shape_str(it->second.sizes()) : std::string("undefined")) +
+                           ")");
     }
   }
   for (const auto& [name, t] : tensors)

@@ -20,18 +20,18 @@ class Pipeline;
 
 /// What a training data path is built from. Shared by every BatchSource implementation.
 struct LoaderOptions {
-  std::vector<CaseEntry> cases;     ///< training cases (already scanned)
-  const Pipeline* pipeline = nullptr;  ///< built pipeline; must outlive the source
-  std::int64_t batch_size = 2;      ///< samples per batch (after 1 -> N crops), >= 1
-  std::uint64_t seed = 0;           ///< job seed (sampler order and per-sample Rng)
-  std::int64_t rank = 0;            ///< data-parallel rank
-  std::int64_t world_size = 1;      ///< data-parallel world size
-  std::string device = "cpu";       ///< where random stages run and batches land ("cuda:0")
-  int decode_workers = 2;           ///< decode pool size (actors) / ignored (simple loader)
-  int max_inflight_batches = 2;     ///< prefetch bound per trainer (actors)
-  double cache_rate = 1.0;          ///< fraction of cases kept in the memory cache
+  std::vector<CaseEntry> cases;          ///< training cases (already scanned)
+  const Pipeline* pipeline = nullptr;    ///< built pipeline; must outlive the source
+  std::int64_t batch_size = 2;           ///< samples per batch (after 1 -> N crops), >= 1
+  std::uint64_t seed = 0;                ///< job seed (sampler order and per-sample Rng)
+  std::int64_t rank = 0;                 ///< data-parallel rank
+  std::int64_t world_size = 1;           ///< data-parallel world size
+  std::string device = "cpu";            ///< where random stages run and batches land ("cuda:0")
+  int decode_workers = 2;                ///< decode pool size (actors) / ignored (simple loader)
+  int max_inflight_batches = 2;          ///< prefetch bound per trainer (actors)
+  double cache_rate = 1.0;               ///< fraction of cases kept in the memory cache
   std::int64_t cache_bytes = 8LL << 30;  ///< memory cache budget
-  std::string disk_cache_dir;       ///< persistent cache folder; empty = none
+  std::string disk_cache_dir;            ///< persistent cache folder; empty = none
 };
 
 /// A case that failed (bad file, a stage that threw); it is skipped and reported.

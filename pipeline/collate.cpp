@@ -28,8 +28,8 @@ Result<Batch> collate(const std::vector<Sample>& samples, const CollateOptions& 
       if (!ts.empty()) {
         const at::Tensor& t0 = ts.front();
         auto desc = [&](const std::string& what, const std::string& a, const std::string& b2) {
-          return invalid_argument("collate: '" + key + "' " + what + " differ: sample '" + first.id + "' is " + a +
-                                  ", sample '" + s.id + "' is " + b2);
+          return invalid_argument("collate: '" + key + "' " + what + " differ: sample '" + first.id +
+                                  "' is " + a + ", sample '" + s.id + "' is " + b2);
         };
         if (t.sizes() != t0.sizes()) return desc("shapes", detail::shape_string(t0), detail::shape_string(t));
         if (t.scalar_type() != t0.scalar_type())

@@ -76,7 +76,11 @@ struct Range {
 
   /// "> 0", ">= 0", "[0, 1]", "" (unbounded).
   std::string text() const {
-    auto num = [](double v) { return format_value(nlohmann::json(v == std::floor(v) && std::abs(v) < 1e15 ? nlohmann::json(static_cast<std::int64_t>(v)) : nlohmann::json(v))); };
+    auto num = [](double v) {
+      return format_value(nlohmann::json(v == std::floor(v) && std::abs(v) < 1e15
+                                             ? nlohmann::json(static_cast<std::int64_t>(v))
+                                             : nlohmann::json(v)));
+    };
     if (unbounded()) return "";
     if (std::isinf(hi)) return std::string(lo_open ? "> " : ">= ") + num(lo);
     if (std::isinf(lo)) return std::string(hi_open ? "< " : "<= ") + num(hi);
@@ -102,16 +106,16 @@ inline std::string with_article(const std::string& noun) {
 
 /// What `segflow stages` prints about one option.
 struct OptionInfo {
-  std::string name;               ///< key in the config
-  std::string type;               ///< "number", "3 numbers", "list of strings", ...
-  nlohmann::json default_value;   ///< the in-place default
-  std::string range;              ///< "> 0", "[0, 1]", "one of: trilinear, nearest"; may be empty
-  std::string unit;               ///< "mm", "voxels", "radians", ...; may be empty
-  std::string doc;                ///< one line
+  std::string name;              ///< key in the config
+  std::string type;              ///< "number", "3 numbers", "list of strings", ...
+  nlohmann::json default_value;  ///< the in-place default
+  std::string range;             ///< "> 0", "[0, 1]", "one of: trilinear, nearest"; may be empty
+  std::string unit;              ///< "mm", "voxels", "radians", ...; may be empty
+  std::string doc;               ///< one line
 };
 
 inline nlohmann::json to_json(const OptionInfo& o) {
-  return {{"name", o.name}, {"type", o.type}, {"default", o.default_value},
+  return {{"name", o.name},   {"type", o.type}, {"default", o.default_value},
           {"range", o.range}, {"unit", o.unit}, {"doc", o.doc}};
 }
 
@@ -130,7 +134,8 @@ class OptionParser {
       options_ = nlohmann::json::object();
     } else if (!options.is_object()) {
       options_ = nlohmann::json::object();
-      set_error(where_ + (where_.empty() ? "" : ": ") + "expected a map of options, got " + format_value(options));
+      set_error(where_ + (where_.empty() ? "" : ": ") + "expected a map of options, got " +
+                format_value(options));
     } else {
       options_ = options;
     }
@@ -208,8 +213,10 @@ class OptionParser {
       out.push_back(v->get<std::string>());
     } else if (v->is_array()) {
       for (const auto& e : *v) {
-        if (!e.is_string() || e.get<std::string>().empty()) ok = false;
-        else out.push_back(e.get<std::string>());
+        if (!e.is_string() || e.get<std::string>().empty())
+          ok = false;
+        else
+          out.push_back(e.get<std::string>());
       }
     } else {
       ok = false;
@@ -222,8 +229,8 @@ class OptionParser {
 
   /// N numbers; with `broadcast` a single number stands for N equal ones.
   template <std::size_t N>
-  void numbers(const char* key, std::array<double, N>& field, Range range, bool broadcast,
-               const char* unit, const char* doc) {
+  void numbers(const char* key, std::array<double, N>& field, Range range, bool broadcast, const char* unit,
+               const char* doc) {
     list_impl<double, N>(key, field, range, broadcast, false, unit, doc);
   }
 
@@ -245,12 +252,15 @@ class OptionParser {
     if (ok)
       for (const auto& e : *v) {
         std::int64_t i = 0;
-        if (!as_integer(e, i) || !range.contains(static_cast<double>(i))) ok = false;
-        else out.push_back(i);
+        if (!as_integer(e, i) || !range.contains(static_cast<double>(i)))
+          ok = false;
+        else
+          out.push_back(i);
       }
     if (ok && unique && std::set<std::int64_t>(out.begin(), out.end()).size() != out.size()) ok = false;
     if (!ok)
-      return fail_expected(key, std::string("a list of ") + (unique ? "distinct " : "") + range.noun(true, true), *v);
+      return fail_expected(
+          key, std::string("a list of ") + (unique ? "distinct " : "") + range.noun(true, true), *v);
     field = std::move(out);
     resolve(key, field);
   }
@@ -306,7 +316,8 @@ class OptionParser {
     add_info(key, type, field, range.text(), unit, doc);
     const nlohmann::json* v = find(key);
     if (!v) return resolve(key, field);
-    const std::string expected = broadcast ? with_article(range.noun(integer, false)) + " or " + plural : plural;
+    const std::string expected =
+        broadcast ? with_article(range.noun(integer, false)) + " or " + plural : plural;
     auto read_one = [&](const nlohmann::json& e, T& out) {
       if (integer) {
         std::int64_t i = 0;
@@ -346,7 +357,8 @@ class OptionParser {
   template <class T>
   void add_info(const char* key, std::string type, const T& def, std::string range, const char* unit,
                 const char* doc) {
-    infos_.push_back({key, std::move(type), nlohmann::json(def), std::move(range), unit ? unit : "", doc ? doc : ""});
+    infos_.push_back(
+        {key, std::move(type), nlohmann::json(def), std::move(range), unit ? unit : "", doc ? doc : ""});
   }
   std::string path(const char* key) const { return where_.empty() ? std::string(key) : where_ + "." + key; }
   void fail_expected(const char* key, const std::string& expected, const nlohmann::json& got) {

@@ -28,8 +28,10 @@ bool parse_float(const std::string& s, double& out) {
   if (s.empty()) return false;
   bool digit = false;
   for (char c : s) {
-    if (c >= '0' && c <= '9') digit = true;
-    else if (c != '.' && c != 'e' && c != 'E' && c != '+' && c != '-') return false;
+    if (c >= '0' && c <= '9')
+      digit = true;
+    else if (c != '.' && c != 'e' && c != 'E' && c != '+' && c != '-')
+      return false;
   }
   if (!digit) return false;
   char* end = nullptr;
@@ -99,11 +101,13 @@ Result<PipelineSpec> parse_pipeline_spec(const nlohmann::json& stages, const std
       s.name = n->get<std::string>();
       auto o = e.find("options");
       if (o != e.end() && !o->is_null()) {
-        if (!o->is_object()) return invalid_config(at + ".options: expected a map of options, got " + format_value(*o));
+        if (!o->is_object())
+          return invalid_config(at + ".options: expected a map of options, got " + format_value(*o));
         s.options = *o;
       }
     } else {
-      return invalid_config(at + ": expected a stage name or a map with name and options, got " + format_value(e));
+      return invalid_config(at + ": expected a stage name or a map with name and options, got " +
+                            format_value(e));
     }
     if (s.name.empty()) return invalid_config(at + ": expected a stage name, got \"\"");
     spec.stages.push_back(std::move(s));
@@ -111,7 +115,8 @@ Result<PipelineSpec> parse_pipeline_spec(const nlohmann::json& stages, const std
   return spec;
 }
 
-Result<PipelineSpec> parse_pipeline_spec(const YAML::Node& stages, const std::string& file, const std::string& path) {
+Result<PipelineSpec> parse_pipeline_spec(const YAML::Node& stages, const std::string& file,
+                                         const std::string& path) {
   return parse_pipeline_spec(yaml_to_json(stages), file, path);
 }
 
@@ -194,7 +199,8 @@ Status Pipeline::run_random(std::vector<Sample>& samples, Rng& rng) const {
 Status Pipeline::check_device(const c10::Device& device) const {
   for (std::size_t i = boundary_; i < stages_.size(); ++i)
     if (!stages_[i]->supports_device(device))
-      return unsupported("stages[" + std::to_string(i) + "] (" + stages_[i]->name() + ") cannot run on " + device.str());
+      return unsupported("stages[" + std::to_string(i) + "] (" + stages_[i]->name() + ") cannot run on " +
+                         device.str());
   return Status::ok();
 }
 
@@ -209,7 +215,8 @@ Result<Pipeline> build_pipeline(const PipelineSpec& spec, const StageRegistry& r
   for (std::size_t i = 0; i < spec.stages.size(); ++i) {
     const StageSpec& s = spec.stages[i];
     const std::string at = place(spec.file, spec.path + "[" + std::to_string(i) + "]");
-    if (!registry.contains(s.name)) return invalid_config(at + ".name: " + registry.unknown_stage_message(s.name));
+    if (!registry.contains(s.name))
+      return invalid_config(at + ".name: " + registry.unknown_stage_message(s.name));
     SEGFLOW_ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage, registry.make(s.name, s.options, at + ".options"));
     if (!stage) return internal_error(at + ": the factory of stage '" + s.name + "' returned no stage");
     if (i != 0 && dynamic_cast<const SourceStage*>(stage.get()))
@@ -224,8 +231,8 @@ Result<Pipeline> build_pipeline(PipelineSpec spec, const StageRegistry& registry
   return build_pipeline(spec, registry);
 }
 
-Result<Pipeline> build_pipeline(const YAML::Node& stages, const StageRegistry& registry, const std::string& file,
-                                const std::string& path) {
+Result<Pipeline> build_pipeline(const YAML::Node& stages, const StageRegistry& registry,
+                                const std::string& file, const std::string& path) {
   SEGFLOW_ASSIGN_OR_RETURN(PipelineSpec spec, parse_pipeline_spec(stages, file, path));
   return build_pipeline(spec, registry);
 }

@@ -39,8 +39,8 @@ struct StageSpec {
 /// A pipeline as data.
 struct PipelineSpec {
   std::vector<StageSpec> stages;
-  std::string file;              ///< config file it came from (for messages); may be empty
-  std::string path = "stages";   ///< where the list sits in that file
+  std::string file;             ///< config file it came from (for messages); may be empty
+  std::string path = "stages";  ///< where the list sits in that file
 };
 
 /// Converts YAML to JSON: plain scalars become null/bool/integer/float when they read as
@@ -106,7 +106,7 @@ Result<Pipeline> build_pipeline(const PipelineSpec& spec, const StageRegistry& r
 /// The same with `file` in place of spec.file.
 Result<Pipeline> build_pipeline(PipelineSpec spec, const StageRegistry& registry, const std::string& file);
 /// Parses and builds in one go (a job config's `stages:` node).
-Result<Pipeline> build_pipeline(const YAML::Node& stages, const StageRegistry& registry, const std::string& file,
-                                const std::string& path = "stages");
+Result<Pipeline> build_pipeline(const YAML::Node& stages, const StageRegistry& registry,
+                                const std::string& file, const std::string& path = "stages");
 
 }  // namespace segflow::pipeline

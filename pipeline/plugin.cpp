@@ -60,8 +60,8 @@ Result<LoadedPlugin> load_plugin(const fs::path& file, StageRegistry& registry) 
   if (rc != 0) {
     for (const auto& n : out.stages) registry.remove(n);
     std::string detail = what.empty() ? registry.last_error() : what;
-    return invalid_argument(name + ": " + kPluginRegisterSymbol + " failed (returned " + std::to_string(rc) + ")" +
-                            (detail.empty() ? std::string() : ": " + detail));
+    return invalid_argument(name + ": " + kPluginRegisterSymbol + " failed (returned " + std::to_string(rc) +
+                            ")" + (detail.empty() ? std::string() : ": " + detail));
   }
   return out;
 }

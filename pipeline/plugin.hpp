@@ -6,7 +6,8 @@
 //   extern "C" int segflow_register_stages(segflow::pipeline::StageRegistry* registry);  // 0 = ok
 // Write them with the macros below:
 //   SEGFLOW_PLUGIN_ABI()
-//   SEGFLOW_PLUGIN_REGISTER(registry) { return segflow::pipeline::add_stage<MyStage>(*registry).is_ok() ? 0 : 1; }
+//   SEGFLOW_PLUGIN_REGISTER(registry) { return segflow::pipeline::add_stage<MyStage>(*registry).is_ok() ? 0 :
+//   1; }
 //
 // ABI: the plugin shares C++ types with the host (Stage, Sample, Rng, StageRegistry,
 // OptionParser, LibTorch tensors), so it must be built against the same segflow headers,
@@ -56,12 +57,12 @@ Result<std::vector<LoadedPlugin>> load_plugins(const std::filesystem::path& fold
 }  // namespace segflow::pipeline
 
 /// Defines segflow_plugin_abi_version() for this plugin.
-#define SEGFLOW_PLUGIN_ABI() \
+#define SEGFLOW_PLUGIN_ABI()                                                           \
   extern "C" __attribute__((visibility("default"))) int segflow_plugin_abi_version() { \
-    return ::segflow::pipeline::kPluginAbiVersion;                                   \
+    return ::segflow::pipeline::kPluginAbiVersion;                                     \
   }
 
 /// Starts the definition of segflow_register_stages(StageRegistry* registry_name).
-#define SEGFLOW_PLUGIN_REGISTER(registry_name)                           \
+#define SEGFLOW_PLUGIN_REGISTER(registry_name)                                   \
   extern "C" __attribute__((visibility("default"))) int segflow_register_stages( \
       ::segflow::pipeline::StageRegistry* registry_name)

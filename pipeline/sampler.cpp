@@ -9,9 +9,11 @@ namespace segflow::pipeline {
 
 Result<EpochSampler> EpochSampler::make(const SamplerOptions& o) {
   if (o.dataset_size < 1)
-    return invalid_argument("sampler: dataset_size: expected an integer >= 1, got " + std::to_string(o.dataset_size));
+    return invalid_argument("sampler: dataset_size: expected an integer >= 1, got " +
+                            std::to_string(o.dataset_size));
   if (o.world_size < 1)
-    return invalid_argument("sampler: world_size: expected an integer >= 1, got " + std::to_string(o.world_size));
+    return invalid_argument("sampler: world_size: expected an integer >= 1, got " +
+                            std::to_string(o.world_size));
   if (o.rank < 0 || o.rank >= o.world_size)
     return invalid_argument("sampler: rank: expected an integer in [0, " + std::to_string(o.world_size - 1) +
                             "], got " + std::to_string(o.rank));
@@ -22,7 +24,8 @@ Result<EpochSampler> EpochSampler::make(const SamplerOptions& o) {
 }
 
 EpochSampler::EpochSampler(const SamplerOptions& o) : o_(o) {
-  per_rank_ = o.drop_last ? o.dataset_size / o.world_size : (o.dataset_size + o.world_size - 1) / o.world_size;
+  per_rank_ =
+      o.drop_last ? o.dataset_size / o.world_size : (o.dataset_size + o.world_size - 1) / o.world_size;
 }
 
 std::vector<std::int64_t> EpochSampler::epoch_order(std::int64_t epoch) const {
@@ -46,7 +49,8 @@ std::vector<std::int64_t> EpochSampler::indices(std::int64_t epoch) const {
   const std::vector<std::int64_t> order = epoch_order(epoch);
   std::vector<std::int64_t> mine;
   mine.reserve(static_cast<std::size_t>(per_rank_));
-  for (std::size_t i = static_cast<std::size_t>(o_.rank); i < order.size(); i += static_cast<std::size_t>(o_.world_size))
+  for (std::size_t i = static_cast<std::size_t>(o_.rank); i < order.size();
+       i += static_cast<std::size_t>(o_.world_size))
     mine.push_back(order[i]);
   return mine;
 }

@@ -47,7 +47,8 @@ Status validate_loader_options(const LoaderOptions& o) {
   if (o.decode_workers < 1) return bad("decode_workers", "an integer >= 1", std::to_string(o.decode_workers));
   if (o.max_inflight_batches < 1)
     return bad("max_inflight_batches", "an integer >= 1", std::to_string(o.max_inflight_batches));
-  if (!(o.cache_rate >= 0 && o.cache_rate <= 1)) return bad("cache_rate", "a number in [0, 1]", std::to_string(o.cache_rate));
+  if (!(o.cache_rate >= 0 && o.cache_rate <= 1))
+    return bad("cache_rate", "a number in [0, 1]", std::to_string(o.cache_rate));
   if (o.cache_bytes < 0) return bad("cache_bytes", "bytes >= 0", std::to_string(o.cache_bytes));
   SEGFLOW_ASSIGN_OR_RETURN(c10::Device d, loader_device(o));
   SEGFLOW_RETURN_IF_ERROR(o.pipeline->check_device(d).with_context("loader: device"));
@@ -152,7 +153,8 @@ Result<std::unique_ptr<SimpleLoader>> SimpleLoader::make(const LoaderOptions& op
 }
 
 Status SimpleLoader::start_epoch(std::int64_t epoch) {
-  if (epoch < 0) return invalid_argument("loader: epoch: expected an integer >= 0, got " + std::to_string(epoch));
+  if (epoch < 0)
+    return invalid_argument("loader: epoch: expected an integer >= 0, got " + std::to_string(epoch));
   epoch_ = epoch;
   order_ = sampler_.indices(epoch);
   position_ = 0;
@@ -199,7 +201,8 @@ Result<std::optional<Batch>> SimpleLoader::next() {
     try {
       auto det = deterministic(index);
       if (det.is_ok()) {
-        samples = augment_case(*options_.pipeline, det.value(), options_.seed, options_.rank, epoch_, p, device_);
+        samples =
+            augment_case(*options_.pipeline, det.value(), options_.seed, options_.rank, epoch_, p, device_);
       } else {
         samples = det.status();
       }

@@ -85,12 +85,12 @@ class BatchAssembler {
 
 /// Counters of a SimpleLoader.
 struct SimpleLoaderStats {
-  std::int64_t decodes = 0;       ///< cases read and run through the deterministic stages
-  std::int64_t disk_hits = 0;     ///< cases read back from the disk cache
-  std::int64_t memory_hits = 0;   ///< cases served from the memory cache
-  std::int64_t cache_entries = 0; ///< samples in the memory cache
-  std::int64_t cache_bytes = 0;   ///< their tensor bytes
-  std::int64_t not_admitted = 0;  ///< cacheable samples left out for the budget
+  std::int64_t decodes = 0;        ///< cases read and run through the deterministic stages
+  std::int64_t disk_hits = 0;      ///< cases read back from the disk cache
+  std::int64_t memory_hits = 0;    ///< cases served from the memory cache
+  std::int64_t cache_entries = 0;  ///< samples in the memory cache
+  std::int64_t cache_bytes = 0;    ///< their tensor bytes
+  std::int64_t not_admitted = 0;   ///< cacheable samples left out for the budget
 };
 
 /// The synchronous BatchSource (see the header comment). Not thread-safe: one owner.

@@ -28,11 +28,11 @@ using StageFactory =
 
 /// What `segflow stages` prints about one stage.
 struct StageInfo {
-  std::string name;                  ///< registry name, [a-z0-9_]+
-  std::string doc;                   ///< one line
-  bool deterministic = true;         ///< cacheable (no random draws)
-  std::vector<OptionInfo> options;   ///< every option with its default
-  std::string origin;                ///< "builtin" or the plugin file that registered it
+  std::string name;                 ///< registry name, [a-z0-9_]+
+  std::string doc;                  ///< one line
+  bool deterministic = true;        ///< cacheable (no random draws)
+  std::vector<OptionInfo> options;  ///< every option with its default
+  std::string origin;               ///< "builtin" or the plugin file that registered it
 };
 
 /// Name-keyed factories. Not thread-safe while adding; read-only use (make, info) from many
@@ -62,7 +62,8 @@ class StageRegistry {
                                       const std::string& where) const {
     auto it = entries_.find(name);
     if (it == entries_.end())
-      return Status(ErrorCode::invalid_config, (where.empty() ? std::string() : where + ": ") + unknown_stage_message(name));
+      return Status(ErrorCode::invalid_config,
+                    (where.empty() ? std::string() : where + ": ") + unknown_stage_message(name));
     return it->second.factory(options, where);
   }
 
@@ -125,15 +126,16 @@ Status add_stage(StageRegistry& registry) {
     defaults.bind(p);
     info.options = p.infos();
   }
-  return registry.add(std::move(info), [](const nlohmann::json& json, const std::string& where)
-                                           -> Result<std::unique_ptr<Stage>> {
-    Options options;
-    OptionParser p(json, where, StageT::kName);
-    options.bind(p);
-    SEGFLOW_RETURN_IF_ERROR(p.finish());
-    nlohmann::json resolved = p.resolved();
-    return std::unique_ptr<Stage>(std::make_unique<StageT>(std::move(options), std::move(resolved)));
-  });
+  return registry.add(
+      std::move(info),
+      [](const nlohmann::json& json, const std::string& where) -> Result<std::unique_ptr<Stage>> {
+        Options options;
+        OptionParser p(json, where, StageT::kName);
+        options.bind(p);
+        SEGFLOW_RETURN_IF_ERROR(p.finish());
+        nlohmann::json resolved = p.resolved();
+        return std::unique_ptr<Stage>(std::make_unique<StageT>(std::move(options), std::move(resolved)));
+      });
 }
 
 /// Registers every built-in stage (the list is in stage_registry.cpp).

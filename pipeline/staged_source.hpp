@@ -14,7 +14,8 @@ namespace segflow::pipeline {
 class StagedBatchSource : public BatchSource {
  public:
   /// Every epoch yields `steps` batches, cycling through `batches` (not empty).
-  StagedBatchSource(std::vector<Batch> batches, std::int64_t steps) : batches_(std::move(batches)), steps_(steps) {}
+  StagedBatchSource(std::vector<Batch> batches, std::int64_t steps)
+      : batches_(std::move(batches)), steps_(steps) {}
   Status start_epoch(std::int64_t) override {
     served_ = 0;
     return Status::ok();

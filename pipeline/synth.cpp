@@ -25,11 +25,17 @@ constexpr double kPi = 3.14159265358979323846;
 
 /// Rotation matrix (row-major) from angles about x, y, z (radians), R = Rz * Ry * Rx.
 std::array<double, 9> rotation(double ax, double ay, double az) {
-  const double cx = std::cos(ax), sx = std::sin(ax), cy = std::cos(ay), sy = std::sin(ay),
-               cz = std::cos(az), sz = std::sin(az);
-  return {cz * cy, cz * sy * sx - sz * cx, cz * sy * cx + sz * sx,
-          sz * cy, sz * sy * sx + cz * cx, sz * sy * cx - cz * sx,
-          -sy,     cy * sx,                cy * cx};
+  const double cx = std::cos(ax), sx = std::sin(ax), cy = std::cos(ay), sy = std::sin(ay), cz = std::cos(az),
+               sz = std::sin(az);
+  return {cz * cy,
+          cz * sy * sx - sz * cx,
+          cz * sy * cx + sz * sx,
+          sz * cy,
+          sz * sy * sx + cz * cx,
+          sz * sy * cx - cz * sx,
+          -sy,
+          cy * sx,
+          cy * cx};
 }
 
 /// An ellipsoid in body-normalised coordinates (the body spans about [-1, 1] per axis).
@@ -62,12 +68,18 @@ at::Tensor inside(const std::array<at::Tensor, 3>& u, const Ellipsoid& e, double
 
 const char* phantom_label_name(int label) {
   switch (label) {
-    case 0: return "background";
-    case 1: return "liver";
-    case 2: return "spleen";
-    case 3: return "kidney";
-    case 4: return "spine";
-    default: return "unknown";
+    case 0:
+      return "background";
+    case 1:
+      return "liver";
+    case 2:
+      return "spleen";
+    case 3:
+      return "kidney";
+    case 4:
+      return "spine";
+    default:
+      return "unknown";
   }
 }
 
@@ -85,8 +97,7 @@ Phantom make_phantom(int size, std::uint64_t seed, int index) {
   const std::int64_t nx = size, ny = size;
   const std::int64_t nz = std::max<std::int64_t>(16, std::llround(size * sxy / sz * 1.2));
   const bool oblique = index % 3 == 2;
-  g.direction = oblique ? rotation(U(3, 8) * kPi / 180, 0.0, U(10, 25) * kPi / 180)
-                        : rotation(0, 0, 0);
+  g.direction = oblique ? rotation(U(3, 8) * kPi / 180, 0.0, U(10, 25) * kPi / 180) : rotation(0, 0, 0);
   const std::array<double, 3> centre{U(-20, 20), U(-20, 20), U(-150, 150)};
   // origin such that the grid centre lands on the body centre
   const std::array<double, 3> half_idx{(nx - 1) / 2.0, (ny - 1) / 2.0, (nz - 1) / 2.0};
@@ -146,8 +157,8 @@ Phantom make_phantom(int size, std::uint64_t seed, int index) {
   label.masked_fill_(m_kidney, 3);
   label.masked_fill_(m_spine, 4);
 
-  const double hu_tissue = U(20, 40), hu_liver = U(90, 110), hu_spleen = U(140, 160),
-               hu_kidney = U(190, 220), hu_bone = U(450, 650);
+  const double hu_tissue = U(20, 40), hu_liver = U(90, 110), hu_spleen = U(140, 160), hu_kidney = U(190, 220),
+               hu_bone = U(450, 650);
   auto hu = torch::full({nz, ny, nx}, -1000.0f);
   hu.masked_fill_(in_body, -100.0f);  // subcutaneous fat
   hu.masked_fill_(in_inner, static_cast<float>(hu_tissue));
@@ -159,8 +170,8 @@ Phantom make_phantom(int size, std::uint64_t seed, int index) {
   // Smooth bias field (low-frequency, +-30 HU inside the body) and Gaussian noise.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(rng());
   const double fx = U(0.5, 1.5), fy = U(0.5, 1.5), fz = U(0.3, 1.0), ph = U(0, 2 * kPi);
-  at::Tensor bias = 30.0 * torch::sin(fx * u[0] + ph) * torch::cos(fy * u[1] - 0.5 * ph) *
-                    torch::cos(fz * u[2]);
+  at::Tensor bias =
+      30.0 * torch::sin(fx * u[0] + ph) * torch::cos(fy * u[1] - 0.5 * ph) * torch::cos(fz * u[2]);
   at::Tensor noise = torch::randn({nz, ny, nx}, gen, torch::kFloat32) * U(12, 20);
   hu = torch::where(in_body, hu + bias + noise, hu + noise * 0.3);
   hu = hu.round().clamp(-1024, 3071);
@@ -239,8 +250,8 @@ Status synthesize_dataset(const SynthOptions& o) {
       img.voxels = img.voxels.to(torch::kInt16);  // integer HU, as CT NIfTI files store them
       SEGFLOW_RETURN_IF_ERROR(write_nifti(o.out / "imagesTr" / (id + "_0000.nii.gz"), img));
       SEGFLOW_RETURN_IF_ERROR(write_nifti(o.out / "labelsTr" / (id + ".nii.gz"), ph.label));
-      training.push_back({{"image", "./imagesTr/" + id + "_0000.nii.gz"},
-                          {"label", "./labelsTr/" + id + ".nii.gz"}});
+      training.push_back(
+          {{"image", "./imagesTr/" + id + "_0000.nii.gz"}, {"label", "./labelsTr/" + id + ".nii.gz"}});
     } else if (o.format == "npy") {
       fs::create_directories(o.out / "imgs");
       fs::create_directories(o.out / "gts");

@@ -12,12 +12,12 @@ namespace segflow::pipeline {
 
 /// Options of `segflow synth`.
 struct SynthOptions {
-  int cases = 24;                    ///< number of cases, >= 1
-  int size = 96;                     ///< in-plane size in voxels (x = y = size), 16..512
-  std::string format = "nifti";      ///< dicom | nifti | npy
-  std::string compress = "none";     ///< DICOM only: none | rle | jpeg-ls | jpeg-lossless
-  std::filesystem::path out;         ///< output folder (created)
-  std::uint64_t seed = 0;            ///< dataset seed; case i uses (seed, i)
+  int cases = 24;                 ///< number of cases, >= 1
+  int size = 96;                  ///< in-plane size in voxels (x = y = size), 16..512
+  std::string format = "nifti";   ///< dicom | nifti | npy
+  std::string compress = "none";  ///< DICOM only: none | rle | jpeg-ls | jpeg-lossless
+  std::filesystem::path out;      ///< output folder (created)
+  std::uint64_t seed = 0;         ///< dataset seed; case i uses (seed, i)
 };
 
 /// One phantom: HU image (1, Z, Y, X) float32 with integer values and its label map

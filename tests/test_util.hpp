@@ -60,8 +60,10 @@ inline CommandResult run_command(const std::string& cmd) {
 inline std::string shell_quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) {
-    if (c == '\'') q += "'\\''";
-    else q += c;
+    if (c == '\'')
+      q += "'\\''";
+    else
+      q += c;
   }
   return q + "'";
 }
@@ -83,9 +85,10 @@ inline std::string segflow_bin() {
 /// Runs tests/tools/reference.py (an independent reader) and parses its JSON output.
 inline nlohmann::json reference_read(const std::string& reader, const std::filesystem::path& p) {
   auto r = run_command(shell_quote(python()) + " " +
-                       shell_quote(source_path("tests/tools/reference.py").string()) + " " +
-                       reader + " " + shell_quote(p.string()));
-  if (r.exit_code != 0) throw std::runtime_error("reference.py " + reader + " failed on " + p.string() + ": " + r.out);
+                       shell_quote(source_path("tests/tools/reference.py").string()) + " " + reader + " " +
+                       shell_quote(p.string()));
+  if (r.exit_code != 0)
+    throw std::runtime_error("reference.py " + reader + " failed on " + p.string() + ": " + r.out);
   return nlohmann::json::parse(r.out);
 }
 

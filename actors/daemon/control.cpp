@@ -23,7 +23,8 @@ json error_reply(const Status& st) {
 
 namespace {
 
-constexpr const char* kCommands = "start, stop, pause, resume, status, list, datasets, stages, ping, shutdown";
+constexpr const char* kCommands =
+    "start, stop, pause, resume, status, list, datasets, stages, ping, shutdown";
 
 /// A value as it appears in an error message (shortened).
 std::string shown(const json& v) {
@@ -71,7 +72,8 @@ class Fields {
   Result<bool> boolean(const char* k) const {
     if (!has(k)) return false;
     const json& v = req_[k];
-    if (!v.is_boolean()) return invalid_argument(std::string(k) + ": expected true or false, got " + shown(v));
+    if (!v.is_boolean())
+      return invalid_argument(std::string(k) + ": expected true or false, got " + shown(v));
     return v.get<bool>();
   }
 
@@ -79,10 +81,12 @@ class Fields {
     std::vector<std::string> out;
     if (!has(k)) return out;
     const json& v = req_[k];
-    if (!v.is_array()) return invalid_argument(std::string(k) + ": expected a list of strings, got " + shown(v));
+    if (!v.is_array())
+      return invalid_argument(std::string(k) + ": expected a list of strings, got " + shown(v));
     for (std::size_t i = 0; i < v.size(); ++i) {
       if (!v[i].is_string())
-        return invalid_argument(std::string(k) + "[" + std::to_string(i) + "]: expected a string, got " + shown(v[i]));
+        return invalid_argument(std::string(k) + "[" + std::to_string(i) + "]: expected a string, got " +
+                                shown(v[i]));
       out.push_back(v[i].get<std::string>());
     }
     return out;
@@ -115,9 +119,12 @@ json ControlHandler::handle(const std::string& bytes, std::size_t frames) {
     bool in_string = false, escaped = false;
     for (char ch : bytes) {
       if (in_string) {
-        if (escaped) escaped = false;
-        else if (ch == '\\') escaped = true;
-        else if (ch == '"') in_string = false;
+        if (escaped)
+          escaped = false;
+        else if (ch == '\\')
+          escaped = true;
+        else if (ch == '"')
+          in_string = false;
       } else if (ch == '"') {
         in_string = true;
       } else if (ch == '[' || ch == '{') {
@@ -126,7 +133,8 @@ json ControlHandler::handle(const std::string& bytes, std::size_t frames) {
         --depth;
       }
     }
-    if (max_depth > 32) return error_reply(invalid_argument("malformed request: JSON nested deeper than 32 levels"));
+    if (max_depth > 32)
+      return error_reply(invalid_argument("malformed request: JSON nested deeper than 32 levels"));
     json req;
     try {
       req = json::parse(bytes);
@@ -136,7 +144,8 @@ json ControlHandler::handle(const std::string& bytes, std::size_t frames) {
       return error_reply(invalid_argument("malformed JSON: " + what));
     }
     if (!req.is_object())
-      return error_reply(invalid_argument(std::string("expected a JSON object {\"cmd\": ...}, got ") + req.type_name()));
+      return error_reply(
+          invalid_argument(std::string("expected a JSON object {\"cmd\": ...}, got ") + req.type_name()));
     return dispatch(req);
   } catch (const std::exception& e) {
     log::error(std::string("control: ") + e.what());
@@ -145,20 +154,21 @@ json ControlHandler::handle(const std::string& bytes, std::size_t frames) {
 }
 
 json ControlHandler::dispatch(const json& req) {
-  if (!req.contains("cmd")) return error_reply(invalid_argument(std::string("cmd: missing (one of ") + kCommands + ")"));
+  if (!req.contains("cmd"))
+    return error_reply(invalid_argument(std::string("cmd: missing (one of ") + kCommands + ")"));
   if (!req["cmd"].is_string())
-    return error_reply(invalid_argument("cmd: expected a string (one of " + std::string(kCommands) + "), got " +
-                                        shown(req["cmd"])));
+    return error_reply(invalid_argument("cmd: expected a string (one of " + std::string(kCommands) +
+                                        "), got " + shown(req["cmd"])));
   const std::string cmd = req["cmd"].get<std::string>();
   Fields f(req, cmd);
-#define SEGFLOW_TRY(var, expr)                                   \
-  auto var##_r = (expr);                                         \
-  if (!var##_r.is_ok()) return error_reply(var##_r.status());    \
+#define SEGFLOW_TRY(var, expr)                                \
+  auto var##_r = (expr);                                      \
+  if (!var##_r.is_ok()) return error_reply(var##_r.status()); \
   auto var = std::move(var##_r).value()
-#define SEGFLOW_CHECK(expr)                      \
-  do {                                           \
-    Status _st = (expr);                         \
-    if (!_st.is_ok()) return error_reply(_st);   \
+#define SEGFLOW_CHECK(expr)                    \
+  do {                                         \
+    Status _st = (expr);                       \
+    if (!_st.is_ok()) return error_reply(_st); \
   } while (0)
 
   if (cmd == "start") {
@@ -169,8 +179,10 @@ json ControlHandler::dispatch(const json& req) {
     SEGFLOW_TRY(set, f.strings("set"));
     if (config && path) return error_reply(invalid_argument("config, path: give one of them, not both"));
     if (!config && !path)
-      return error_reply(invalid_argument("config: missing (the job config as YAML text in config, or a file in path)"));
-    if (path && file) return error_reply(invalid_argument("file: only with config (path names the file itself)"));
+      return error_reply(
+          invalid_argument("config: missing (the job config as YAML text in config, or a file in path)"));
+    if (path && file)
+      return error_reply(invalid_argument("file: only with config (path names the file itself)"));
     std::string text, name;
     if (path) {
       std::ifstream in(*path);

@@ -8,11 +8,10 @@
 //   pause     job; now (bool: at the next step, not the epoch end)  -> job, state, pending
 //   resume    job                                                   -> job, state
 //   status    job (optional)                                        -> job: {...} | jobs: [...]
-//   list                                                            -> jobs: [{id, name, state, epoch, epochs}]
-//   datasets  dataset (optional)                                    -> datasets: [...], ready
-//   stages                                                          -> stages: describe_stages
-//   ping                                                            -> pid, version, endpoints
-//   shutdown  now (bool)                                            -> shutting_down
+//   list                                                            -> jobs: [{id, name, state, epoch,
+//   epochs}] datasets  dataset (optional)                                    -> datasets: [...], ready stages
+//   -> stages: describe_stages ping                                                            -> pid,
+//   version, endpoints shutdown  now (bool)                                            -> shutting_down
 //
 // Validation comes first and names the field: malformed JSON, a non-object, a missing or
 // unknown cmd, unknown fields, missing fields and wrong types are errors and change nothing.

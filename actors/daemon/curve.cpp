@@ -48,10 +48,12 @@ Result<CurveKeyPair> write_keypair(const fs::path& dir) {
   if (!fs::is_directory(dir, ec)) return io_error(dir.string() + ": cannot create the key folder");
   ::chmod(dir.c_str(), 0700);
   const fs::path pub = dir / "public.key", sec = dir / "secret.key";
-  if (fs::exists(sec, ec)) return invalid_argument(sec.string() + ": exists; refusing to overwrite a secret key");
+  if (fs::exists(sec, ec))
+    return invalid_argument(sec.string() + ": exists; refusing to overwrite a secret key");
   char p[41] = {0}, s[41] = {0};
   if (zmq_curve_keypair(p, s) != 0)
-    return unsupported(std::string("zmq_curve_keypair failed (libzmq built without CURVE?): ") + zmq_strerror(errno));
+    return unsupported(std::string("zmq_curve_keypair failed (libzmq built without CURVE?): ") +
+                       zmq_strerror(errno));
   CurveKeyPair kp{p, s};
   SEGFLOW_RETURN_IF_ERROR(write_text(sec, kp.secret_key, 0600, true));
   SEGFLOW_RETURN_IF_ERROR(write_text(pub, kp.public_key, 0644, false));
@@ -146,7 +148,8 @@ Status ZapHandler::start() {
   }
   std::error_code ec;
   if (!fs::is_directory(impl_->dir, ec))
-    log::warn("control: curve.authorized_clients_dir " + impl_->dir.string() + " does not exist: no client is admitted");
+    log::warn("control: curve.authorized_clients_dir " + impl_->dir.string() +
+              " does not exist: no client is admitted");
   thread_ = std::thread([this] {
     while (!stop_.load()) {
       try {

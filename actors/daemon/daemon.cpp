@@ -124,7 +124,8 @@ int run_daemon(DaemonConfig cfg) {
   std::error_code ec;
   const bool fresh = !fs::exists(cfg.state_dir, ec);
   fs::create_directories(cfg.state_dir / "runs", ec);
-  if (!fs::is_directory(cfg.state_dir, ec)) return start_failure(cfg.state_dir.string() + ": cannot create state_dir");
+  if (!fs::is_directory(cfg.state_dir, ec))
+    return start_failure(cfg.state_dir.string() + ": cannot create state_dir");
   if (fresh) ::chmod(cfg.state_dir.c_str(), 0700);
   StateLock lock;
   if (Status st = lock.acquire(cfg.state_dir); !st.is_ok()) return start_failure(st.message());
@@ -135,8 +136,10 @@ int run_daemon(DaemonConfig cfg) {
   pipeline::StageRegistry registry = pipeline::builtin_registry();
   if (fs::is_directory(cfg.plugin_dir, ec)) {
     auto plugins = pipeline::load_plugins(cfg.plugin_dir, registry);
-    if (!plugins.is_ok()) log::error("plugins: " + plugins.status().message() + " (going on without the rest)");
-    else if (!plugins->empty()) log::info("plugins: " + std::to_string(plugins->size()) + " loaded from " + cfg.plugin_dir.string());
+    if (!plugins.is_ok())
+      log::error("plugins: " + plugins.status().message() + " (going on without the rest)");
+    else if (!plugins->empty())
+      log::info("plugins: " + std::to_string(plugins->size()) + " loaded from " + cfg.plugin_dir.string());
   }
 
   std::string secret;
@@ -145,17 +148,19 @@ int run_daemon(DaemonConfig cfg) {
     if (!s.is_ok()) return start_failure("curve.server_secret_key_file: " + s.status().message());
     secret = *s;
     auto derived = public_key_of(secret);
-    if (!derived.is_ok()) return start_failure(cfg.curve.server_secret_key_file.string() + ": " + derived.status().message());
+    if (!derived.is_ok())
+      return start_failure(cfg.curve.server_secret_key_file.string() + ": " + derived.status().message());
     if (!cfg.curve.server_public_key_file.empty()) {
       auto p = read_key_file(cfg.curve.server_public_key_file);
       if (!p.is_ok()) return start_failure("curve.server_public_key_file: " + p.status().message());
       if (*p != *derived)
-        return start_failure("curve: " + cfg.curve.server_public_key_file.string() + " is not the public key of " +
-                             cfg.curve.server_secret_key_file.string());
+        return start_failure("curve: " + cfg.curve.server_public_key_file.string() +
+                             " is not the public key of " + cfg.curve.server_secret_key_file.string());
     }
     struct stat st {};
     if (::stat(cfg.curve.server_secret_key_file.c_str(), &st) == 0 && (st.st_mode & 0077))
-      log::warn("curve: " + cfg.curve.server_secret_key_file.string() + " is readable by others (chmod 600 it)");
+      log::warn("curve: " + cfg.curve.server_secret_key_file.string() +
+                " is readable by others (chmod 600 it)");
   }
 
   zmq::context_t ctx(1);
@@ -168,7 +173,8 @@ int run_daemon(DaemonConfig cfg) {
   zmq::socket_t pub(ctx, zmq::socket_type::pub);
   // Larger than max_request_bytes still gets an error reply; far larger (8x) is dropped by
   // libzmq before it is buffered whole.
-  const std::int64_t hard_cap = std::min<std::int64_t>(cfg.max_request_bytes * 8 + 4096, std::int64_t{1} << 31);
+  const std::int64_t hard_cap =
+      std::min<std::int64_t>(cfg.max_request_bytes * 8 + 4096, std::int64_t{1} << 31);
   try {
     rep.set(zmq::sockopt::linger, 1000);
     rep.set(zmq::sockopt::maxmsgsize, hard_cap);
@@ -187,9 +193,10 @@ int run_daemon(DaemonConfig cfg) {
 
   DatasetWatcher watcher({cfg.data_root, cfg.rescan_interval_s, cfg.settle_s}, **db, nullptr);
   if (Status st = watcher.start(); !st.is_ok()) return start_failure(st.message());
-  JobManager jobs({cfg.state_dir, cfg.data_root, cfg.plugin_dir, cfg.devices}, **db, registry,
-                  [&publisher](const std::string& t, const json& b) { publisher.publish(t, b); },
-                  [&watcher](const std::string& d) { return watcher.version(d); });
+  JobManager jobs(
+      {cfg.state_dir, cfg.data_root, cfg.plugin_dir, cfg.devices}, **db, registry,
+      [&publisher](const std::string& t, const json& b) { publisher.publish(t, b); },
+      [&watcher](const std::string& d) { return watcher.version(d); });
   if (Status st = jobs.recover(); !st.is_ok()) return start_failure(st.message());
   ControlHandler handler(cfg, jobs, **db, watcher, registry);
 

@@ -34,14 +34,16 @@ Result<DaemonConfig> parse_daemon_config(const std::string& text, const std::str
   DaemonConfig c;
   c.file = file;
   if (j.is_null()) return c;  // an empty file: all defaults
-  if (!j.is_object()) return invalid_config(file + ": expected a mapping of daemon settings, got " + j.dump());
+  if (!j.is_object())
+    return invalid_config(file + ": expected a mapping of daemon settings, got " + j.dump());
   const std::string p = file + ": ";
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     const json& v = it.value();
     const std::string where = file + ": " + k;
     if (k == "data_root" || k == "state_dir" || k == "plugin_dir") {
-      SEGFLOW_RETURN_IF_ERROR(expect(v.is_string() && !v.get<std::string>().empty(), where, "a folder path", v));
+      SEGFLOW_RETURN_IF_ERROR(
+          expect(v.is_string() && !v.get<std::string>().empty(), where, "a folder path", v));
       (k == "data_root" ? c.data_root : k == "state_dir" ? c.state_dir : c.plugin_dir) = v.get<std::string>();
     } else if (k == "devices") {
       bool ok = v.is_array() && !v.empty();
@@ -59,7 +61,8 @@ Result<DaemonConfig> parse_daemon_config(const std::string& text, const std::str
                                      where, "an integer in [256, 2^30]", v));
       c.max_request_bytes = v.get<std::int64_t>();
     } else if (k == "rescan_interval_s" || k == "settle_s") {
-      SEGFLOW_RETURN_IF_ERROR(expect(v.is_number() && v.get<double>() > 0, where, "a number of seconds > 0", v));
+      SEGFLOW_RETURN_IF_ERROR(
+          expect(v.is_number() && v.get<double>() > 0, where, "a number of seconds > 0", v));
       (k == "rescan_interval_s" ? c.rescan_interval_s : c.settle_s) = v.get<double>();
     } else if (k == "log_level") {
       static const char* levels[] = {"trace", "debug", "info", "warn", "error", "off"};
@@ -73,13 +76,18 @@ Result<DaemonConfig> parse_daemon_config(const std::string& text, const std::str
       SEGFLOW_RETURN_IF_ERROR(expect(v.is_object(), where, "a mapping", v));
       for (auto ct = v.begin(); ct != v.end(); ++ct) {
         const std::string cw = where + "." + ct.key();
-        SEGFLOW_RETURN_IF_ERROR(expect(ct->is_string() && !ct->get<std::string>().empty(), cw, "a path", *ct));
-        if (ct.key() == "server_secret_key_file") c.curve.server_secret_key_file = ct->get<std::string>();
-        else if (ct.key() == "server_public_key_file") c.curve.server_public_key_file = ct->get<std::string>();
-        else if (ct.key() == "authorized_clients_dir") c.curve.authorized_clients_dir = ct->get<std::string>();
+        SEGFLOW_RETURN_IF_ERROR(
+            expect(ct->is_string() && !ct->get<std::string>().empty(), cw, "a path", *ct));
+        if (ct.key() == "server_secret_key_file")
+          c.curve.server_secret_key_file = ct->get<std::string>();
+        else if (ct.key() == "server_public_key_file")
+          c.curve.server_public_key_file = ct->get<std::string>();
+        else if (ct.key() == "authorized_clients_dir")
+          c.curve.authorized_clients_dir = ct->get<std::string>();
         else
-          return invalid_config(cw + ": unknown key; expected server_secret_key_file, server_public_key_file, "
-                                     "authorized_clients_dir");
+          return invalid_config(cw +
+                                ": unknown key; expected server_secret_key_file, server_public_key_file, "
+                                "authorized_clients_dir");
       }
       if (!c.curve.server_secret_key_file.empty() && c.curve.authorized_clients_dir.empty())
         return invalid_config(where + ".authorized_clients_dir: required with server_secret_key_file");
@@ -87,9 +95,10 @@ Result<DaemonConfig> parse_daemon_config(const std::string& text, const std::str
           (!c.curve.authorized_clients_dir.empty() || !c.curve.server_public_key_file.empty()))
         return invalid_config(where + ".server_secret_key_file: required when curve is configured");
     } else {
-      return invalid_config(p + k +
-                            ": unknown key; expected data_root, state_dir, plugin_dir, devices, control, events, "
-                            "max_request_bytes, rescan_interval_s, settle_s, log_level, curve");
+      return invalid_config(
+          p + k +
+          ": unknown key; expected data_root, state_dir, plugin_dir, devices, control, events, "
+          "max_request_bytes, rescan_interval_s, settle_s, log_level, curve");
     }
   }
   return c;
@@ -103,8 +112,12 @@ Result<DaemonConfig> load_daemon_config(const fs::path& file) {
   return parse_daemon_config(ss.str(), file.string());
 }
 
-std::string default_control_endpoint(const fs::path& state_dir) { return "ipc://" + (state_dir / "control.sock").string(); }
-std::string default_events_endpoint(const fs::path& state_dir) { return "ipc://" + (state_dir / "events.sock").string(); }
+std::string default_control_endpoint(const fs::path& state_dir) {
+  return "ipc://" + (state_dir / "control.sock").string();
+}
+std::string default_events_endpoint(const fs::path& state_dir) {
+  return "ipc://" + (state_dir / "events.sock").string();
+}
 
 namespace {
 
@@ -125,7 +138,8 @@ std::string tcp_host(const std::string& ep) {
 Status check_endpoint(const std::string& ep, const std::string& what) {
   if (ep.rfind("ipc://", 0) == 0) {
     const std::string path = ep.substr(6);
-    if (path.empty() || path == "*") return invalid_config(what + ": ipc endpoint needs a path, got '" + ep + "'");
+    if (path.empty() || path == "*")
+      return invalid_config(what + ": ipc endpoint needs a path, got '" + ep + "'");
     if (path.size() > 100)  // sockaddr_un.sun_path holds 108 bytes
       return invalid_config(what + ": ipc socket path is too long (" + std::to_string(path.size()) +
                             " bytes, at most 100): " + path);
@@ -167,12 +181,14 @@ Status finalize_daemon_config(DaemonConfig& c) {
   const std::string where = c.file.empty() ? std::string("segflowd") : c.file.string();
   SEGFLOW_RETURN_IF_ERROR(check_endpoint(c.control, where + ": control"));
   SEGFLOW_RETURN_IF_ERROR(check_endpoint(c.events, where + ": events"));
-  if (c.control == c.events) return invalid_config(where + ": control and events must be different endpoints");
+  if (c.control == c.events)
+    return invalid_config(where + ": control and events must be different endpoints");
   for (const auto* ep : {&c.control, &c.events}) {
     if (!is_local_endpoint(*ep) && !c.curve.enabled())
-      return invalid_config(where + ": " + (ep == &c.control ? "control" : "events") + " endpoint " + *ep +
-                            " is not loopback or ipc: binding it needs CURVE keys (curve.server_secret_key_file, "
-                            "curve.authorized_clients_dir; make them with `segflow ctl keygen --out DIR`)");
+      return invalid_config(
+          where + ": " + (ep == &c.control ? "control" : "events") + " endpoint " + *ep +
+          " is not loopback or ipc: binding it needs CURVE keys (curve.server_secret_key_file, "
+          "curve.authorized_clients_dir; make them with `segflow ctl keygen --out DIR`)");
   }
   return Status::ok();
 }

@@ -38,17 +38,17 @@ struct CurveSettings {
 
 /// The whole daemon configuration.
 struct DaemonConfig {
-  std::filesystem::path file;                     ///< where it came from ("" = defaults)
-  std::filesystem::path data_root = "data";       ///< watched data folder
-  std::filesystem::path state_dir = "state";      ///< database, run folders, ipc sockets
-  std::filesystem::path plugin_dir = "plugins";   ///< stage plugins; missing = none
-  std::vector<std::string> devices = {"auto"};    ///< device pool for jobs with device auto
-  std::string control;                            ///< REP endpoint; "" = ipc://<state_dir>/control.sock
-  std::string events;                             ///< PUB endpoint; "" = ipc://<state_dir>/events.sock
-  std::int64_t max_request_bytes = 1 << 20;       ///< larger requests get an error reply, >= 256
-  double rescan_interval_s = 10.0;                ///< full rescan period in seconds, > 0
-  double settle_s = 1.0;                          ///< seconds between size-stability checks, > 0
-  std::string log_level = "info";                 ///< trace|debug|info|warn|error|off
+  std::filesystem::path file;                    ///< where it came from ("" = defaults)
+  std::filesystem::path data_root = "data";      ///< watched data folder
+  std::filesystem::path state_dir = "state";     ///< database, run folders, ipc sockets
+  std::filesystem::path plugin_dir = "plugins";  ///< stage plugins; missing = none
+  std::vector<std::string> devices = {"auto"};   ///< device pool for jobs with device auto
+  std::string control;                           ///< REP endpoint; "" = ipc://<state_dir>/control.sock
+  std::string events;                            ///< PUB endpoint; "" = ipc://<state_dir>/events.sock
+  std::int64_t max_request_bytes = 1 << 20;      ///< larger requests get an error reply, >= 256
+  double rescan_interval_s = 10.0;               ///< full rescan period in seconds, > 0
+  double settle_s = 1.0;                         ///< seconds between size-stability checks, > 0
+  std::string log_level = "info";                ///< trace|debug|info|warn|error|off
   CurveSettings curve;
 };
 

@@ -235,8 +235,10 @@ struct DatasetWatcher::Impl {
     const std::string ds = dataset_of(path);
     if (!ds.empty()) {
       auto s = sets.find(ds);
-      if (s != sets.end()) s->second.dirty = true;
-      else root_dirty = true;
+      if (s != sets.end())
+        s->second.dirty = true;
+      else
+        root_dirty = true;
     }
   }
 
@@ -251,8 +253,10 @@ struct DatasetWatcher::Impl {
     st.walked = true;
     for (auto it = closed.begin(); it != closed.end();) {
       auto w = st.last_walk.find(it->first);
-      if (dataset_of(it->first) == name && (w == st.last_walk.end() || w->second != it->second)) it = closed.erase(it);
-      else ++it;
+      if (dataset_of(it->first) == name && (w == st.last_walk.end() || w->second != it->second))
+        it = closed.erase(it);
+      else
+        ++it;
     }
   }
 
@@ -301,7 +305,8 @@ struct DatasetWatcher::Impl {
     Status w = db.replace_dataset(rec, out);
     if (!w.is_ok()) log::error("watcher: " + w.message());
     st.pending = pending;
-    if (pending) st.next_pending_check = Clock::now() + std::chrono::milliseconds(static_cast<int>(o.settle_s * 1000));
+    if (pending)
+      st.next_pending_check = Clock::now() + std::chrono::milliseconds(static_cast<int>(o.settle_s * 1000));
 
     std::string sig;
     std::int64_t ok = 0, bad = 0, waiting = 0;
@@ -316,8 +321,8 @@ struct DatasetWatcher::Impl {
       }
     }
     const std::size_t h = std::hash<std::string>{}(sig) ^ static_cast<std::size_t>(ok);
-    log::debug("watcher: indexed " + name + ": " + std::to_string(ok) + " ok, " + std::to_string(bad) + " bad, " +
-               std::to_string(waiting) + " pending");
+    log::debug("watcher: indexed " + name + ": " + std::to_string(ok) + " ok, " + std::to_string(bad) +
+               " bad, " + std::to_string(waiting) + " pending");
     // Jobs hear of a change only once the dataset is settled (nothing pending), and not of
     // the first settled state (a job started before it read the folder itself).
     if (pending) return;
@@ -333,8 +338,8 @@ struct DatasetWatcher::Impl {
   }
 
   CaseRecord index_case(const std::string& name, const fs::path& root, const pipeline::CaseEntry& c,
-                        const Walk& walk, const DatasetState& st, const std::map<std::string, CaseRecord>& stored,
-                        bool& pending) {
+                        const Walk& walk, const DatasetState& st,
+                        const std::map<std::string, CaseRecord>& stored, bool& pending) {
     CaseRecord r;
     r.dataset = name;
     r.case_id = c.id;
@@ -360,7 +365,8 @@ struct DatasetWatcher::Impl {
     for (const auto& p : files) {
       FileStat s;
       auto w = walk.find(p);
-      if (w != walk.end()) s = w->second;
+      if (w != walk.end())
+        s = w->second;
       else if (!stat_file(p, s)) {
         vanished = p.string();
         continue;
@@ -421,7 +427,9 @@ struct DatasetWatcher::Impl {
     while (!stop.load()) {
       try {
         if (fd >= 0) {
-          struct pollfd p {fd, POLLIN, 0};
+          struct pollfd p {
+            fd, POLLIN, 0
+          };
           if (::poll(&p, 1, 200) > 0 && (p.revents & POLLIN)) read_events();
         } else {
           std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -436,12 +444,14 @@ struct DatasetWatcher::Impl {
         if (root_dirty && (quiet || first)) discover();
         for (auto& [name, st] : sets) {
           if (stop.load()) break;
-          if ((st.dirty && (quiet || first)) || (st.pending && now >= st.next_pending_check)) process(name, st);
+          if ((st.dirty && (quiet || first)) || (st.pending && now >= st.next_pending_check))
+            process(name, st);
         }
         if (first) {
           first = false;
           ready.store(true);
-          log::info("watcher: indexed " + std::to_string(sets.size()) + " dataset(s) under " + o.data_root.string());
+          log::info("watcher: indexed " + std::to_string(sets.size()) + " dataset(s) under " +
+                    o.data_root.string());
         }
       } catch (const std::exception& e) {
         // Never let a file take the watcher down: report, wait a little, go on.
@@ -466,7 +476,8 @@ Status DatasetWatcher::start() {
   if (!fs::is_directory(impl_->o.data_root, ec))
     return io_error(impl_->o.data_root.string() + ": data_root is not a folder and cannot be created");
   impl_->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-  if (impl_->fd < 0) log::warn(std::string("watcher: inotify unavailable (") + std::strerror(errno) + "), rescans only");
+  if (impl_->fd < 0)
+    log::warn(std::string("watcher: inotify unavailable (") + std::strerror(errno) + "), rescans only");
   impl_->add_watch(impl_->o.data_root);
   thread_ = std::thread([this] { impl_->run(ready_); });
   return Status::ok();

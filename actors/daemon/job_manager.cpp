@@ -28,11 +28,16 @@ enum Request : int { kNone = 0, kReload = 1, kShutdown = 2, kPause = 3, kStop = 
 
 const char* request_name(int r) {
   switch (r) {
-    case kReload: return "reload";
-    case kShutdown: return "shutdown";
-    case kPause: return "pause";
-    case kStop: return "stop";
-    default: return "";
+    case kReload:
+      return "reload";
+    case kShutdown:
+      return "shutdown";
+    case kPause:
+      return "pause";
+    case kStop:
+      return "stop";
+    default:
+      return "";
   }
 }
 
@@ -178,7 +183,8 @@ class JobManager::Observer : public models::TrainObserver {
   void on_case_failure(const pipeline::CaseFailure& f) override {
     log::warn("job " + std::to_string(j_.rec.id) + ": skipped " + f.case_id + ": " + f.reason);
     std::lock_guard<std::mutex> lock(m_.mu_);
-    m_.publish_(topic(), {{"job", j_.rec.id}, {"type", "case_failure"}, {"case", f.case_id}, {"reason", f.reason}});
+    m_.publish_(topic(),
+                {{"job", j_.rec.id}, {"type", "case_failure"}, {"case", f.case_id}, {"reason", f.reason}});
   }
 
   /// Stop right away, or (pause, shutdown, reload) only where an epoch has just ended: the
@@ -201,7 +207,11 @@ class JobManager::Observer : public models::TrainObserver {
 
 JobManager::JobManager(JobManagerOptions options, StateDb& db, const pipeline::StageRegistry& registry,
                        PublishFn publish, VersionFn version)
-    : o_(std::move(options)), db_(db), registry_(registry), publish_(std::move(publish)), version_(std::move(version)) {
+    : o_(std::move(options)),
+      db_(db),
+      registry_(registry),
+      publish_(std::move(publish)),
+      version_(std::move(version)) {
   if (!publish_) publish_ = [](const std::string&, const json&) {};
   for (const auto& d : o_.devices) {
     auto r = models::resolve_device(d);
@@ -227,11 +237,11 @@ void JobManager::save_locked(Job& j) {
 
 void JobManager::publish_state_locked(const Job& j) {
   publish_("job." + std::to_string(j.rec.id), {{"job", j.rec.id},
-                                                {"state", j.rec.state},
-                                                {"reason", j.rec.reason},
-                                                {"epoch", j.rec.epoch},
-                                                {"epochs", j.rec.epochs},
-                                                {"device", j.rec.device}});
+                                               {"state", j.rec.state},
+                                               {"reason", j.rec.reason},
+                                               {"epoch", j.rec.epoch},
+                                               {"epochs", j.rec.epochs},
+                                               {"device", j.rec.device}});
 }
 
 json JobManager::describe_locked(const Job& j) const {
@@ -283,7 +293,8 @@ Status JobManager::recover() {
     }
     if (active) {
       if (j->rec.state == "running") {
-        j->rec.reason = "resuming after a daemon restart (from epoch " + std::to_string(j->rec.checkpoint_epoch) + ")";
+        j->rec.reason =
+            "resuming after a daemon restart (from epoch " + std::to_string(j->rec.checkpoint_epoch) + ")";
         ++resumed;
       }
       j->rec.state = "queued";
@@ -317,11 +328,13 @@ Result<json> JobManager::submit(const std::string& yaml, const std::string& file
   if (!cfg.train.disk_cache.empty() && fs::path(cfg.train.disk_cache).is_relative())
     stored.push_back("train.disk_cache=" + yaml_quoted(absolute_path(cfg.train.disk_cache).string()));
   if (!fs::exists(cfg.data.root, ec) && cfg.data.synth.is_null())
-    return not_found(file + ": data.root: " + cfg.data.root + " does not exist (and no data.synth to make it)");
+    return not_found(file + ": data.root: " + cfg.data.root +
+                     " does not exist (and no data.synth to make it)");
   // Re-parse with the stored overrides: what recovery will read must be what runs now.
   SEGFLOW_ASSIGN_OR_RETURN(cfg, models::parse_job_config(yaml, file, stored));
 
-  const fs::path runs_root = names_runs_dir(yaml, overrides) ? absolute_path(cfg.runs_dir) : o_.state_dir / "runs";
+  const fs::path runs_root =
+      names_runs_dir(yaml, overrides) ? absolute_path(cfg.runs_dir) : o_.state_dir / "runs";
   std::string dataset;
   {
     const fs::path root = fs::weakly_canonical(cfg.data.root, ec);
@@ -398,7 +411,8 @@ void JobManager::run_job(Job* j) {
       std::lock_guard<std::mutex> lock(mu_);
       cfg = j->cfg;
       cfg.train.device = j->rec.device;
-      if (cfg.resolved.is_object() && cfg.resolved.contains("train")) cfg.resolved["train"]["device"] = j->rec.device;
+      if (cfg.resolved.is_object() && cfg.resolved.contains("train"))
+        cfg.resolved["train"]["device"] = j->rec.device;
       ro.run_dir = fs::path(j->rec.run_dir);
       ro.resume_last = true;
       std::error_code ec;
@@ -434,17 +448,20 @@ void JobManager::run_job(Job* j) {
       reason = "paused at epoch " + std::to_string(j->rec.epoch) + " (checkpoint written)";
     } else if (req == kShutdown) {
       state = "queued";
-      reason = "daemon shut down at epoch " + std::to_string(j->rec.epoch) + "; resumes when segflowd starts again";
+      reason = "daemon shut down at epoch " + std::to_string(j->rec.epoch) +
+               "; resumes when segflowd starts again";
     } else {  // kReload: the followed dataset changed; go on from the checkpoint just written
       j->request.store(kNone);
       log::info("job " + std::to_string(j->rec.id) + ": dataset " + j->rec.dataset +
-                " changed; continuing from epoch " + std::to_string(j->rec.epoch) + " with its current cases");
-      publish_("job." + std::to_string(j->rec.id), {{"job", j->rec.id},
-                                                    {"state", j->rec.state},
-                                                    {"reason", "dataset " + j->rec.dataset + " changed; reloading"},
-                                                    {"epoch", j->rec.epoch},
-                                                    {"epochs", j->rec.epochs},
-                                                    {"device", j->rec.device}});
+                " changed; continuing from epoch " + std::to_string(j->rec.epoch) +
+                " with its current cases");
+      publish_("job." + std::to_string(j->rec.id),
+               {{"job", j->rec.id},
+                {"state", j->rec.state},
+                {"reason", "dataset " + j->rec.dataset + " changed; reloading"},
+                {"epoch", j->rec.epoch},
+                {"epochs", j->rec.epochs},
+                {"device", j->rec.device}});
       continue;
     }
     j->rec.state = state;
@@ -456,8 +473,10 @@ void JobManager::run_job(Job* j) {
     done_.notify_all();
     save_locked(*j);
     publish_state_locked(*j);
-    if (state == "failed") log::error("job " + std::to_string(j->rec.id) + " failed: " + reason);
-    else log::info("job " + std::to_string(j->rec.id) + " " + state + (reason.empty() ? "" : ": " + reason));
+    if (state == "failed")
+      log::error("job " + std::to_string(j->rec.id) + " failed: " + reason);
+    else
+      log::info("job " + std::to_string(j->rec.id) + " " + state + (reason.empty() ? "" : ": " + reason));
     schedule_locked();
     return;
   }
@@ -478,7 +497,8 @@ Result<json> JobManager::stop(std::int64_t id) {
     publish_state_locked(*j);
     return json{{"job", id}, {"state", j->rec.state}};
   }
-  return invalid_argument("job " + std::to_string(id) + " is " + s + "; stop needs a queued, running or paused job");
+  return invalid_argument("job " + std::to_string(id) + " is " + s +
+                          "; stop needs a queued, running or paused job");
 }
 
 Result<json> JobManager::pause(std::int64_t id, bool now) {

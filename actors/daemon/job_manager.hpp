@@ -64,8 +64,8 @@ struct JobManagerOptions {
 
 class JobManager {
  public:
-  JobManager(JobManagerOptions options, StateDb& db, const pipeline::StageRegistry& registry, PublishFn publish,
-             VersionFn version);
+  JobManager(JobManagerOptions options, StateDb& db, const pipeline::StageRegistry& registry,
+             PublishFn publish, VersionFn version);
   ~JobManager();
   JobManager(const JobManager&) = delete;
   JobManager& operator=(const JobManager&) = delete;

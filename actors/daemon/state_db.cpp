@@ -70,8 +70,10 @@ class Stmt {
     return *this;
   }
   Stmt& bind(int i, double v) {
-    if (std::isfinite(v)) sqlite3_bind_double(s_, i, v);
-    else sqlite3_bind_null(s_, i);
+    if (std::isfinite(v))
+      sqlite3_bind_double(s_, i, v);
+    else
+      sqlite3_bind_null(s_, i);
     return *this;
   }
   /// Makes the statement ready to run again with new bindings.
@@ -83,7 +85,8 @@ class Stmt {
   int step() { return sqlite3_step(s_); }
   std::string text(int c) const {
     const auto* p = sqlite3_column_text(s_, c);
-    return p ? std::string(reinterpret_cast<const char*>(p), static_cast<std::size_t>(sqlite3_column_bytes(s_, c)))
+    return p ? std::string(reinterpret_cast<const char*>(p),
+                           static_cast<std::size_t>(sqlite3_column_bytes(s_, c)))
              : std::string();
   }
   std::int64_t integer(int c) const { return sqlite3_column_int64(s_, c); }
@@ -136,8 +139,8 @@ Status StateDb::exec(const std::string& sql) {
 
 Result<std::unique_ptr<StateDb>> StateDb::open(const fs::path& file) {
   sqlite3* db = nullptr;
-  const int rc = sqlite3_open_v2(file.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                                 nullptr);
+  const int rc = sqlite3_open_v2(file.c_str(), &db,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string m = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
@@ -145,7 +148,8 @@ Result<std::unique_ptr<StateDb>> StateDb::open(const fs::path& file) {
   }
   std::unique_ptr<StateDb> s(new StateDb(db, file));
   sqlite3_busy_timeout(db, 5000);
-  SEGFLOW_RETURN_IF_ERROR(s->exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;"));
+  SEGFLOW_RETURN_IF_ERROR(
+      s->exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;"));
   SEGFLOW_RETURN_IF_ERROR(s->exec(kSchema));
   return s;
 }
@@ -154,10 +158,11 @@ StateDb::~StateDb() { sqlite3_close(db_); }
 
 Result<std::int64_t> StateDb::insert_job(JobRecord j) {
   std::lock_guard<std::mutex> lock(mu_);
-  Stmt s(db_,
-         "INSERT INTO jobs (name, file, config_yaml, overrides, state, reason, device, run_dir, dataset, epoch, "
-         "epochs, step, checkpoint_epoch, loss, best_dice, samples_per_s, created, updated) "
-         "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+  Stmt s(
+      db_,
+      "INSERT INTO jobs (name, file, config_yaml, overrides, state, reason, device, run_dir, dataset, epoch, "
+      "epochs, step, checkpoint_epoch, loss, best_dice, samples_per_s, created, updated) "
+      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   if (!s.ok()) return fail("insert job");
   s.bind(1, j.name).bind(2, j.file).bind(3, j.config_yaml).bind(4, to_json_array(j.overrides).dump());
   s.bind(5, j.state).bind(6, j.reason).bind(7, j.device).bind(8, j.run_dir).bind(9, j.dataset);
@@ -169,10 +174,11 @@ Result<std::int64_t> StateDb::insert_job(JobRecord j) {
 
 Status StateDb::update_job(const JobRecord& j) {
   std::lock_guard<std::mutex> lock(mu_);
-  Stmt s(db_,
-         "UPDATE jobs SET name=?, file=?, config_yaml=?, overrides=?, state=?, reason=?, device=?, run_dir=?, "
-         "dataset=?, epoch=?, epochs=?, step=?, checkpoint_epoch=?, loss=?, best_dice=?, samples_per_s=?, "
-         "updated=? WHERE id=?");
+  Stmt s(
+      db_,
+      "UPDATE jobs SET name=?, file=?, config_yaml=?, overrides=?, state=?, reason=?, device=?, run_dir=?, "
+      "dataset=?, epoch=?, epochs=?, step=?, checkpoint_epoch=?, loss=?, best_dice=?, samples_per_s=?, "
+      "updated=? WHERE id=?");
   if (!s.ok()) return fail("update job");
   s.bind(1, j.name).bind(2, j.file).bind(3, j.config_yaml).bind(4, to_json_array(j.overrides).dump());
   s.bind(5, j.state).bind(6, j.reason).bind(7, j.device).bind(8, j.run_dir).bind(9, j.dataset);
@@ -185,7 +191,8 @@ Status StateDb::update_job(const JobRecord& j) {
 Result<std::vector<JobRecord>> StateDb::jobs() {
   std::lock_guard<std::mutex> lock(mu_);
   Stmt s(db_,
-         "SELECT id, name, file, config_yaml, overrides, state, reason, device, run_dir, dataset, epoch, epochs, "
+         "SELECT id, name, file, config_yaml, overrides, state, reason, device, run_dir, dataset, epoch, "
+         "epochs, "
          "step, checkpoint_epoch, loss, best_dice, samples_per_s, created, updated FROM jobs ORDER BY id");
   if (!s.ok()) return fail("read jobs");
   std::vector<JobRecord> out;
@@ -237,8 +244,9 @@ Status StateDb::replace_dataset(const DatasetRecord& d, const std::vector<CaseRe
     if (s.step() != SQLITE_DONE) return rollback(fail("write cases of " + d.name));
   }
   {
-    Stmt s(db_, "INSERT OR REPLACE INTO cases (dataset, case_id, files, size, mtime_ns, status, reason) "
-                "VALUES (?,?,?,?,?,?,?)");
+    Stmt s(db_,
+           "INSERT OR REPLACE INTO cases (dataset, case_id, files, size, mtime_ns, status, reason) "
+           "VALUES (?,?,?,?,?,?,?)");
     if (!s.ok()) return rollback(fail("write cases"));
     for (const auto& c : cases) {
       s.reset();
@@ -269,17 +277,20 @@ Result<std::vector<DatasetRecord>> StateDb::datasets() {
   if (!s.ok()) return fail("read datasets");
   std::vector<DatasetRecord> out;
   int rc;
-  while ((rc = s.step()) == SQLITE_ROW) out.push_back({s.text(0), s.text(1), s.text(2), s.text(3), s.real(4)});
+  while ((rc = s.step()) == SQLITE_ROW)
+    out.push_back({s.text(0), s.text(1), s.text(2), s.text(3), s.real(4)});
   if (rc != SQLITE_DONE) return fail("read datasets");
   return out;
 }
 
 Result<std::vector<CaseRecord>> StateDb::cases(const std::string& dataset) {
   std::lock_guard<std::mutex> lock(mu_);
-  Stmt s(db_, dataset.empty()
-                  ? "SELECT dataset, case_id, files, size, mtime_ns, status, reason FROM cases ORDER BY dataset, case_id"
-                  : "SELECT dataset, case_id, files, size, mtime_ns, status, reason FROM cases WHERE dataset=? "
-                    "ORDER BY case_id");
+  Stmt s(db_,
+         dataset.empty()
+             ? "SELECT dataset, case_id, files, size, mtime_ns, status, reason FROM cases ORDER BY dataset, "
+               "case_id"
+             : "SELECT dataset, case_id, files, size, mtime_ns, status, reason FROM cases WHERE dataset=? "
+               "ORDER BY case_id");
   if (!s.ok()) return fail("read cases");
   if (!dataset.empty()) s.bind(1, dataset);
   std::vector<CaseRecord> out;

@@ -23,36 +23,36 @@ namespace segflow::actors::daemon {
 
 /// One job as stored.
 struct JobRecord {
-  std::int64_t id = 0;                  ///< assigned by insert_job
-  std::string name;                     ///< the config's name
-  std::string file;                     ///< where the config came from ("<inline>" when sent inline)
-  std::string config_yaml;              ///< the config text as submitted
-  std::vector<std::string> overrides;   ///< --set overrides, applied in order
-  std::string state = "queued";         ///< queued|running|paused|stopped|completed|failed
-  std::string reason;                   ///< why it is in that state (failures, shutdowns)
-  std::string device;                   ///< device it last ran on ("" = not yet)
-  std::string run_dir;                  ///< absolute run folder
-  std::string dataset;                  ///< followed dataset under data_root ("" = none)
-  std::int64_t epoch = 0;               ///< epochs finished
-  std::int64_t epochs = 0;              ///< epochs in the config
-  std::int64_t step = 0;                ///< optimizer steps done
-  std::int64_t checkpoint_epoch = 0;    ///< epochs finished in the run folder's last.pt
-  double loss = 0.0;                    ///< last step loss (NaN: none yet)
-  double best_dice = -1.0;              ///< best validation mean Dice (-1: none yet)
-  double samples_per_s = 0.0;           ///< last epoch's throughput
-  double created = 0.0;                 ///< unix seconds
-  double updated = 0.0;                 ///< unix seconds
+  std::int64_t id = 0;                 ///< assigned by insert_job
+  std::string name;                    ///< the config's name
+  std::string file;                    ///< where the config came from ("<inline>" when sent inline)
+  std::string config_yaml;             ///< the config text as submitted
+  std::vector<std::string> overrides;  ///< --set overrides, applied in order
+  std::string state = "queued";        ///< queued|running|paused|stopped|completed|failed
+  std::string reason;                  ///< why it is in that state (failures, shutdowns)
+  std::string device;                  ///< device it last ran on ("" = not yet)
+  std::string run_dir;                 ///< absolute run folder
+  std::string dataset;                 ///< followed dataset under data_root ("" = none)
+  std::int64_t epoch = 0;              ///< epochs finished
+  std::int64_t epochs = 0;             ///< epochs in the config
+  std::int64_t step = 0;               ///< optimizer steps done
+  std::int64_t checkpoint_epoch = 0;   ///< epochs finished in the run folder's last.pt
+  double loss = 0.0;                   ///< last step loss (NaN: none yet)
+  double best_dice = -1.0;             ///< best validation mean Dice (-1: none yet)
+  double samples_per_s = 0.0;          ///< last epoch's throughput
+  double created = 0.0;                ///< unix seconds
+  double updated = 0.0;                ///< unix seconds
 };
 
 /// One indexed case (or a bad file that belongs to no case).
 struct CaseRecord {
   std::string dataset;
-  std::string case_id;          ///< case id, or the file's path in the dataset for a bad file
-  nlohmann::json files;         ///< [{path, size, mtime_ns}] (absolute paths)
-  std::int64_t size = 0;        ///< total bytes
-  std::int64_t mtime_ns = 0;    ///< newest file mtime
-  std::string status;           ///< ok | bad | pending
-  std::string reason;           ///< why bad or pending
+  std::string case_id;        ///< case id, or the file's path in the dataset for a bad file
+  nlohmann::json files;       ///< [{path, size, mtime_ns}] (absolute paths)
+  std::int64_t size = 0;      ///< total bytes
+  std::int64_t mtime_ns = 0;  ///< newest file mtime
+  std::string status;         ///< ok | bad | pending
+  std::string reason;         ///< why bad or pending
 };
 
 /// One dataset folder.

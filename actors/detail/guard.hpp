@@ -25,17 +25,16 @@ void report(const collector_actor& collector, Event event);
 /// Installs the exception handler described above on `self`; `source` names the actor.
 template <class Self>
 void install_exception_handler(Self* self, collector_actor collector, std::string source) {
-  self->set_exception_handler(
-      [collector = std::move(collector), source = std::move(source)](caf::scheduled_actor*,
-                                                                   std::exception_ptr& ep) -> caf::error {
-        const std::string what = describe_exception(ep);
-        Event ev;
-        ev.kind = "actor_error";
-        ev.source = source;
-        ev.message = "uncaught exception: " + what;
-        report(collector, std::move(ev));
-        return make_error(ErrorCode::internal, source + ": uncaught exception: " + what);
-      });
+  self->set_exception_handler([collector = std::move(collector), source = std::move(source)](
+                                  caf::scheduled_actor*, std::exception_ptr& ep) -> caf::error {
+    const std::string what = describe_exception(ep);
+    Event ev;
+    ev.kind = "actor_error";
+    ev.source = source;
+    ev.message = "uncaught exception: " + what;
+    report(collector, std::move(ev));
+    return make_error(ErrorCode::internal, source + ": uncaught exception: " + what);
+  });
 }
 
 }  // namespace segflow::actors::detail

@@ -24,11 +24,13 @@ class OptionReader {
   /// invalid_argument for a non-object or for any key not in `known`.
   Status check_keys() const {
     if (j_.is_null()) return Status::ok();
-    if (!j_.is_object()) return invalid_argument(where_ + ": expected an object of options, got " + j_.dump());
+    if (!j_.is_object())
+      return invalid_argument(where_ + ": expected an object of options, got " + j_.dump());
     for (const auto& [k, v] : j_.items()) {
       bool ok = false;
       for (const auto& n : known_) ok = ok || n == k;
-      if (!ok) return invalid_argument(where_ + ": unknown option '" + k + "'; known options: " + known_list());
+      if (!ok)
+        return invalid_argument(where_ + ": unknown option '" + k + "'; known options: " + known_list());
     }
     return Status::ok();
   }

@@ -89,12 +89,17 @@ class GroupCollective final : public Collective {
   const CollectiveOptions& options() const override { return options_; }
   c10::intrusive_ptr<c10d::ProcessGroup> process_group() const override { return pg_; }
 
-  Status allreduce_mean(const std::vector<at::Tensor>& tensors) override { return allreduce(tensors, true, "allreduce_mean"); }
-  Status allreduce_sum(const std::vector<at::Tensor>& tensors) override { return allreduce(tensors, false, "allreduce_sum"); }
+  Status allreduce_mean(const std::vector<at::Tensor>& tensors) override {
+    return allreduce(tensors, true, "allreduce_mean");
+  }
+  Status allreduce_sum(const std::vector<at::Tensor>& tensors) override {
+    return allreduce(tensors, false, "allreduce_sum");
+  }
 
   Status broadcast(const std::vector<at::Tensor>& tensors, int root) override {
     if (root < 0 || root >= world_size())
-      return invalid_argument("broadcast: root " + std::to_string(root) + " is not a rank of " + std::to_string(world_size()));
+      return invalid_argument("broadcast: root " + std::to_string(root) + " is not a rank of " +
+                              std::to_string(world_size()));
     return guarded("broadcast", [&] {
       torch::NoGradGuard ng;
       auto buckets = make_buckets(tensors, options_.bucket_bytes);
@@ -127,15 +132,16 @@ class GroupCollective final : public Collective {
       f();
       return Status::ok();
     } catch (const std::exception& e) {
-      return internal_error(std::string(to_string(backend_)) + " " + op + " on rank " + std::to_string(rank()) + " of " +
-                            std::to_string(world_size()) + " failed (a rank died, or exceeded the " +
-                            seconds_text(options_.timeout) + " timeout): " + first_line(e));
+      return internal_error(std::string(to_string(backend_)) + " " + op + " on rank " +
+                            std::to_string(rank()) + " of " + std::to_string(world_size()) +
+                            " failed (a rank died, or exceeded the " + seconds_text(options_.timeout) +
+                            " timeout): " + first_line(e));
     }
   }
 
   void check_device(const std::vector<at::Tensor>& b) const {
-    TORCH_CHECK(b.front().device() == device_, "tensor on ", b.front().device().str(), ", this rank communicates on ",
-                device_.str());
+    TORCH_CHECK(b.front().device() == device_, "tensor on ", b.front().device().str(),
+                ", this rank communicates on ", device_.str());
   }
 
   Status allreduce(const std::vector<at::Tensor>& tensors, bool mean, const char* op) {
@@ -170,7 +176,8 @@ class GroupCollective final : public Collective {
   Result<bool> reduce_flag(bool flag, c10d::ReduceOp::RedOpType op, const char* name) {
     bool out = flag;
     SEGFLOW_RETURN_IF_ERROR(guarded(name, [&] {
-      std::vector<at::Tensor> t{torch::full({1}, flag ? 1 : 0, torch::TensorOptions().dtype(torch::kInt).device(device_))};
+      std::vector<at::Tensor> t{
+          torch::full({1}, flag ? 1 : 0, torch::TensorOptions().dtype(torch::kInt).device(device_))};
       c10d::AllreduceOptions ao;
       ao.reduceOp = op;
       pg_->allreduce(t, ao)->wait();
@@ -191,8 +198,8 @@ bool is_loopback(const std::string& host) {
 
 /// Builds the group for `device` on `store` (which every rank shares).
 std::unique_ptr<Collective> make_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                       const c10::Device& device, Backend backend, const CollectiveOptions& options,
-                                       const std::string& gloo_host) {
+                                       const c10::Device& device, Backend backend,
+                                       const CollectiveOptions& options, const std::string& gloo_host) {
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
   if (backend == Backend::gloo) {
     auto o = c10d::ProcessGroupGloo::Options::create(options.timeout);
@@ -223,7 +230,8 @@ std::unique_ptr<Collective> make_group(const c10::intrusive_ptr<c10d::Store>& st
   return std::make_unique<GroupCollective>(pg, backend, device, options);
 }
 
-Result<int> parse_int(const std::function<const char*(const char*)>& getenv, const char* name, int lo, int hi) {
+Result<int> parse_int(const std::function<const char*(const char*)>& getenv, const char* name, int lo,
+                      int hi) {
   const char* v = getenv(name);
   if (!v) return not_found(std::string(name) + " is not set");
   errno = 0;
@@ -236,8 +244,8 @@ Result<int> parse_int(const std::function<const char*(const char*)>& getenv, con
 }
 
 /// The first of `names` that is set, parsed; not_found (naming them all) when none is.
-Result<int> parse_first(const std::function<const char*(const char*)>& getenv, std::initializer_list<const char*> names,
-                        int lo, int hi) {
+Result<int> parse_first(const std::function<const char*(const char*)>& getenv,
+                        std::initializer_list<const char*> names, int lo, int hi) {
   std::string tried;
   for (const char* n : names) {
     if (getenv(n)) return parse_int(getenv, n, lo, hi);
@@ -254,14 +262,17 @@ Result<Backend> backend_for(const c10::Device& device) {
   if (device.is_cpu()) return Backend::gloo;
   if (device.is_cuda()) {
 #ifdef USE_C10D_NCCL
-    if (!torch::cuda::is_available()) return invalid_argument("device " + device.str() + ": CUDA is not available (NCCL needs it)");
-    if (!device.has_index()) return invalid_argument("device " + device.str() + ": NCCL ranks need an explicit cuda:N");
+    if (!torch::cuda::is_available())
+      return invalid_argument("device " + device.str() + ": CUDA is not available (NCCL needs it)");
+    if (!device.has_index())
+      return invalid_argument("device " + device.str() + ": NCCL ranks need an explicit cuda:N");
     return Backend::nccl;
 #else
     return unsupported("device " + device.str() + ": this LibTorch was built without NCCL");
 #endif
   }
-  return unsupported("device " + device.str() + ": data-parallel training runs on cpu (Gloo) or cuda:N (NCCL)");
+  return unsupported("device " + device.str() +
+                     ": data-parallel training runs on cpu (Gloo) or cuda:N (NCCL)");
 }
 
 struct LocalRendezvous::Impl {
@@ -281,9 +292,11 @@ LocalRendezvous::LocalRendezvous(int world_size, CollectiveOptions options)
 LocalRendezvous::~LocalRendezvous() = default;
 
 Result<std::unique_ptr<Collective>> LocalRendezvous::join(int rank, const c10::Device& device) {
-  if (world_size_ < 1) return invalid_argument("local rendezvous: world size must be >= 1, got " + std::to_string(world_size_));
+  if (world_size_ < 1)
+    return invalid_argument("local rendezvous: world size must be >= 1, got " + std::to_string(world_size_));
   if (rank < 0 || rank >= world_size_)
-    return invalid_argument("local rendezvous: rank " + std::to_string(rank) + " is not in [0, " + std::to_string(world_size_) + ")");
+    return invalid_argument("local rendezvous: rank " + std::to_string(rank) + " is not in [0, " +
+                            std::to_string(world_size_) + ")");
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     if (impl_->joined[static_cast<std::size_t>(rank)])
@@ -295,9 +308,9 @@ Result<std::unique_ptr<Collective>> LocalRendezvous::join(int rank, const c10::D
     auto store = c10::make_intrusive<c10d::PrefixStore>("segflow/local", impl_->store);
     return make_group(store, rank, world_size_, device, backend, impl_->options, "127.0.0.1");
   } catch (const std::exception& e) {
-    return internal_error(std::string("local rendezvous (") + to_string(backend) + ") as rank " + std::to_string(rank) +
-                          " of " + std::to_string(world_size_) + " failed within " + seconds_text(impl_->options.timeout) +
-                          ": " + first_line(e));
+    return internal_error(std::string("local rendezvous (") + to_string(backend) + ") as rank " +
+                          std::to_string(rank) + " of " + std::to_string(world_size_) + " failed within " +
+                          seconds_text(impl_->options.timeout) + ": " + first_line(e));
   }
 }
 
@@ -306,7 +319,8 @@ Result<LaunchEnv> launch_env(const std::function<const char*(const char*)>& gete
   const bool torchrun = getenv("RANK") != nullptr;
   env.launcher = torchrun ? "torchrun" : "slurm";
   const std::string how =
-      " (start the workers with torchrun, srun or a PyTorchJob, or set MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK)";
+      " (start the workers with torchrun, srun or a PyTorchJob, or set MASTER_ADDR, MASTER_PORT, WORLD_SIZE "
+      "and RANK)";
   auto rank = parse_first(getenv, {"RANK", "SLURM_PROCID"}, 0, INT_MAX);
   if (!rank.is_ok()) return Status(rank.status().code(), rank.status().message() + how);
   env.rank = *rank;
@@ -318,7 +332,8 @@ Result<LaunchEnv> launch_env(const std::function<const char*(const char*)>& gete
                             " is not below " + (getenv("WORLD_SIZE") ? "WORLD_SIZE " : "SLURM_NTASKS ") +
                             std::to_string(env.world_size));
   if (getenv("LOCAL_RANK") || getenv("SLURM_LOCALID")) {
-    SEGFLOW_ASSIGN_OR_RETURN(env.local_rank, parse_first(getenv, {"LOCAL_RANK", "SLURM_LOCALID"}, 0, INT_MAX));
+    SEGFLOW_ASSIGN_OR_RETURN(env.local_rank,
+                             parse_first(getenv, {"LOCAL_RANK", "SLURM_LOCALID"}, 0, INT_MAX));
   }
   const char* addr = getenv("MASTER_ADDR");
   if (!addr || !*addr) return not_found("MASTER_ADDR is not set (the host of rank 0)" + how);
@@ -333,9 +348,11 @@ Result<LaunchEnv> launch_env() {
   return launch_env([](const char* n) -> const char* { return std::getenv(n); });
 }
 
-Result<std::unique_ptr<Collective>> connect(const LaunchEnv& env, const c10::Device& device, CollectiveOptions options) {
+Result<std::unique_ptr<Collective>> connect(const LaunchEnv& env, const c10::Device& device,
+                                            CollectiveOptions options) {
   if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
-    return invalid_argument("connect: rank " + std::to_string(env.rank) + " of world size " + std::to_string(env.world_size));
+    return invalid_argument("connect: rank " + std::to_string(env.rank) + " of world size " +
+                            std::to_string(env.world_size));
   SEGFLOW_ASSIGN_OR_RETURN(Backend backend, backend_for(device));
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
   c10::intrusive_ptr<c10d::Store> store;
@@ -348,18 +365,18 @@ Result<std::unique_ptr<Collective>> connect(const LaunchEnv& env, const c10::Dev
     so.timeout = options.timeout;
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
   } catch (const std::exception& e) {
-    return internal_error("rendezvous at " + where + " (MASTER_ADDR:MASTER_PORT) as rank " + std::to_string(env.rank) +
-                          " of " + std::to_string(env.world_size) + " failed within " + seconds_text(options.timeout) +
-                          ": " + first_line(e));
+    return internal_error("rendezvous at " + where + " (MASTER_ADDR:MASTER_PORT) as rank " +
+                          std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
+                          " failed within " + seconds_text(options.timeout) + ": " + first_line(e));
   }
   try {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("segflow/default", store);
     return make_group(prefixed, env.rank, env.world_size, device, backend, options,
                       is_loopback(env.master_addr) ? "127.0.0.1" : "");
   } catch (const std::exception& e) {
-    return internal_error(std::string("creating the ") + to_string(backend) + " group through " + where + " as rank " +
-                          std::to_string(env.rank) + " of " + std::to_string(env.world_size) + " failed within " +
-                          seconds_text(options.timeout) + ": " + first_line(e));
+    return internal_error(std::string("creating the ") + to_string(backend) + " group through " + where +
+                          " as rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
+                          " failed within " + seconds_text(options.timeout) + ": " + first_line(e));
   }
 }
 

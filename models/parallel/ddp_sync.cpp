@@ -28,22 +28,27 @@ void throw_if_error(const Status& st) {
 
 DdpGradientSync::~DdpGradientSync() = default;
 
-Result<std::shared_ptr<DdpGradientSync>> DdpGradientSync::create(Trainer& trainer, std::shared_ptr<Collective> collective,
+Result<std::shared_ptr<DdpGradientSync>> DdpGradientSync::create(Trainer& trainer,
+                                                                 std::shared_ptr<Collective> collective,
                                                                  DdpOptions options) {
   return create(trainer.model().module(), trainer.parameters(), std::move(collective), options);
 }
 
-Result<std::shared_ptr<DdpGradientSync>> DdpGradientSync::create(torch::nn::Module& module, std::vector<at::Tensor> params,
-                                                                 std::shared_ptr<Collective> collective, DdpOptions options) {
+Result<std::shared_ptr<DdpGradientSync>> DdpGradientSync::create(torch::nn::Module& module,
+                                                                 std::vector<at::Tensor> params,
+                                                                 std::shared_ptr<Collective> collective,
+                                                                 DdpOptions options) {
   if (!collective) return invalid_argument("ddp: no collective");
   if (params.empty()) return invalid_argument("ddp: the model has no trainable parameters");
   if (!(options.bucket_cap_mb > 0) || !(options.first_bucket_cap_mb > 0))
     return invalid_argument("ddp: bucket_cap_mb and first_bucket_cap_mb must be > 0, got " +
-                            std::to_string(options.bucket_cap_mb) + " and " + std::to_string(options.first_bucket_cap_mb));
+                            std::to_string(options.bucket_cap_mb) + " and " +
+                            std::to_string(options.first_bucket_cap_mb));
   for (const auto& p : params) {
     if (p.device() != collective->device())
       return invalid_argument("ddp: a parameter is on " + p.device().str() + " but rank " +
-                              std::to_string(collective->rank()) + " communicates on " + collective->device().str());
+                              std::to_string(collective->rank()) + " communicates on " +
+                              collective->device().str());
     if (!p.requires_grad()) return invalid_argument("ddp: a parameter in the list does not require grad");
   }
   std::shared_ptr<DdpGradientSync> s(new DdpGradientSync());
@@ -60,7 +65,8 @@ Result<std::shared_ptr<DdpGradientSync>> DdpGradientSync::create(torch::nn::Modu
     std::vector<at::Tensor> state;
     for (auto& p : module.parameters()) state.push_back(p);
     for (auto& b : s->buffers_) state.push_back(b);
-    SEGFLOW_RETURN_IF_ERROR(s->collective_->broadcast(state, 0).with_context("ddp: broadcasting the initial weights"));
+    SEGFLOW_RETURN_IF_ERROR(
+        s->collective_->broadcast(state, 0).with_context("ddp: broadcasting the initial weights"));
 
     const auto cap = static_cast<std::int64_t>(options.bucket_cap_mb * 1024.0 * 1024.0);
     const auto first_cap = static_cast<std::int64_t>(options.first_bucket_cap_mb * 1024.0 * 1024.0);

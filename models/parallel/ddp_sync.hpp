@@ -64,10 +64,13 @@ class DdpGradientSync final : public GradientSync {
   /// Synchronises `params` (leaf tensors that require grad, the optimizer's list) of
   /// `module` over `collective`. Broadcasts the module's parameters and buffers from rank 0.
   /// Collective: every rank calls it at the same point.
-  static Result<std::shared_ptr<DdpGradientSync>> create(torch::nn::Module& module, std::vector<at::Tensor> params,
-                                                         std::shared_ptr<Collective> collective, DdpOptions options = {});
+  static Result<std::shared_ptr<DdpGradientSync>> create(torch::nn::Module& module,
+                                                         std::vector<at::Tensor> params,
+                                                         std::shared_ptr<Collective> collective,
+                                                         DdpOptions options = {});
   /// The same for a trainer's model and parameters (attach it with set_gradient_sync).
-  static Result<std::shared_ptr<DdpGradientSync>> create(Trainer& trainer, std::shared_ptr<Collective> collective,
+  static Result<std::shared_ptr<DdpGradientSync>> create(Trainer& trainer,
+                                                         std::shared_ptr<Collective> collective,
                                                          DdpOptions options = {});
   ~DdpGradientSync() override;
 

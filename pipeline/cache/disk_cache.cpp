@@ -48,15 +48,15 @@ struct DtypeName {
   c10::ScalarType type;
 };
 constexpr std::array<DtypeName, 10> kDtypes{{{"float32", c10::ScalarType::Float},
-                                            {"float64", c10::ScalarType::Double},
-                                            {"float16", c10::ScalarType::Half},
-                                            {"bfloat16", c10::ScalarType::BFloat16},
-                                            {"uint8", c10::ScalarType::Byte},
-                                            {"int8", c10::ScalarType::Char},
-                                            {"int16", c10::ScalarType::Short},
-                                            {"int32", c10::ScalarType::Int},
-                                            {"int64", c10::ScalarType::Long},
-                                            {"bool", c10::ScalarType::Bool}}};
+                                             {"float64", c10::ScalarType::Double},
+                                             {"float16", c10::ScalarType::Half},
+                                             {"bfloat16", c10::ScalarType::BFloat16},
+                                             {"uint8", c10::ScalarType::Byte},
+                                             {"int8", c10::ScalarType::Char},
+                                             {"int16", c10::ScalarType::Short},
+                                             {"int32", c10::ScalarType::Int},
+                                             {"int64", c10::ScalarType::Long},
+                                             {"bool", c10::ScalarType::Bool}}};
 
 const char* dtype_name(c10::ScalarType t) {
   for (const auto& d : kDtypes)
@@ -72,7 +72,8 @@ std::optional<c10::ScalarType> dtype_from(const std::string& n) {
 /// Fields of one file for the key: size, mtime and a hash of its first and last bytes.
 Status describe_file(const std::filesystem::path& p, std::int64_t ends, std::string& out) {
   struct stat st {};
-  if (::stat(p.c_str(), &st) != 0) return not_found("disk cache: cannot stat " + p.string() + ": " + errno_text());
+  if (::stat(p.c_str(), &st) != 0)
+    return not_found("disk cache: cannot stat " + p.string() + ": " + errno_text());
   const std::int64_t size = st.st_size;
   const std::int64_t mtime = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
   out += "|size=" + std::to_string(size) + "|mtime=" + std::to_string(mtime);
@@ -149,7 +150,8 @@ std::uint64_t hash_bytes(const void* data, std::size_t size, std::uint64_t seed)
     p += 32;
     n -= 32;
   }
-  std::uint64_t h = splitmix64(a) ^ rotl(splitmix64(b), 13) ^ rotl(splitmix64(c), 29) ^ rotl(splitmix64(d), 43);
+  std::uint64_t h =
+      splitmix64(a) ^ rotl(splitmix64(b), 13) ^ rotl(splitmix64(c), 29) ^ rotl(splitmix64(d), 43);
   while (n >= 8) {
     h = rotl(h ^ (load64(p) * k2), 31) * k1 + k3;
     p += 8;
@@ -182,7 +184,9 @@ Result<std::shared_ptr<DiskCache>> DiskCache::open(const DiskCacheOptions& optio
   return std::make_shared<DiskCache>(options);
 }
 
-std::filesystem::path DiskCache::path_of(const std::string& key) const { return options_.dir / (key + ".sfc"); }
+std::filesystem::path DiskCache::path_of(const std::string& key) const {
+  return options_.dir / (key + ".sfc");
+}
 
 DiskCacheStats DiskCache::stats() const {
   return {hits_.load(), misses_.load(), corrupt_.load(), writes_.load(), write_errors_.load()};
@@ -244,7 +248,8 @@ Result<std::optional<Sample>> DiskCache::load(const std::string& key) const {
   auto map = std::make_shared<Mapping>();
   map->base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
   ::close(fd);
-  if (map->base == MAP_FAILED) return io_error("disk cache: cannot map " + path.string() + ": " + errno_text());
+  if (map->base == MAP_FAILED)
+    return io_error("disk cache: cannot map " + path.string() + ": " + errno_text());
   map->size = size;
   const unsigned char* b = map->bytes();
 
@@ -321,11 +326,16 @@ Status DiskCache::store(const std::string& key, const Sample& sample) const {
     const char* dn = dtype_name(t.scalar_type());
     if (!dn)
       return fail(unsupported("disk cache: tensor '" + name + "' of sample '" + sample.id + "' has dtype " +
-                              std::string(c10::toString(t.scalar_type())) + ", which the cache does not store"));
+                              std::string(c10::toString(t.scalar_type())) +
+                              ", which the cache does not store"));
     const std::uint64_t bytes = t.numel() * t.element_size();
     hashes.push_back(hash_bytes(t.data_ptr(), bytes, 5));
-    header["tensors"].push_back({{"name", name}, {"dtype", dn}, {"shape", t.sizes().vec()}, {"offset", offset},
-                                 {"bytes", bytes}, {"hash", hashes.back()}});
+    header["tensors"].push_back({{"name", name},
+                                 {"dtype", dn},
+                                 {"shape", t.sizes().vec()},
+                                 {"offset", offset},
+                                 {"bytes", bytes},
+                                 {"hash", hashes.back()}});
     offset = align_up(offset + bytes);
     tensors.push_back(std::move(t));
   }

@@ -57,18 +57,18 @@ inline constexpr std::uint32_t kDiskCacheVersion = 1;
 
 /// Options of a DiskCache.
 struct DiskCacheOptions {
-  std::filesystem::path dir;                       ///< cache folder (created when missing)
-  std::int64_t head_tail_bytes = 1 << 20;          ///< bytes hashed at each end of a file, >= 0
-  std::int64_t folder_file_bytes = 64 << 10;       ///< the same for each file of a folder, >= 0
-  bool verify_payload = true;                      ///< checksum the tensor bytes on every read
+  std::filesystem::path dir;                  ///< cache folder (created when missing)
+  std::int64_t head_tail_bytes = 1 << 20;     ///< bytes hashed at each end of a file, >= 0
+  std::int64_t folder_file_bytes = 64 << 10;  ///< the same for each file of a folder, >= 0
+  bool verify_payload = true;                 ///< checksum the tensor bytes on every read
 };
 
 /// Counters (monotonic, since the cache was opened).
 struct DiskCacheStats {
-  std::int64_t hits = 0;     ///< loads that found a valid file
-  std::int64_t misses = 0;   ///< loads that found no file
-  std::int64_t corrupt = 0;  ///< loads that found a corrupt file (removed, read as a miss)
-  std::int64_t writes = 0;   ///< files written
+  std::int64_t hits = 0;          ///< loads that found a valid file
+  std::int64_t misses = 0;        ///< loads that found no file
+  std::int64_t corrupt = 0;       ///< loads that found a corrupt file (removed, read as a miss)
+  std::int64_t writes = 0;        ///< files written
   std::int64_t write_errors = 0;  ///< failed writes (the sample is still used)
 };
 

@@ -46,7 +46,8 @@ Result<DecodedCase> decode_case(const CaseEntry& entry, const Pipeline& pipeline
 class MemoryCache {
  public:
   /// `cacheable`: indices [0, cacheable) may be kept; `budget_bytes` >= 0.
-  MemoryCache(std::int64_t cacheable, std::int64_t budget_bytes) : cacheable_(cacheable), budget_(budget_bytes) {}
+  MemoryCache(std::int64_t cacheable, std::int64_t budget_bytes)
+      : cacheable_(cacheable), budget_(budget_bytes) {}
 
   /// The cached sample of `index`, or nullptr.
   const Sample* find(std::int64_t index) const;

@@ -18,9 +18,12 @@ namespace fs = std::filesystem;
 
 const char* to_string(DatasetLayout l) {
   switch (l) {
-    case DatasetLayout::msd: return "msd";
-    case DatasetLayout::dicom: return "dicom";
-    case DatasetLayout::medsam_npy: return "medsam-npy";
+    case DatasetLayout::msd:
+      return "msd";
+    case DatasetLayout::dicom:
+      return "dicom";
+    case DatasetLayout::medsam_npy:
+      return "medsam-npy";
   }
   return "unknown";
 }
@@ -82,8 +85,10 @@ void scan_msd(const fs::path& root, DatasetIndex& idx) {
     }
     std::string s = stem_of(p);
     std::smatch m;
-    if (std::regex_match(s, m, channel_re)) channels[m[1]][std::stoi(m[2])] = p;
-    else channels[s][0] = p;  // MSD: one (possibly 4D) file per case
+    if (std::regex_match(s, m, channel_re))
+      channels[m[1]][std::stoi(m[2])] = p;
+    else
+      channels[s][0] = p;  // MSD: one (possibly 4D) file per case
   }
   for (auto& [id, chans] : channels) {
     CaseEntry c;
@@ -92,9 +97,9 @@ void scan_msd(const fs::path& root, DatasetIndex& idx) {
     bool ok = true;
     for (auto& [n, p] : chans) {
       if (n != expect++) {
-        idx.skipped.push_back({chans.begin()->second, "case " + id + ": channel _" +
-                                                          std::to_string(expect - 1) +
-                                                          " is missing (channels must be _0000, _0001, ...)"});
+        idx.skipped.push_back(
+            {chans.begin()->second, "case " + id + ": channel _" + std::to_string(expect - 1) +
+                                        " is missing (channels must be _0000, _0001, ...)"});
         ok = false;
         break;
       }
@@ -208,8 +213,10 @@ Result<DatasetIndex> scan_dataset(const fs::path& root, const ScanOptions& opts)
     std::vector<CaseEntry> good;
     for (auto& c : idx.cases) {
       auto loaded = load_case(c);
-      if (loaded.is_ok()) good.push_back(std::move(c));
-      else idx.skipped.push_back({c.images.empty() ? root : c.images.front(), loaded.status().message()});
+      if (loaded.is_ok())
+        good.push_back(std::move(c));
+      else
+        idx.skipped.push_back({c.images.empty() ? root : c.images.front(), loaded.status().message()});
     }
     idx.cases = std::move(good);
   }
@@ -259,7 +266,8 @@ Result<LoadedCase> load_case(const CaseEntry& entry) {
           return corrupt_data(lp.string() + ": label map: expected integer values, got fractions");
       }
       const double mn = v.min().item<double>(), mx = v.max().item<double>();
-      if (mn < 0) return corrupt_data(lp.string() + ": label map: expected values >= 0, got " + std::to_string(mn));
+      if (mn < 0)
+        return corrupt_data(lp.string() + ": label map: expected values >= 0, got " + std::to_string(mn));
       label.voxels = (mx < 256 ? v.to(torch::kUInt8) : v.to(torch::kInt64)).contiguous();
       out.label = std::move(label);
     }

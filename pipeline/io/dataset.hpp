@@ -19,9 +19,9 @@ const char* to_string(DatasetLayout l);
 
 /// One case as indexed: where its image channels and its label are.
 struct CaseEntry {
-  std::string id;                                  ///< case id ("case_000")
-  std::vector<std::filesystem::path> images;       ///< one path per channel (file or folder)
-  std::optional<std::filesystem::path> label;      ///< label file, when there is one
+  std::string id;                              ///< case id ("case_000")
+  std::vector<std::filesystem::path> images;   ///< one path per channel (file or folder)
+  std::optional<std::filesystem::path> label;  ///< label file, when there is one
 };
 
 /// What a scan found: the cases, and what it skipped with the reason.

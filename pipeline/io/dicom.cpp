@@ -28,8 +28,8 @@ namespace {
 /// Geometry and rescale of one frame, from top-level tags overridden by the shared and then
 /// the per-frame functional groups.
 struct FrameInfo {
-  std::optional<Vec3> position;                    ///< ImagePositionPatient
-  std::optional<std::array<double, 6>> orientation;  ///< ImageOrientationPatient
+  std::optional<Vec3> position;                        ///< ImagePositionPatient
+  std::optional<std::array<double, 6>> orientation;    ///< ImageOrientationPatient
   std::optional<std::array<double, 2>> pixel_spacing;  ///< PixelSpacing: row\column = y\x
   std::optional<double> slice_thickness;
   std::optional<double> spacing_between_slices;
@@ -109,7 +109,8 @@ Result<Header> parse_header(const fs::path& file, DcmFileFormat& ff) {
   if (ds.tagExists(DCM_NumberOfFrames)) {
     auto n = get_integer(ds, DCM_NumberOfFrames);
     if (!n || *n < 1)
-      return corrupt_data(file.string() + ": " + tag_name(DCM_NumberOfFrames) + ": expected a positive integer, got \"" +
+      return corrupt_data(file.string() + ": " + tag_name(DCM_NumberOfFrames) +
+                          ": expected a positive integer, got \"" +
                           get_string(ds, DCM_NumberOfFrames).value_or("") + "\"");
     h.frames = *n;
   }
@@ -117,14 +118,15 @@ Result<Header> parse_header(const fs::path& file, DcmFileFormat& ff) {
 
   FrameInfo base;
   read_plain_tags(ds, base);
-  if (DcmItem* shared = sequence_item(ds, DCM_SharedFunctionalGroupsSequence)) read_functional_groups(*shared, base);
+  if (DcmItem* shared = sequence_item(ds, DCM_SharedFunctionalGroupsSequence))
+    read_functional_groups(*shared, base);
   h.frame_info.assign(static_cast<std::size_t>(h.frames), base);
   bool per_frame_positions = false;
   DcmSequenceOfItems* per_frame = nullptr;
   if (ds.findAndGetSequence(DCM_PerFrameFunctionalGroupsSequence, per_frame).good() && per_frame) {
     if (per_frame->card() != static_cast<unsigned long>(h.frames))
-      return corrupt_data(file.string() + ": " + tag_name(DCM_PerFrameFunctionalGroupsSequence) + ": expected " +
-                          std::to_string(h.frames) + " items (NumberOfFrames), got " +
+      return corrupt_data(file.string() + ": " + tag_name(DCM_PerFrameFunctionalGroupsSequence) +
+                          ": expected " + std::to_string(h.frames) + " items (NumberOfFrames), got " +
                           std::to_string(per_frame->card()));
     for (long f = 0; f < h.frames; ++f) {
       DcmItem* it = per_frame->getItem(static_cast<unsigned long>(f));
@@ -132,8 +134,10 @@ Result<Header> parse_header(const fs::path& file, DcmFileFormat& ff) {
       std::optional<Vec3> before = h.frame_info[f].position;
       h.frame_info[f].position.reset();
       read_functional_groups(*it, h.frame_info[f]);
-      if (h.frame_info[f].position) per_frame_positions = true;
-      else h.frame_info[f].position = before;
+      if (h.frame_info[f].position)
+        per_frame_positions = true;
+      else
+        h.frame_info[f].position = before;
     }
   }
   // Classic multi-frame (RT Dose, NM, ...): one top-level position for the first frame, the
@@ -173,14 +177,15 @@ std::uint64_t expected_pixel_bytes(const Header& h) {
   const bool subsampled = h.samples == 3 && h.photometric.size() > 4 &&
                           h.photometric.compare(h.photometric.size() - 4, 4, "_422") == 0;
   std::uint64_t px = static_cast<std::uint64_t>(*h.rows) * static_cast<std::uint64_t>(*h.columns) *
-                     static_cast<std::uint64_t>(h.frames) * static_cast<std::uint64_t>(subsampled ? 2 : h.samples);
+                     static_cast<std::uint64_t>(h.frames) *
+                     static_cast<std::uint64_t>(subsampled ? 2 : h.samples);
   if (h.bits_allocated == 1) return (px + 7) / 8;
   return px * static_cast<std::uint64_t>((h.bits_allocated + 7) / 8);
 }
 
 template <class T>
-void copy_frames(const DiPixel& px, const Header& h, const std::vector<std::int64_t>& z_of_frame, bool rescale,
-                 float* out, std::int64_t Z) {
+void copy_frames(const DiPixel& px, const Header& h, const std::vector<std::int64_t>& z_of_frame,
+                 bool rescale, float* out, std::int64_t Z) {
   const std::int64_t plane = static_cast<std::int64_t>(*h.rows) * *h.columns;
   const int planes = px.getPlanes();
   for (long f = 0; f < h.frames; ++f) {
@@ -188,8 +193,8 @@ void copy_frames(const DiPixel& px, const Header& h, const std::vector<std::int6
     const FrameInfo& fi = h.frame_info[static_cast<std::size_t>(f)];
     const double slope = rescale ? fi.slope : 1.0, intercept = rescale ? fi.intercept : 0.0;
     for (int c = 0; c < planes; ++c) {
-      const T* src = planes == 1 ? static_cast<const T*>(px.getData())
-                                 : static_cast<const T* const*>(px.getData())[c];
+      const T* src =
+          planes == 1 ? static_cast<const T*>(px.getData()) : static_cast<const T* const*>(px.getData())[c];
       src += static_cast<std::int64_t>(f) * plane;
       float* dst = out + (static_cast<std::int64_t>(c) * Z + z) * plane;
       if (slope == 1.0 && intercept == 0.0) {
@@ -203,8 +208,8 @@ void copy_frames(const DiPixel& px, const Header& h, const std::vector<std::int6
 }
 
 /// Decodes every frame of one file into the output volume (C, Z, Y, X) at z_of_frame[frame].
-Status decode_file(DcmFileFormat& ff, const Header& h, const std::vector<std::int64_t>& z_of_frame, float* out,
-                   std::int64_t Z) {
+Status decode_file(DcmFileFormat& ff, const Header& h, const std::vector<std::int64_t>& z_of_frame,
+                   float* out, std::int64_t Z) {
   const std::string file = h.file.string();
   DcmDataset* ds = ff.getDataset();
   E_TransferSyntax xfer = ds->getOriginalXfer();
@@ -226,9 +231,9 @@ Status decode_file(DcmFileFormat& ff, const Header& h, const std::vector<std::in
     if (got < want)
       return corrupt_data(file + ": " + tag_name(DCM_PixelData) + ": expected " + std::to_string(want) +
                           " bytes for " + std::to_string(*h.rows) + " rows x " + std::to_string(*h.columns) +
-                          " columns x " + std::to_string(h.frames) + " frames x " + std::to_string(h.samples) +
-                          " samples of " + std::to_string(h.bits_allocated) + " bits, got " + std::to_string(got) +
-                          " (truncated pixel data)");
+                          " columns x " + std::to_string(h.frames) + " frames x " +
+                          std::to_string(h.samples) + " samples of " + std::to_string(h.bits_allocated) +
+                          " bits, got " + std::to_string(got) + " (truncated pixel data)");
     // DCMTK swaps big-endian OW data in 16-bit words; 32-bit samples then have their halves
     // swapped (rtdose_expb.dcm): put them back before DicomImage reads the words.
     if (DcmXfer(ds->getOriginalXfer()).isBigEndian() && h.bits_allocated == 32 && pd->getVR() == EVR_OW) {
@@ -251,16 +256,29 @@ Status decode_file(DcmFileFormat& ff, const Header& h, const std::vector<std::in
                         " frames of " + std::to_string(*h.rows) + " x " + std::to_string(*h.columns) +
                         ", DCMTK decoded " + std::to_string(px->getCount()) + " pixels");
   if (px->getPlanes() != static_cast<int>(h.samples))
-    return unsupported(file + ": " + tag_name(DCM_SamplesPerPixel) + ": expected " + std::to_string(h.samples) +
-                       " planes, DCMTK decoded " + std::to_string(px->getPlanes()));
+    return unsupported(file + ": " + tag_name(DCM_SamplesPerPixel) + ": expected " +
+                       std::to_string(h.samples) + " planes, DCMTK decoded " +
+                       std::to_string(px->getPlanes()));
   const bool rescale = h.samples == 1;
   switch (px->getRepresentation()) {
-    case EPR_Uint8: copy_frames<Uint8>(*px, h, z_of_frame, rescale, out, Z); break;
-    case EPR_Sint8: copy_frames<Sint8>(*px, h, z_of_frame, rescale, out, Z); break;
-    case EPR_Uint16: copy_frames<Uint16>(*px, h, z_of_frame, rescale, out, Z); break;
-    case EPR_Sint16: copy_frames<Sint16>(*px, h, z_of_frame, rescale, out, Z); break;
-    case EPR_Uint32: copy_frames<Uint32>(*px, h, z_of_frame, rescale, out, Z); break;
-    case EPR_Sint32: copy_frames<Sint32>(*px, h, z_of_frame, rescale, out, Z); break;
+    case EPR_Uint8:
+      copy_frames<Uint8>(*px, h, z_of_frame, rescale, out, Z);
+      break;
+    case EPR_Sint8:
+      copy_frames<Sint8>(*px, h, z_of_frame, rescale, out, Z);
+      break;
+    case EPR_Uint16:
+      copy_frames<Uint16>(*px, h, z_of_frame, rescale, out, Z);
+      break;
+    case EPR_Sint16:
+      copy_frames<Sint16>(*px, h, z_of_frame, rescale, out, Z);
+      break;
+    case EPR_Uint32:
+      copy_frames<Uint32>(*px, h, z_of_frame, rescale, out, Z);
+      break;
+    case EPR_Sint32:
+      copy_frames<Sint32>(*px, h, z_of_frame, rescale, out, Z);
+      break;
   }
   return Status::ok();
 }
@@ -278,7 +296,8 @@ Result<Geometry> assemble_geometry(const std::vector<Header>& hs, std::vector<Sl
   if (first.pixel_spacing) {
     if ((*first.pixel_spacing)[0] <= 0 || (*first.pixel_spacing)[1] <= 0)
       return corrupt_data(hs[slices.front().file].file.string() + ": " + tag_name(DCM_PixelSpacing) +
-                          ": expected 2 positive numbers, got " + format_numbers(first.pixel_spacing->data(), 2));
+                          ": expected 2 positive numbers, got " +
+                          format_numbers(first.pixel_spacing->data(), 2));
     g.spacing[0] = (*first.pixel_spacing)[1];  // column spacing: x
     g.spacing[1] = (*first.pixel_spacing)[0];  // row spacing: y
   }
@@ -289,9 +308,10 @@ Result<Geometry> assemble_geometry(const std::vector<Header>& hs, std::vector<Sl
                          std::abs((*ps)[1] - (*first.pixel_spacing)[1]) <= 1e-4 * (*ps)[1]));
     if (!same)
       return corrupt_data(slice_name(hs, s) + ": " + tag_name(DCM_PixelSpacing) + ": expected " +
-                          (first.pixel_spacing ? format_numbers(first.pixel_spacing->data(), 2) : "none") + " as in " +
-                          slice_name(hs, slices.front()) + ", got " +
-                          (ps ? format_numbers(ps->data(), 2) : "none") + " (mixed pixel spacing in one series)");
+                          (first.pixel_spacing ? format_numbers(first.pixel_spacing->data(), 2) : "none") +
+                          " as in " + slice_name(hs, slices.front()) + ", got " +
+                          (ps ? format_numbers(ps->data(), 2) : "none") +
+                          " (mixed pixel spacing in one series)");
   }
 
   auto check_orientation = [&](const Slice& s) -> Status {
@@ -336,8 +356,9 @@ Result<Geometry> assemble_geometry(const std::vector<Header>& hs, std::vector<Sl
       return g;
     }
     const DcmTagKey tag = missing->info->position ? DCM_ImageOrientationPatient : DCM_ImagePositionPatient;
-    return corrupt_data(slice_name(hs, *missing) + ": " + tag_name(tag) + ": required tag is missing (needed to order " +
-                        std::to_string(slices.size()) + " slices)");
+    return corrupt_data(slice_name(hs, *missing) + ": " + tag_name(tag) +
+                        ": required tag is missing (needed to order " + std::to_string(slices.size()) +
+                        " slices)");
   }
 
   SEGFLOW_RETURN_IF_ERROR(check_orientation(slices.front()));
@@ -345,8 +366,9 @@ Result<Geometry> assemble_geometry(const std::vector<Header>& hs, std::vector<Sl
   for (const Slice& s : slices)
     if (!same_orientation(*s.info->orientation, o0))
       return corrupt_data(slice_name(hs, s) + ": " + tag_name(DCM_ImageOrientationPatient) + ": expected " +
-                          format_numbers(o0.data(), 6) + " as in " + slice_name(hs, slices.front()) + ", got " +
-                          format_numbers(s.info->orientation->data(), 6) + " (mixed orientations in one series)");
+                          format_numbers(o0.data(), 6) + " as in " + slice_name(hs, slices.front()) +
+                          ", got " + format_numbers(s.info->orientation->data(), 6) +
+                          " (mixed orientations in one series)");
   const Vec3 n = slice_normal(o0);
   std::vector<double> proj(slices.size());
   for (std::size_t i = 0; i < slices.size(); ++i) proj[i] = dot(*slices[i].info->position, n);
@@ -376,10 +398,10 @@ Result<Geometry> assemble_geometry(const std::vector<Header>& hs, std::vector<Sl
   for (std::size_t k = 0; k < gaps.size(); ++k) {
     if (std::abs(gaps[k] - median) > 0.01 * median) {
       std::ostringstream os;
-      os << slice_name(hs, sorted[k + 1]) << ": " << tag_name(DCM_ImagePositionPatient) << ": expected the slice "
-         << median << " mm after " << slice_name(hs, sorted[k]) << " along the slice normal, got " << gaps[k]
-         << " mm (" << (gaps[k] > median ? "a slice is missing: gap in the series" : "uneven slice spacing")
-         << ")";
+      os << slice_name(hs, sorted[k + 1]) << ": " << tag_name(DCM_ImagePositionPatient)
+         << ": expected the slice " << median << " mm after " << slice_name(hs, sorted[k])
+         << " along the slice normal, got " << gaps[k] << " mm ("
+         << (gaps[k] > median ? "a slice is missing: gap in the series" : "uneven slice spacing") << ")";
       return corrupt_data(os.str());
     }
   }
@@ -406,7 +428,8 @@ Result<Image> read_series_impl(const std::vector<fs::path>& files) {
     if (!h.columns || *h.columns <= 0)
       return corrupt_data(f.string() + ": " + tag_name(DCM_Columns) + ": required tag is missing");
     if (!h.has_pixel_data)
-      return corrupt_data(f.string() + ": " + tag_name(DCM_PixelData) + ": required tag is missing (not an image?)");
+      return corrupt_data(f.string() + ": " + tag_name(DCM_PixelData) +
+                          ": required tag is missing (not an image?)");
     if (h.samples != 1 && h.samples != 3)
       return unsupported(f.string() + ": " + tag_name(DCM_SamplesPerPixel) + ": expected 1 or 3, got " +
                          std::to_string(h.samples));
@@ -431,7 +454,8 @@ Result<Image> read_series_impl(const std::vector<fs::path>& files) {
 
   std::vector<Slice> slices;
   for (std::size_t i = 0; i < hs.size(); ++i)
-    for (long f = 0; f < hs[i].frames; ++f) slices.push_back({i, f, &hs[i].frame_info[static_cast<std::size_t>(f)]});
+    for (long f = 0; f < hs[i].frames; ++f)
+      slices.push_back({i, f, &hs[i].frame_info[static_cast<std::size_t>(f)]});
   SEGFLOW_ASSIGN_OR_RETURN(Geometry geometry, assemble_geometry(hs, slices));
 
   std::vector<std::vector<std::int64_t>> z_of(hs.size());
@@ -440,7 +464,8 @@ Result<Image> read_series_impl(const std::vector<fs::path>& files) {
     z_of[slices[z].file][static_cast<std::size_t>(slices[z].frame)] = static_cast<std::int64_t>(z);
 
   const Header& h0 = hs.front();
-  const std::int64_t C = h0.samples, Z = static_cast<std::int64_t>(slices.size()), Y = *h0.rows, X = *h0.columns;
+  const std::int64_t C = h0.samples, Z = static_cast<std::int64_t>(slices.size()), Y = *h0.rows,
+                     X = *h0.columns;
   at::Tensor voxels = torch::empty({C, Z, Y, X}, torch::kFloat32);
   float* out = voxels.data_ptr<float>();
   for (std::size_t i = 0; i < hs.size(); ++i) {
@@ -458,7 +483,8 @@ Result<Image> read_series_impl(const std::vector<fs::path>& files) {
 
 /// Series of SOP classes / modalities that carry no image to train on.
 bool is_non_image(const DicomSeriesInfo& s) {
-  static const char* kModalities[] = {"SEG", "RTSTRUCT", "RTPLAN", "RTRECORD", "SR", "PR", "KO", "REG", "DOC"};
+  static const char* kModalities[] = {"SEG", "RTSTRUCT", "RTPLAN", "RTRECORD", "SR",
+                                      "PR",  "KO",       "REG",    "DOC"};
   for (const char* m : kModalities)
     if (s.modality == m) return true;
   return s.sop_class_uid == UID_SegmentationStorage;
@@ -469,9 +495,12 @@ bool is_non_image(const DicomSeriesInfo& s) {
 bool looks_like_dicom(const fs::path& path) {
   try {
     switch (sniff_dicom_prefix(path)) {
-      case DicomPrefix::preamble: return true;
-      case DicomPrefix::maybe_dataset: return load_file(path).is_ok();
-      case DicomPrefix::none: return false;
+      case DicomPrefix::preamble:
+        return true;
+      case DicomPrefix::maybe_dataset:
+        return load_file(path).is_ok();
+      case DicomPrefix::none:
+        return false;
     }
     return false;
   } catch (const std::exception&) {
@@ -479,7 +508,8 @@ bool looks_like_dicom(const fs::path& path) {
   }
 }
 
-Result<std::vector<DicomSeriesInfo>> scan_dicom_folder(const fs::path& dir, std::vector<SkippedFile>* skipped) {
+Result<std::vector<DicomSeriesInfo>> scan_dicom_folder(const fs::path& dir,
+                                                       std::vector<SkippedFile>* skipped) {
   try {
     ensure_dcmtk_ready();
     std::error_code ec;
@@ -507,7 +537,8 @@ Result<std::vector<DicomSeriesInfo>> scan_dicom_folder(const fs::path& dir, std:
       auto uid = get_string(ds, DCM_SeriesInstanceUID);
       if (!uid) {
         std::string media;
-        if ((*ff)->getMetaInfo()) media = get_string(*(*ff)->getMetaInfo(), DCM_MediaStorageSOPClassUID).value_or("");
+        if ((*ff)->getMetaInfo())
+          media = get_string(*(*ff)->getMetaInfo(), DCM_MediaStorageSOPClassUID).value_or("");
         skip(p, p.string() + ": " + tag_name(DCM_SeriesInstanceUID) + ": required tag is missing" +
                     (media == UID_MediaStorageDirectoryStorage ? " (a DICOMDIR, not an image)" : ""));
         continue;
@@ -560,8 +591,8 @@ Result<Image> read_dicom(const fs::path& file_or_dir) {
     return not_found(msg);
   }
   if (images.size() > 1) {
-    std::string msg = file_or_dir.string() + ": expected one DICOM image series, got " + std::to_string(images.size()) +
-                      ":";
+    std::string msg = file_or_dir.string() + ": expected one DICOM image series, got " +
+                      std::to_string(images.size()) + ":";
     for (std::size_t i = 0; i < images.size(); ++i)
       msg += std::string(i ? "," : "") + " " + images[i].series_uid + " (" + images[i].modality + ", " +
              std::to_string(images[i].files.size()) + (images[i].files.size() == 1 ? " file)" : " files)");
@@ -577,7 +608,8 @@ Result<DicomCompression> parse_dicom_compression(const std::string& s) {
   if (s == "rle") return DicomCompression::rle;
   if (s == "jpeg-ls") return DicomCompression::jpeg_ls;
   if (s == "jpeg-lossless") return DicomCompression::jpeg_lossless;
-  return invalid_argument("compression: expected one of none, rle, jpeg-ls, jpeg-lossless, got \"" + s + "\"");
+  return invalid_argument("compression: expected one of none, rle, jpeg-ls, jpeg-lossless, got \"" + s +
+                          "\"");
 }
 
 }  // namespace segflow::pipeline

@@ -79,8 +79,7 @@ Result<DicomSeriesInfo> write_dicom_series(const std::filesystem::path& dir, con
 /// Writes a label map (1, Z, Y, X) integer as a DICOM SEG (binary, one segment per label
 /// value > 0, labeled "label_<v>") referencing `series` (as returned by write_dicom_series,
 /// whose files it reads for the UIDs), on the geometry of `labels`.
-Status write_dicom_seg(const std::filesystem::path& file, const Image& labels,
-                       const DicomSeriesInfo& series);
+Status write_dicom_seg(const std::filesystem::path& file, const Image& labels, const DicomSeriesInfo& series);
 
 /// True when the file starts with the DICM preamble (or parses as DICOM without meta).
 bool looks_like_dicom(const std::filesystem::path& path);

@@ -14,10 +14,10 @@ namespace segflow::pipeline {
 /// float32 after any rescale (DICOM RescaleSlope/Intercept, NIfTI scl_slope/inter);
 /// otherwise the file's own type (label maps keep their integer type).
 struct Image {
-  at::Tensor voxels;              ///< (C, Z, Y, X)
-  Geometry geometry;              ///< LPS, (x, y, z)
-  std::filesystem::path source;   ///< file or folder it was read from
-  std::string modality;           ///< "CT", "MR", "SEG", ... when the format says; else empty
+  at::Tensor voxels;             ///< (C, Z, Y, X)
+  Geometry geometry;             ///< LPS, (x, y, z)
+  std::filesystem::path source;  ///< file or folder it was read from
+  std::string modality;          ///< "CT", "MR", "SEG", ... when the format says; else empty
 
   /// Size in (x, y, z) order.
   Size3 size() const;

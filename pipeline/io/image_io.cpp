@@ -24,11 +24,16 @@ ImageFormat detect_format(const fs::path& path) {
 
 const char* to_string(ImageFormat f) {
   switch (f) {
-    case ImageFormat::nifti: return "nifti";
-    case ImageFormat::npy: return "npy";
-    case ImageFormat::dicom_file: return "dicom";
-    case ImageFormat::dicom_folder: return "dicom-folder";
-    case ImageFormat::unknown: return "unknown";
+    case ImageFormat::nifti:
+      return "nifti";
+    case ImageFormat::npy:
+      return "npy";
+    case ImageFormat::dicom_file:
+      return "dicom";
+    case ImageFormat::dicom_folder:
+      return "dicom-folder";
+    case ImageFormat::unknown:
+      return "unknown";
   }
   return "unknown";
 }
@@ -37,11 +42,15 @@ Result<Image> read_image(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return not_found(path.string() + ": no such file or folder");
   switch (detect_format(path)) {
-    case ImageFormat::nifti: return read_nifti(path);
-    case ImageFormat::npy: return read_npy_image(path);
+    case ImageFormat::nifti:
+      return read_nifti(path);
+    case ImageFormat::npy:
+      return read_npy_image(path);
     case ImageFormat::dicom_file:
-    case ImageFormat::dicom_folder: return read_dicom(path);
-    case ImageFormat::unknown: break;
+    case ImageFormat::dicom_folder:
+      return read_dicom(path);
+    case ImageFormat::unknown:
+      break;
   }
   return unsupported(path.string() +
                      ": unknown image format: expected .nii, .nii.gz, .npy, a DICOM file or a "

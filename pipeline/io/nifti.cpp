@@ -68,7 +68,9 @@ class GzInput {
     std::vector<unsigned char> buf(static_cast<std::size_t>(std::min<std::int64_t>(n, 1 << 16)));
     std::int64_t done = 0;
     while (done < n) {
-      SEGFLOW_ASSIGN_OR_RETURN(std::int64_t r, read(buf.data(), std::min<std::int64_t>(n - done, static_cast<std::int64_t>(buf.size()))));
+      SEGFLOW_ASSIGN_OR_RETURN(
+          std::int64_t r,
+          read(buf.data(), std::min<std::int64_t>(n - done, static_cast<std::int64_t>(buf.size()))));
       if (r == 0) break;
       done += r;
     }
@@ -93,7 +95,8 @@ class GzInput {
     int code = Z_OK;
     const char* msg = gzerror(f_, &code);
     if (code == Z_ERRNO) return io_error(name_ + ": read failed: " + std::strerror(errno));
-    return corrupt_data(name_ + ": gzip stream corrupt: " + (msg ? msg : "zlib error " + std::to_string(code)));
+    return corrupt_data(name_ +
+                        ": gzip stream corrupt: " + (msg ? msg : "zlib error " + std::to_string(code)));
   }
 
   gzFile f_ = nullptr;
@@ -102,17 +105,28 @@ class GzInput {
 
 at::ScalarType torch_type(std::int16_t dt) {
   switch (dt) {
-    case detail::kDtUint8: return at::kByte;
-    case detail::kDtInt8: return at::kChar;
-    case detail::kDtInt16: return at::kShort;
-    case detail::kDtUint16: return at::kUInt16;
-    case detail::kDtInt32: return at::kInt;
-    case detail::kDtUint32: return at::kUInt32;
-    case detail::kDtInt64: return at::kLong;
-    case detail::kDtUint64: return at::kUInt64;
-    case detail::kDtFloat32: return at::kFloat;
-    case detail::kDtFloat64: return at::kDouble;
-    default: return at::kByte;  // RGB24 / RGBA32: bytes
+    case detail::kDtUint8:
+      return at::kByte;
+    case detail::kDtInt8:
+      return at::kChar;
+    case detail::kDtInt16:
+      return at::kShort;
+    case detail::kDtUint16:
+      return at::kUInt16;
+    case detail::kDtInt32:
+      return at::kInt;
+    case detail::kDtUint32:
+      return at::kUInt32;
+    case detail::kDtInt64:
+      return at::kLong;
+    case detail::kDtUint64:
+      return at::kUInt64;
+    case detail::kDtFloat32:
+      return at::kFloat;
+    case detail::kDtFloat64:
+      return at::kDouble;
+    default:
+      return at::kByte;  // RGB24 / RGBA32: bytes
   }
 }
 
@@ -170,7 +184,8 @@ Result<Image> read_nifti_impl(const fs::path& path) {
   SEGFLOW_RETURN_IF_ERROR(in.open(path));
   unsigned char head[detail::kNifti2HeaderSize];
   SEGFLOW_ASSIGN_OR_RETURN(std::int64_t head_n, in.read(head, sizeof head));
-  SEGFLOW_ASSIGN_OR_RETURN(NiftiHeader h, detail::decode_nifti_header(head, static_cast<std::size_t>(head_n), file));
+  SEGFLOW_ASSIGN_OR_RETURN(NiftiHeader h,
+                           detail::decode_nifti_header(head, static_cast<std::size_t>(head_n), file));
   const detail::NiftiTypeInfo* type = detail::nifti_type_info(h.datatype);
   const std::int64_t data_bytes = detail::nifti_data_bytes(h);
   const auto vox_offset = static_cast<std::int64_t>(h.vox_offset);
@@ -207,10 +222,10 @@ Result<Image> read_nifti_impl(const fs::path& path) {
     SEGFLOW_ASSIGN_OR_RETURN(std::int64_t skipped, in.skip(vox_offset - head_n));
     if (skipped < vox_offset - head_n) got = -1;
   }
-  const std::string truncated = data_name + ": truncated: expected " + std::to_string(vox_offset + data_bytes) +
-                                " bytes (vox_offset " + std::to_string(vox_offset) + " + " +
-                                std::to_string(data_bytes) + " bytes of " + type->name + " for dim " +
-                                dims_text(h) + ")";
+  const std::string truncated = data_name + ": truncated: expected " +
+                                std::to_string(vox_offset + data_bytes) + " bytes (vox_offset " +
+                                std::to_string(vox_offset) + " + " + std::to_string(data_bytes) +
+                                " bytes of " + type->name + " for dim " + dims_text(h) + ")";
   if (got < 0) return corrupt_data(truncated + ", the data ends before vox_offset");
   if (!data->compressed() && data_file_size < vox_offset + data_bytes)
     return corrupt_data(truncated + ", got " + std::to_string(data_file_size));
@@ -218,7 +233,9 @@ Result<Image> read_nifti_impl(const fs::path& path) {
     SEGFLOW_ASSIGN_OR_RETURN(std::int64_t r, data->read(dst + got, data_bytes - got));
     got += r;
   }
-  if (got < data_bytes) return corrupt_data(truncated + ", got " + std::to_string(vox_offset + got) + (data->compressed() ? " after decompression" : ""));
+  if (got < data_bytes)
+    return corrupt_data(truncated + ", got " + std::to_string(vox_offset + got) +
+                        (data->compressed() ? " after decompression" : ""));
   SEGFLOW_RETURN_IF_ERROR(data->check_trailer());
 
   const int elem = h.bitpix / 8;
@@ -230,8 +247,8 @@ Result<Image> read_nifti_impl(const fs::path& path) {
     const double slope = h.scl_slope, inter = h.scl_inter;
     if (std::isfinite(slope) && slope != 0.0 && !(slope == 1.0 && inter == 0.0)) {
       if (!std::isfinite(inter))
-        return corrupt_data(file + ": scl_inter: expected a finite number with scl_slope " + std::to_string(slope) +
-                            ", got " + std::to_string(inter));
+        return corrupt_data(file + ": scl_inter: expected a finite number with scl_slope " +
+                            std::to_string(slope) + ", got " + std::to_string(inter));
       t = (t.to(at::kDouble) * slope + inter).to(at::kFloat);
     }
   }
@@ -251,19 +268,30 @@ struct WriteType {
 
 Result<WriteType> write_type(at::ScalarType s, const std::string& file) {
   switch (s) {
-    case at::kByte: return WriteType{detail::kDtUint8, 8, at::kByte};
-    case at::kBool: return WriteType{detail::kDtUint8, 8, at::kByte};
-    case at::kChar: return WriteType{detail::kDtInt8, 8, at::kChar};
-    case at::kShort: return WriteType{detail::kDtInt16, 16, at::kShort};
-    case at::kUInt16: return WriteType{detail::kDtUint16, 16, at::kUInt16};
-    case at::kInt: return WriteType{detail::kDtInt32, 32, at::kInt};
-    case at::kUInt32: return WriteType{detail::kDtUint32, 32, at::kUInt32};
-    case at::kLong: return WriteType{detail::kDtInt64, 64, at::kLong};
-    case at::kUInt64: return WriteType{detail::kDtUint64, 64, at::kUInt64};
+    case at::kByte:
+      return WriteType{detail::kDtUint8, 8, at::kByte};
+    case at::kBool:
+      return WriteType{detail::kDtUint8, 8, at::kByte};
+    case at::kChar:
+      return WriteType{detail::kDtInt8, 8, at::kChar};
+    case at::kShort:
+      return WriteType{detail::kDtInt16, 16, at::kShort};
+    case at::kUInt16:
+      return WriteType{detail::kDtUint16, 16, at::kUInt16};
+    case at::kInt:
+      return WriteType{detail::kDtInt32, 32, at::kInt};
+    case at::kUInt32:
+      return WriteType{detail::kDtUint32, 32, at::kUInt32};
+    case at::kLong:
+      return WriteType{detail::kDtInt64, 64, at::kLong};
+    case at::kUInt64:
+      return WriteType{detail::kDtUint64, 64, at::kUInt64};
     case at::kHalf:
     case at::kBFloat16:
-    case at::kFloat: return WriteType{detail::kDtFloat32, 32, at::kFloat};
-    case at::kDouble: return WriteType{detail::kDtFloat64, 64, at::kDouble};
+    case at::kFloat:
+      return WriteType{detail::kDtFloat32, 32, at::kFloat};
+    case at::kDouble:
+      return WriteType{detail::kDtFloat64, 64, at::kDouble};
     default:
       return unsupported(file + ": voxels: dtype " + std::string(c10::toString(s)) +
                          " has no NIfTI datatype; expected bool, (u)int8..64, float16/32/64");
@@ -272,12 +300,13 @@ Result<WriteType> write_type(at::ScalarType s, const std::string& file) {
 
 Status write_nifti_impl(const fs::path& path, const Image& image) {
   const std::string file = path.string();
-  if (!image.voxels.defined()) return invalid_argument(file + ": voxels: expected a tensor, got an undefined one");
+  if (!image.voxels.defined())
+    return invalid_argument(file + ": voxels: expected a tensor, got an undefined one");
   at::Tensor v = image.voxels;
   if (v.dim() == 3) v = v.unsqueeze(0);
   if (v.dim() != 4)
-    return invalid_argument(file + ": voxels: expected (C, Z, Y, X) or (Z, Y, X), got " + std::to_string(v.dim()) +
-                            " dimensions");
+    return invalid_argument(file + ": voxels: expected (C, Z, Y, X) or (Z, Y, X), got " +
+                            std::to_string(v.dim()) + " dimensions");
   SEGFLOW_ASSIGN_OR_RETURN(WriteType wt, write_type(v.scalar_type(), file));
   v = v.to(torch::kCPU).to(wt.stored).contiguous();
 
@@ -285,8 +314,8 @@ Status write_nifti_impl(const fs::path& path, const Image& image) {
   const std::int64_t sizes[4] = {v.size(3), v.size(2), v.size(1), v.size(0)};  // x, y, z, c
   for (int i = 0; i < 4; ++i)
     if (sizes[i] < 1 || sizes[i] > 32767)
-      return invalid_argument(file + ": voxels: NIfTI-1 extents are 1..32767, got size " + std::to_string(sizes[i]) +
-                              " in (x, y, z, c) position " + std::to_string(i));
+      return invalid_argument(file + ": voxels: NIfTI-1 extents are 1..32767, got size " +
+                              std::to_string(sizes[i]) + " in (x, y, z, c) position " + std::to_string(i));
   h.dim[0] = sizes[3] > 1 ? 4 : 3;
   for (int i = 0; i < 4; ++i) h.dim[i + 1] = sizes[i];
   for (int i = 5; i < 8; ++i) h.dim[i] = 1;

@@ -28,30 +28,44 @@ using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 
 at::ScalarType torch_type(const detail::NpyType& t) {
   switch (t.kind) {
-    case detail::NpyKind::boolean: return at::kBool;
+    case detail::NpyKind::boolean:
+      return at::kBool;
     case detail::NpyKind::signed_int:
       return t.size == 1 ? at::kChar : t.size == 2 ? at::kShort : t.size == 4 ? at::kInt : at::kLong;
     case detail::NpyKind::unsigned_int:
       return t.size == 1 ? at::kByte : t.size == 2 ? at::kUInt16 : t.size == 4 ? at::kUInt32 : at::kUInt64;
     case detail::NpyKind::floating:
-    default: return t.size == 2 ? at::kHalf : t.size == 4 ? at::kFloat : at::kDouble;
+    default:
+      return t.size == 2 ? at::kHalf : t.size == 4 ? at::kFloat : at::kDouble;
   }
 }
 
 Result<std::string> descr_of(at::ScalarType s, const std::string& file) {
   switch (s) {
-    case at::kBool: return std::string("|b1");
-    case at::kByte: return std::string("|u1");
-    case at::kChar: return std::string("|i1");
-    case at::kShort: return std::string("<i2");
-    case at::kUInt16: return std::string("<u2");
-    case at::kInt: return std::string("<i4");
-    case at::kUInt32: return std::string("<u4");
-    case at::kLong: return std::string("<i8");
-    case at::kUInt64: return std::string("<u8");
-    case at::kHalf: return std::string("<f2");
-    case at::kFloat: return std::string("<f4");
-    case at::kDouble: return std::string("<f8");
+    case at::kBool:
+      return std::string("|b1");
+    case at::kByte:
+      return std::string("|u1");
+    case at::kChar:
+      return std::string("|i1");
+    case at::kShort:
+      return std::string("<i2");
+    case at::kUInt16:
+      return std::string("<u2");
+    case at::kInt:
+      return std::string("<i4");
+    case at::kUInt32:
+      return std::string("<u4");
+    case at::kLong:
+      return std::string("<i8");
+    case at::kUInt64:
+      return std::string("<u8");
+    case at::kHalf:
+      return std::string("<f2");
+    case at::kFloat:
+      return std::string("<f4");
+    case at::kDouble:
+      return std::string("<f8");
     default:
       return unsupported(file + ": tensor dtype " + std::string(c10::toString(s)) +
                          " has no .npy descriptor; expected bool, (u)int8..64 or float16/32/64");
@@ -95,7 +109,8 @@ Result<at::Tensor> read_npy_impl(const fs::path& path) {
   unsigned char pre[12];
   const std::size_t n_pre = std::fread(pre, 1, 10, f.get());
   if (n_pre < 6 || std::memcmp(pre, "\x93NUMPY", 6) != 0) {
-    if (file_size == 0) return corrupt_data(file + ": magic: expected \\x93NUMPY, got an empty file (0 bytes)");
+    if (file_size == 0)
+      return corrupt_data(file + ": magic: expected \\x93NUMPY, got an empty file (0 bytes)");
     std::string got;
     for (std::size_t i = 0; i < std::min<std::size_t>(n_pre, 6); ++i) {
       if (pre[i] >= 0x20 && pre[i] < 0x7f) {
@@ -108,10 +123,12 @@ Result<at::Tensor> read_npy_impl(const fs::path& path) {
     }
     return corrupt_data(file + ": magic: expected \\x93NUMPY, got " + got + " (not an .npy file)");
   }
-  if (n_pre < 10) return corrupt_data(file + ": header: truncated: the file ends inside the 10-byte preamble");
+  if (n_pre < 10)
+    return corrupt_data(file + ": header: truncated: the file ends inside the 10-byte preamble");
   const int major = pre[6], minor = pre[7];
   if (major < 1 || major > 3 || minor != 0)
-    return unsupported(file + ": version: expected 1.0, 2.0 or 3.0, got " + std::to_string(major) + "." + std::to_string(minor));
+    return unsupported(file + ": version: expected 1.0, 2.0 or 3.0, got " + std::to_string(major) + "." +
+                       std::to_string(minor));
   std::int64_t header_len = pre[8] | (pre[9] << 8);
   std::int64_t prefix = 10;
   if (major >= 2) {
@@ -123,14 +140,16 @@ Result<at::Tensor> read_npy_impl(const fs::path& path) {
   }
   if (prefix + header_len > file_size)
     return corrupt_data(file + ": header: truncated: header_len " + std::to_string(header_len) + " needs " +
-                        std::to_string(prefix + header_len) + " bytes, the file has " + std::to_string(file_size));
+                        std::to_string(prefix + header_len) + " bytes, the file has " +
+                        std::to_string(file_size));
   std::string text(static_cast<std::size_t>(header_len), '\0');
   if (std::fread(text.data(), 1, text.size(), f.get()) != text.size())
     return io_error(file + ": header: read failed: " + std::strerror(errno));
   SEGFLOW_ASSIGN_OR_RETURN(detail::NpyHeader h, detail::parse_npy_dict(text, file));
   SEGFLOW_ASSIGN_OR_RETURN(detail::NpyType type, detail::parse_npy_descr(h.descr, file));
   if (h.shape.size() > 32)
-    return unsupported(file + ": header.shape: expected at most 32 dimensions, got " + std::to_string(h.shape.size()));
+    return unsupported(file + ": header.shape: expected at most 32 dimensions, got " +
+                       std::to_string(h.shape.size()));
 
   std::int64_t count = 1;
   for (std::int64_t d : h.shape)
@@ -140,15 +159,16 @@ Result<at::Tensor> read_npy_impl(const fs::path& path) {
   const std::int64_t available = file_size - prefix - header_len;
   if (available < bytes)
     return corrupt_data(file + ": data: expected " + std::to_string(bytes) + " bytes for shape " +
-                        detail::npy_shape_text(h.shape) + " of '" + h.descr + "', got " + std::to_string(available) +
-                        " (truncated)");
+                        detail::npy_shape_text(h.shape) + " of '" + h.descr + "', got " +
+                        std::to_string(available) + " (truncated)");
 
   // Fortran order stores the transpose: read it as the reversed shape, then permute back.
   std::vector<std::int64_t> stored(h.shape.begin(), h.shape.end());
   if (h.fortran_order) std::reverse(stored.begin(), stored.end());
   at::Tensor t = torch::empty(stored, torch::TensorOptions().dtype(torch_type(type)));
   auto* p = static_cast<unsigned char*>(t.data_ptr());
-  if (bytes > 0 && std::fread(p, 1, static_cast<std::size_t>(bytes), f.get()) != static_cast<std::size_t>(bytes))
+  if (bytes > 0 &&
+      std::fread(p, 1, static_cast<std::size_t>(bytes), f.get()) != static_cast<std::size_t>(bytes))
     return io_error(file + ": data: read failed: " + std::strerror(errno));
   if (type.size > 1 && type.big_endian != kHostBigEndian) byte_swap(p, count, type.size);
   if (type.kind == detail::NpyKind::boolean)  // numpy may store any non-zero byte as True
@@ -227,7 +247,8 @@ Result<Image> read_npy_image(const fs::path& path) {
     } else if (d == 4) {
       v = t;
     } else {
-      return unsupported(path.string() + ": shape: expected (H, W), (H, W, 3), (Z, Y, X) or (C, Z, Y, X), got " +
+      return unsupported(path.string() +
+                         ": shape: expected (H, W), (H, W, 3), (Z, Y, X) or (C, Z, Y, X), got " +
                          detail::npy_shape_text(t.sizes().vec()));
     }
     Image image;

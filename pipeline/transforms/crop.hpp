@@ -34,13 +34,13 @@ std::pair<at::Tensor, at::Tensor> fg_bg_indices(const at::Tensor& label, const a
 /// Options of stage "rand_crop_pos_neg" (MONAI RandCropByPosNegLabel).
 struct RandCropPosNegOptions {
   std::vector<std::string> keys{"image", "label"};  ///< tensors cropped together
-  bool allow_missing_keys = false;  ///< skip keys a sample lacks (e.g. no label at inference)
+  bool allow_missing_keys = false;                  ///< skip keys a sample lacks (e.g. no label at inference)
   std::string label_key = "label";                  ///< foreground: label > 0
   std::array<std::int64_t, 3> spatial_size{96, 96, 96};  ///< crop size (x, y, z), voxels; <= 0: full extent
-  double pos = 1.0;   ///< weight of crops centred on foreground, >= 0
-  double neg = 1.0;   ///< weight of crops centred on background, >= 0 (pos + neg > 0)
+  double pos = 1.0;                                      ///< weight of crops centred on foreground, >= 0
+  double neg = 1.0;              ///< weight of crops centred on background, >= 0 (pos + neg > 0)
   std::int64_t num_samples = 4;  ///< crops per input sample, [1, 1024]
-  std::string image_key;         ///< background needs image > image_threshold (when indices are computed here)
+  std::string image_key;  ///< background needs image > image_threshold (when indices are computed here)
   double image_threshold = 0.0;  ///< see image_key
   void bind(OptionParser& p);
 };

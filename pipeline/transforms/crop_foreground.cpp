@@ -14,7 +14,8 @@ void CropForegroundOptions::bind(OptionParser& p) {
   p.number("threshold", threshold, Range::any(), "source units", "foreground: source > threshold");
   p.integers("margin", margin, Range::non_negative(), true, "voxels", "added on each side (x, y, z)");
   if (source_key.empty()) p.fail("source_key", "expected a non-empty name");
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 Box3 foreground_box(const at::Tensor& mask, const std::array<std::int64_t, 3>& margin) {
@@ -44,7 +45,8 @@ Box3 foreground_box(const at::Tensor& mask, const std::array<std::int64_t, 3>& m
 at::Tensor crop_tensor(const at::Tensor& t, const Box3& box) {
   const std::int64_t nsp = t.dim() - 1;
   at::Tensor r = t;
-  for (int a = 0; a < nsp; ++a) r = r.narrow(detail::tensor_dim(a, nsp), box.start[a], box.end[a] - box.start[a]);
+  for (int a = 0; a < nsp; ++a)
+    r = r.narrow(detail::tensor_dim(a, nsp), box.start[a], box.end[a] - box.start[a]);
   return r;
 }
 
@@ -63,7 +65,7 @@ class CropForegroundStage final : public MapStage {
 
   Status apply_sample(Sample& s, Rng&) const override {
     const auto keys = detail::present_keys(s, o_.keys, o_.allow_missing_keys);
-        std::vector<std::string> all = keys;
+    std::vector<std::string> all = keys;
     all.push_back(o_.source_key);
     SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, all, kName).status());
     const at::Tensor& src = s.at(o_.source_key);

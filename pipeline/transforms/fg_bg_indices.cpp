@@ -54,8 +54,9 @@ class FgBgIndicesStage final : public MapStage {
 
   Status apply_sample(Sample& s, Rng&) const override {
     SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, keys(), kName).status());
-    auto [fg, bg] = fg_bg_indices(s.at(o_.label_key), o_.image_key.empty() ? at::Tensor() : s.at(o_.image_key),
-                                  o_.image_threshold, o_.max_per_class);
+    auto [fg, bg] =
+        fg_bg_indices(s.at(o_.label_key), o_.image_key.empty() ? at::Tensor() : s.at(o_.image_key),
+                      o_.image_threshold, o_.max_per_class);
     s.tensors["fg_indices"] = fg;
     s.tensors["bg_indices"] = bg;
     return Status::ok();

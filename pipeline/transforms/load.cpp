@@ -11,11 +11,13 @@ namespace segflow::pipeline {
 void LoadOptions::bind(OptionParser& p) {
   p.string("image_key", image_key, "tensor name of the image, (C, Z, Y, X) float32");
   p.string("label_key", label_key, "tensor name of the label map, (1, Z, Y, X)");
-  p.choice("label_dtype", label_dtype, {"uint8", "int64"}, "label map type (uint8 is 8x smaller in the cache)");
+  p.choice("label_dtype", label_dtype, {"uint8", "int64"},
+           "label map type (uint8 is 8x smaller in the cache)");
   p.boolean("require_label", require_label, "error for a case without a label");
   if (image_key.empty()) p.fail("image_key", "expected a non-empty name");
   if (label_key.empty()) p.fail("label_key", "expected a non-empty name");
-  if (image_key == label_key) p.fail("label_key", "expected a name different from image_key '" + image_key + "'");
+  if (image_key == label_key)
+    p.fail("label_key", "expected a name different from image_key '" + image_key + "'");
 }
 
 Result<Sample> sample_from_case(LoadedCase c, const LoadOptions& o) {

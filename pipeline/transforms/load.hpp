@@ -13,10 +13,10 @@ class OptionParser;
 
 /// Options of stage "load".
 struct LoadOptions {
-  std::string image_key = "image";   ///< tensor name of the image, (C, Z, Y, X) float32
-  std::string label_key = "label";   ///< tensor name of the label map, (1, Z, Y, X)
-  std::string label_dtype = "uint8"; ///< uint8 (values 0..255, 8x smaller in the cache) | int64
-  bool require_label = false;        ///< error for a case without a label (else no label tensor)
+  std::string image_key = "image";    ///< tensor name of the image, (C, Z, Y, X) float32
+  std::string label_key = "label";    ///< tensor name of the label map, (1, Z, Y, X)
+  std::string label_dtype = "uint8";  ///< uint8 (values 0..255, 8x smaller in the cache) | int64
+  bool require_label = false;         ///< error for a case without a label (else no label tensor)
   void bind(OptionParser& p);
 };
 

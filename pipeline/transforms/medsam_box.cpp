@@ -14,9 +14,12 @@ void MedsamBoxOptions::bind(OptionParser& p) {
   p.string("image_key", image_key, "(C, Z, Y, X) image, C = 1 or 3");
   p.string("label_key", label_key, "(1, Z, Y, X) integer label map");
   p.integer("image_size", image_size, Range::closed(16, 4096), "pixels", "output side S");
-  p.integer("bbox_shift", bbox_shift, Range::closed(0, 4096), "pixels", "maximum outward jitter per box side");
-  p.integer("label", label, Range::non_negative(), "", "the label to segment; 0 = a random label present in the slice");
-  p.integer("num_samples", num_samples, Range::closed(1, 1024), "", "2-D samples drawn per volume, each with its own slice, label and box");
+  p.integer("bbox_shift", bbox_shift, Range::closed(0, 4096), "pixels",
+            "maximum outward jitter per box side");
+  p.integer("label", label, Range::non_negative(), "",
+            "the label to segment; 0 = a random label present in the slice");
+  p.integer("num_samples", num_samples, Range::closed(1, 1024), "",
+            "2-D samples drawn per volume, each with its own slice, label and box");
 }
 
 namespace {
@@ -37,23 +40,25 @@ Result<Sample> medsam_box(const Sample& s, const MedsamBoxOptions& o, Rng& rng) 
                             "' must have 1 or 3 channels, got " + detail::shape_string(s.at(o.image_key)));
   if (label.size(0) != 1 || detail::is_floating(label))
     return invalid_argument(std::string(kStage) + ": sample '" + s.id + "': '" + o.label_key +
-                            "' must be a 1-channel integer label map, got " + detail::shape_string(label) + " " +
-                            std::string(c10::toString(label.scalar_type())));
+                            "' must be a 1-channel integer label map, got " + detail::shape_string(label) +
+                            " " + std::string(c10::toString(label.scalar_type())));
 
   // A slice with the wanted foreground.
   const at::Tensor lab = label[0];  // (Z, Y, X)
   const at::Tensor fg = o.label > 0 ? lab == o.label : lab > 0;
   const at::Tensor slices = fg.flatten(1).any(1).nonzero().flatten().cpu();
   if (slices.numel() == 0)
-    return invalid_argument(std::string(kStage) + ": sample '" + s.id + "' has no " +
-                            (o.label > 0 ? "voxel of label " + std::to_string(o.label) : std::string("foreground")));
+    return invalid_argument(
+        std::string(kStage) + ": sample '" + s.id + "' has no " +
+        (o.label > 0 ? "voxel of label " + std::to_string(o.label) : std::string("foreground")));
   const std::int64_t z = slices[rng.integer(0, slices.numel() - 1)].item<std::int64_t>();
 
   // The label to segment in that slice.
   const at::Tensor lab2d = lab[z];
   std::int64_t value = o.label;
   if (value == 0) {
-    const at::Tensor present = std::get<0>(at::_unique(lab2d.masked_select(lab2d > 0), /*sorted=*/true)).cpu();
+    const at::Tensor present =
+        std::get<0>(at::_unique(lab2d.masked_select(lab2d > 0), /*sorted=*/true)).cpu();
     value = present[rng.integer(0, present.numel() - 1)].item<std::int64_t>();
   }
   const at::Tensor mask = (lab2d == value).unsqueeze(0).to(label.scalar_type());  // (1, H, W)
@@ -61,7 +66,8 @@ Result<Sample> medsam_box(const Sample& s, const MedsamBoxOptions& o, Rng& rng) 
   const std::int64_t S = o.image_size, H = lab2d.size(0), W = lab2d.size(1);
   at::Tensor img2d = image.select(1, z).to(torch::kFloat32);  // (C, H, W)
   if (img2d.size(0) == 1) img2d = img2d.repeat({3, 1, 1});
-  at::Tensor img_out = (H == S && W == S) ? img2d.contiguous() : detail::resize_linear(img2d, {S, S}).contiguous();
+  at::Tensor img_out =
+      (H == S && W == S) ? img2d.contiguous() : detail::resize_linear(img2d, {S, S}).contiguous();
   at::Tensor mask_out = detail::resize_nearest(mask, {S, S}).contiguous();
 
   // Box of the resized mask (or of the original one scaled, if resizing lost it).
@@ -74,7 +80,8 @@ Result<Sample> medsam_box(const Sample& s, const MedsamBoxOptions& o, Rng& rng) 
     const at::Tensor m0 = mask[0] > 0;
     auto [oy0, oy1] = extent(m0.any(1));
     auto [ox0, ox1] = extent(m0.any(0));
-    y0 = oy0 * S / H, y1 = std::min(S - 1, (oy1 + 1) * S / H), x0 = ox0 * S / W, x1 = std::min(S - 1, (ox1 + 1) * S / W);
+    y0 = oy0 * S / H, y1 = std::min(S - 1, (oy1 + 1) * S / H), x0 = ox0 * S / W,
+    x1 = std::min(S - 1, (ox1 + 1) * S / W);
   }
   x0 = std::max<std::int64_t>(0, x0 - rng.integer(0, o.bbox_shift));
   x1 = std::min<std::int64_t>(S - 1, x1 + rng.integer(0, o.bbox_shift));
@@ -84,10 +91,12 @@ Result<Sample> medsam_box(const Sample& s, const MedsamBoxOptions& o, Rng& rng) 
   Sample out;
   out.id = s.id + "#z" + std::to_string(z);
   out.geometry = s.geometry;
-  const double rx = static_cast<double>(W) / static_cast<double>(S), ry = static_cast<double>(H) / static_cast<double>(S);
+  const double rx = static_cast<double>(W) / static_cast<double>(S),
+               ry = static_cast<double>(H) / static_cast<double>(S);
   out.geometry.spacing[0] *= rx;
   out.geometry.spacing[1] *= ry;
-  out.geometry.origin = index_to_physical(s.geometry, {0.5 * rx - 0.5, 0.5 * ry - 0.5, static_cast<double>(z)});
+  out.geometry.origin =
+      index_to_physical(s.geometry, {0.5 * rx - 0.5, 0.5 * ry - 0.5, static_cast<double>(z)});
   out.tensors[o.image_key] = img_out;
   out.tensors[o.label_key] = mask_out;
   out.tensors["box"] = torch::tensor({static_cast<float>(x0), static_cast<float>(y0), static_cast<float>(x1),
@@ -103,7 +112,8 @@ class MedsamBoxStage final : public Stage {
  public:
   using Options = MedsamBoxOptions;
   static constexpr const char* kName = "medsam_box";
-  static constexpr const char* kDoc = "MedSAM 2-D samples: foreground slices, binary masks and jittered box prompts";
+  static constexpr const char* kDoc =
+      "MedSAM 2-D samples: foreground slices, binary masks and jittered box prompts";
   static constexpr bool kDeterministic = false;
 
   MedsamBoxStage(Options o, nlohmann::json resolved)

@@ -13,7 +13,8 @@ void NormalizeIntensityOptions::bind(OptionParser& p) {
   p.boolean("nonzero", nonzero, "statistics over non-zero voxels only; zero voxels stay 0");
   p.boolean("channel_wise", channel_wise, "one mean/std per channel (else one over all channels)");
   p.string("mask_key", mask_key, "when set: statistics over mask > 0 only; voxels outside are set to 0");
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 namespace {
@@ -49,7 +50,8 @@ class NormalizeIntensityStage final : public MapStage {
  public:
   using Options = NormalizeIntensityOptions;
   static constexpr const char* kName = "normalize_intensity";
-  static constexpr const char* kDoc = "z-score: subtract the mean, divide by the std (optionally non-zero or masked)";
+  static constexpr const char* kDoc =
+      "z-score: subtract the mean, divide by the std (optionally non-zero or masked)";
   static constexpr bool kDeterministic = true;
 
   NormalizeIntensityStage(Options o, nlohmann::json resolved)
@@ -68,8 +70,8 @@ class NormalizeIntensityStage final : public MapStage {
       if (mask.size(0) != 1)
         for (const auto& k : keys)
           if (s.at(k).size(0) != mask.size(0))
-            return invalid_argument(std::string(kName) + ": sample '" + s.id + "': mask '" + o_.mask_key + "' has " +
-                                    std::to_string(mask.size(0)) + " channels, '" + k + "' has " +
+            return invalid_argument(std::string(kName) + ": sample '" + s.id + "': mask '" + o_.mask_key +
+                                    "' has " + std::to_string(mask.size(0)) + " channels, '" + k + "' has " +
                                     std::to_string(s.at(k).size(0)) + "; expected 1 or equal");
     }
     for (const auto& k : keys) {

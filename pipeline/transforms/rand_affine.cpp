@@ -15,12 +15,15 @@ void RandAffineOptions::bind(OptionParser& p) {
   p.number("prob", prob, Range::closed(0, 1), "", "chance of warping");
   p.numbers("rotate_range", rotate_range, Range::closed(0, 3.141592653589793), true, "radians",
             "angle about x, y, z uniform in [-r, r] (2-D samples use z)");
-  p.numbers("scale_range", scale_range, Range::closed(0, 0.9), true, "", "zoom per axis 1 + uniform in [-s, s]");
+  p.numbers("scale_range", scale_range, Range::closed(0, 0.9), true, "",
+            "zoom per axis 1 + uniform in [-s, s]");
   p.numbers("translate_range", translate_range, Range::non_negative(), true, "voxels",
             "shift per axis uniform in [-t, t]");
-  p.choice("mode", mode, {"bilinear", "nearest"}, "interpolation of floating tensors (integer ones: nearest)");
+  p.choice("mode", mode, {"bilinear", "nearest"},
+           "interpolation of floating tensors (integer ones: nearest)");
   p.choice("padding_mode", padding_mode, {"zeros", "border", "reflection"}, "values outside the input");
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 bool AffineParams::identity() const {
@@ -78,8 +81,9 @@ at::Tensor affine_grid_for(const at::Tensor& t, const AffineParams& p) {
   }
   std::vector<std::int64_t> size{1, t.size(0)};
   for (std::int64_t d = 1; d < t.dim(); ++d) size.push_back(t.size(d));
-  return torch::nn::functional::affine_grid(theta.to(torch::TensorOptions().dtype(torch::kFloat32).device(t.device())),
-                                            size, /*align_corners=*/false);
+  return torch::nn::functional::affine_grid(
+      theta.to(torch::TensorOptions().dtype(torch::kFloat32).device(t.device())), size,
+      /*align_corners=*/false);
 }
 
 at::Tensor warp(const at::Tensor& t, const at::Tensor& grid, bool linear, const std::string& padding_mode) {
@@ -88,9 +92,12 @@ at::Tensor warp(const at::Tensor& t, const at::Tensor& grid, bool linear, const 
   const bool keep = t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kFloat64;
   auto opts = F::GridSampleFuncOptions().align_corners(false);
   opts = (floating && linear) ? opts.mode(torch::kBilinear) : opts.mode(torch::kNearest);
-  if (padding_mode == "border") opts = opts.padding_mode(torch::kBorder);
-  else if (padding_mode == "reflection") opts = opts.padding_mode(torch::kReflection);
-  else opts = opts.padding_mode(torch::kZeros);
+  if (padding_mode == "border")
+    opts = opts.padding_mode(torch::kBorder);
+  else if (padding_mode == "reflection")
+    opts = opts.padding_mode(torch::kReflection);
+  else
+    opts = opts.padding_mode(torch::kZeros);
   at::Tensor x = keep ? t : t.to(torch::kFloat32);
   at::Tensor y = F::grid_sample(x.unsqueeze(0), grid.to(x.scalar_type()), opts).squeeze(0);
   if (!floating) return y.round().to(t.scalar_type());
@@ -99,7 +106,8 @@ at::Tensor warp(const at::Tensor& t, const at::Tensor& grid, bool linear, const 
 
 }  // namespace
 
-at::Tensor affine_tensor(const at::Tensor& t, const AffineParams& params, bool linear, const std::string& padding_mode) {
+at::Tensor affine_tensor(const at::Tensor& t, const AffineParams& params, bool linear,
+                         const std::string& padding_mode) {
   if (params.identity()) return t;
   return warp(t, affine_grid_for(t, params), linear, padding_mode);
 }
@@ -150,7 +158,8 @@ class RandAffineStage final : public MapStage {
   static constexpr const char* kDoc = "random rotation, zoom and shift (affine_grid + grid_sample)";
   static constexpr bool kDeterministic = false;
 
-  RandAffineStage(Options o, nlohmann::json resolved) : MapStage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
+  RandAffineStage(Options o, nlohmann::json resolved)
+      : MapStage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
   bool deterministic() const override { return false; }
 
   Status apply_sample(Sample& s, Rng& rng) const override {

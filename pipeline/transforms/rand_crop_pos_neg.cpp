@@ -13,7 +13,8 @@ namespace segflow::pipeline {
 void RandCropPosNegOptions::bind(OptionParser& p) {
   p.strings("keys", keys, true, "tensors cropped together");
   p.string("label_key", label_key, "foreground: label > 0");
-  p.integers("spatial_size", spatial_size, Range::any(), true, "voxels", "crop size (x, y, z); <= 0: full extent");
+  p.integers("spatial_size", spatial_size, Range::any(), true, "voxels",
+             "crop size (x, y, z); <= 0: full extent");
   p.number("pos", pos, Range::non_negative(), "", "weight of crops centred on foreground");
   p.number("neg", neg, Range::non_negative(), "", "weight of crops centred on background");
   p.integer("num_samples", num_samples, Range::closed(1, 1024), "crops", "crops per input sample");
@@ -21,7 +22,8 @@ void RandCropPosNegOptions::bind(OptionParser& p) {
   p.number("image_threshold", image_threshold, Range::any(), "image units", "see image_key");
   if (p.ok() && pos + neg <= 0) p.fail("neg", "expected pos + neg > 0, got pos 0 and neg 0");
   if (label_key.empty()) p.fail("label_key", "expected a non-empty name");
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& s, const RandCropPosNegOptions& o, Rng& rng) {
@@ -54,11 +56,11 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& s, const RandCropPos
                                      bg.numel() ? bg.max().item<std::int64_t>() : -1);
     if (mx >= numel)
       return invalid_argument(std::string(kStage) + ": sample '" + s.id +
-                              "': fg_indices/bg_indices do not fit the label grid " + detail::shape_string(label) +
-                              " (a spatial stage ran after fg_bg_indices?)");
+                              "': fg_indices/bg_indices do not fit the label grid " +
+                              detail::shape_string(label) + " (a spatial stage ran after fg_bg_indices?)");
   } else {
-    std::tie(fg, bg) = fg_bg_indices(label, o.image_key.empty() ? at::Tensor() : s.at(o.image_key),
-                                     o.image_threshold, 0);
+    std::tie(fg, bg) =
+        fg_bg_indices(label, o.image_key.empty() ? at::Tensor() : s.at(o.image_key), o.image_threshold, 0);
   }
   const std::int64_t n_fg = fg.numel(), n_bg = bg.numel();
   const double ratio = o.pos / (o.pos + o.neg);
@@ -151,10 +153,12 @@ class RandCropPosNegStage final : public Stage {
  public:
   using Options = RandCropPosNegOptions;
   static constexpr const char* kName = "rand_crop_pos_neg";
-  static constexpr const char* kDoc = "num_samples crops centred on foreground (pos) or background (neg) voxels";
+  static constexpr const char* kDoc =
+      "num_samples crops centred on foreground (pos) or background (neg) voxels";
   static constexpr bool kDeterministic = false;
 
-  RandCropPosNegStage(Options o, nlohmann::json resolved) : Stage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
+  RandCropPosNegStage(Options o, nlohmann::json resolved)
+      : Stage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
   bool deterministic() const override { return false; }
 
   Status apply(std::vector<Sample>& samples, Rng& rng) const override {

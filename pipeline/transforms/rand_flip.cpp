@@ -13,7 +13,8 @@ void RandFlipOptions::bind(OptionParser& p) {
   p.number("prob", prob, Range::closed(0, 1), "", "chance of flipping each axis");
   p.integer_list("spatial_axis", spatial_axis, Range::closed(0, 2), true,
                  "axes that may flip, 0 = x (axes a sample lacks are skipped)");
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 at::Tensor flip_tensor(const at::Tensor& t, const std::vector<int>& axes) {
@@ -33,7 +34,8 @@ class RandFlipStage final : public MapStage {
   static constexpr const char* kDoc = "flip each listed axis with probability prob";
   static constexpr bool kDeterministic = false;
 
-  RandFlipStage(Options o, nlohmann::json resolved) : MapStage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
+  RandFlipStage(Options o, nlohmann::json resolved)
+      : MapStage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
   bool deterministic() const override { return false; }
 
   Status apply_sample(Sample& s, Rng& rng) const override {

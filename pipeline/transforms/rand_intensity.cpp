@@ -13,15 +13,18 @@ namespace segflow::pipeline {
 void RandShiftIntensityOptions::bind(OptionParser& p) {
   p.strings("keys", keys, true, "tensors to shift (floating)");
   p.number("prob", prob, Range::closed(0, 1), "", "chance of shifting");
-  p.number("offsets", offsets, Range::non_negative(), "intensity units", "offset uniform in [-offsets, offsets]");
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+  p.number("offsets", offsets, Range::non_negative(), "intensity units",
+           "offset uniform in [-offsets, offsets]");
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 void RandScaleIntensityOptions::bind(OptionParser& p) {
   p.strings("keys", keys, true, "tensors to scale (floating)");
   p.number("prob", prob, Range::closed(0, 1), "", "chance of scaling");
   p.number("factors", factors, Range::non_negative(), "", "x * (1 + f), f uniform in [-factors, factors]");
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 void RandGammaOptions::bind(OptionParser& p) {
@@ -30,16 +33,19 @@ void RandGammaOptions::bind(OptionParser& p) {
   p.numbers("gamma", gamma, Range::positive(), false, "", "gamma uniform in [lo, hi]");
   if (p.ok() && gamma[0] > gamma[1])
     p.fail("gamma", "expected [lo, hi] with lo <= hi, got " + format_value(nlohmann::json(gamma)));
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 void RandGaussianNoiseOptions::bind(OptionParser& p) {
   p.strings("keys", keys, true, "tensors to add noise to (floating)");
   p.number("prob", prob, Range::closed(0, 1), "", "chance of adding noise");
   p.number("mean", mean, Range::any(), "intensity units", "noise mean");
-  p.number("std", std, Range::non_negative(), "intensity units", "noise standard deviation (the maximum when sample_std)");
+  p.number("std", std, Range::non_negative(), "intensity units",
+           "noise standard deviation (the maximum when sample_std)");
   p.boolean("sample_std", sample_std, "draw the std uniformly in [0, std] per sample");
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 at::Tensor adjust_gamma(const at::Tensor& x, double gamma) {
@@ -86,7 +92,8 @@ class RandIntensityStage : public MapStage {
   Options o_;
 };
 
-class RandShiftIntensityStage final : public RandIntensityStage<RandShiftIntensityStage, RandShiftIntensityOptions> {
+class RandShiftIntensityStage final
+    : public RandIntensityStage<RandShiftIntensityStage, RandShiftIntensityOptions> {
  public:
   using RandIntensityStage::RandIntensityStage;
   static constexpr const char* kName = "rand_shift_intensity";
@@ -95,7 +102,8 @@ class RandShiftIntensityStage final : public RandIntensityStage<RandShiftIntensi
   at::Tensor map(const at::Tensor& x, double offset, Rng&) const { return x + offset; }
 };
 
-class RandScaleIntensityStage final : public RandIntensityStage<RandScaleIntensityStage, RandScaleIntensityOptions> {
+class RandScaleIntensityStage final
+    : public RandIntensityStage<RandScaleIntensityStage, RandScaleIntensityOptions> {
  public:
   using RandIntensityStage::RandIntensityStage;
   static constexpr const char* kName = "rand_scale_intensity";
@@ -113,7 +121,8 @@ class RandGammaStage final : public RandIntensityStage<RandGammaStage, RandGamma
   at::Tensor map(const at::Tensor& x, double gamma, Rng&) const { return adjust_gamma(x, gamma); }
 };
 
-class RandGaussianNoiseStage final : public RandIntensityStage<RandGaussianNoiseStage, RandGaussianNoiseOptions> {
+class RandGaussianNoiseStage final
+    : public RandIntensityStage<RandGaussianNoiseStage, RandGaussianNoiseOptions> {
  public:
   using RandIntensityStage::RandIntensityStage;
   static constexpr const char* kName = "rand_gaussian_noise";

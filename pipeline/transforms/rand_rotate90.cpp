@@ -12,10 +12,13 @@ void RandRotate90Options::bind(OptionParser& p) {
   p.strings("keys", keys, true, "tensors to rotate together");
   p.number("prob", prob, Range::closed(0, 1), "", "chance of rotating");
   p.integer("max_k", max_k, Range::closed(1, 3), "quarter turns", "k uniform in [1, max_k]");
-  p.integer_list("spatial_axes", spatial_axes, Range::closed(0, 2), true, "the plane of rotation, 2 axes, 0 = x");
+  p.integer_list("spatial_axes", spatial_axes, Range::closed(0, 2), true,
+                 "the plane of rotation, 2 axes, 0 = x");
   if (spatial_axes.size() != 2)
-    p.fail("spatial_axes", "expected 2 distinct axes in [0, 2], got " + format_value(nlohmann::json(spatial_axes)));
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+    p.fail("spatial_axes",
+           "expected 2 distinct axes in [0, 2], got " + format_value(nlohmann::json(spatial_axes)));
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 at::Tensor rotate90_tensor(const at::Tensor& t, int k, int a0, int a1) {
@@ -43,8 +46,8 @@ class RandRotate90Stage final : public MapStage {
     const int a0 = static_cast<int>(o_.spatial_axes[0]), a1 = static_cast<int>(o_.spatial_axes[1]);
     if (a0 >= nsp || a1 >= nsp)
       return invalid_argument(std::string(kName) + ": sample '" + s.id + "' has " + std::to_string(nsp) +
-                              " spatial axes; spatial_axes [" + std::to_string(a0) + ", " + std::to_string(a1) +
-                              "] do not exist");
+                              " spatial axes; spatial_axes [" + std::to_string(a0) + ", " +
+                              std::to_string(a1) + "] do not exist");
     if (!rng.bernoulli(o_.prob)) return Status::ok();
     const int k = static_cast<int>(rng.integer(1, o_.max_k));
     for (const auto& key : keys) s.at(key) = rotate90_tensor(s.at(key), k, a0, a1).contiguous();

@@ -8,20 +8,20 @@ namespace segflow::pipeline {
 
 class StageRegistry;
 
-Status register_load_stage(StageRegistry& r);                  ///< load
-Status register_reorient_stage(StageRegistry& r);              ///< reorient
-Status register_resample_stage(StageRegistry& r);              ///< resample
-Status register_crop_foreground_stage(StageRegistry& r);       ///< crop_foreground
-Status register_scale_intensity_range_stage(StageRegistry& r); ///< scale_intensity_range
-Status register_normalize_intensity_stage(StageRegistry& r);   ///< normalize_intensity
-Status register_fg_bg_indices_stage(StageRegistry& r);         ///< fg_bg_indices
-Status register_rand_crop_pos_neg_stage(StageRegistry& r);     ///< rand_crop_pos_neg
-Status register_rand_flip_stage(StageRegistry& r);             ///< rand_flip
-Status register_rand_rotate90_stage(StageRegistry& r);         ///< rand_rotate90
-Status register_rand_affine_stage(StageRegistry& r);           ///< rand_affine
+Status register_load_stage(StageRegistry& r);                   ///< load
+Status register_reorient_stage(StageRegistry& r);               ///< reorient
+Status register_resample_stage(StageRegistry& r);               ///< resample
+Status register_crop_foreground_stage(StageRegistry& r);        ///< crop_foreground
+Status register_scale_intensity_range_stage(StageRegistry& r);  ///< scale_intensity_range
+Status register_normalize_intensity_stage(StageRegistry& r);    ///< normalize_intensity
+Status register_fg_bg_indices_stage(StageRegistry& r);          ///< fg_bg_indices
+Status register_rand_crop_pos_neg_stage(StageRegistry& r);      ///< rand_crop_pos_neg
+Status register_rand_flip_stage(StageRegistry& r);              ///< rand_flip
+Status register_rand_rotate90_stage(StageRegistry& r);          ///< rand_rotate90
+Status register_rand_affine_stage(StageRegistry& r);            ///< rand_affine
 /// rand_shift_intensity, rand_scale_intensity, rand_gamma, rand_gaussian_noise: four small
 /// stages sharing one file (each is a few lines around one torch expression).
 Status register_rand_intensity_stages(StageRegistry& r);
-Status register_medsam_box_stage(StageRegistry& r);            ///< medsam_box
+Status register_medsam_box_stage(StageRegistry& r);  ///< medsam_box
 
 }  // namespace segflow::pipeline

@@ -15,13 +15,32 @@ namespace {
 // World (LPS) axis and sign of an orientation letter: an axis "points to" that letter.
 bool letter_axis(char c, int& axis, double& sign) {
   switch (c) {
-    case 'L': axis = 0; sign = 1; return true;
-    case 'R': axis = 0; sign = -1; return true;
-    case 'P': axis = 1; sign = 1; return true;
-    case 'A': axis = 1; sign = -1; return true;
-    case 'S': axis = 2; sign = 1; return true;
-    case 'I': axis = 2; sign = -1; return true;
-    default: return false;
+    case 'L':
+      axis = 0;
+      sign = 1;
+      return true;
+    case 'R':
+      axis = 0;
+      sign = -1;
+      return true;
+    case 'P':
+      axis = 1;
+      sign = 1;
+      return true;
+    case 'A':
+      axis = 1;
+      sign = -1;
+      return true;
+    case 'S':
+      axis = 2;
+      sign = 1;
+      return true;
+    case 'I':
+      axis = 2;
+      sign = -1;
+      return true;
+    default:
+      return false;
   }
 }
 }  // namespace
@@ -32,12 +51,15 @@ Status check_axcodes(const std::string& axcodes) {
   for (char c : axcodes) {
     int a = 0;
     double s = 0;
-    if (!letter_axis(c, a, s) || seen[a]) ok = false;
-    else seen[a] = true;
+    if (!letter_axis(c, a, s) || seen[a])
+      ok = false;
+    else
+      seen[a] = true;
   }
   if (!ok)
-    return invalid_argument("expected 3 letters, one of L/R, one of P/A and one of I/S (e.g. \"RAS\", \"LPS\"), got \"" +
-                            axcodes + "\"");
+    return invalid_argument(
+        "expected 3 letters, one of L/R, one of P/A and one of I/S (e.g. \"RAS\", \"LPS\"), got \"" +
+        axcodes + "\"");
   return Status::ok();
 }
 
@@ -45,7 +67,8 @@ void ReorientOptions::bind(OptionParser& p) {
   p.strings("keys", keys, true, "tensors to reorient (same grid)");
   p.string("axcodes", axcodes, "where axes x, y, z point, one of L/R, P/A, I/S each (\"RAS\", \"LPS\")");
   if (Status st = check_axcodes(axcodes); !st.is_ok()) p.fail("axcodes", st.message());
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 ReorientPlan plan_reorient(const Geometry& g, const std::string& axcodes) {
@@ -104,7 +127,8 @@ class ReorientStage final : public MapStage {
   static constexpr const char* kDoc = "permute/flip axes to the closest orientation code (RAS, LPS, ...)";
   static constexpr bool kDeterministic = true;
 
-  ReorientStage(Options o, nlohmann::json resolved) : MapStage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
+  ReorientStage(Options o, nlohmann::json resolved)
+      : MapStage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
   bool deterministic() const override { return true; }
 
   Status apply_sample(Sample& s, Rng&) const override {

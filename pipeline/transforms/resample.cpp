@@ -13,11 +13,14 @@ namespace segflow::pipeline {
 void ResampleOptions::bind(OptionParser& p) {
   p.strings("keys", keys, true, "tensors to resample (same grid)");
   p.numbers("spacing", spacing, Range::positive(), false, "mm", "target spacing (x, y, z)");
-  p.choice("mode", mode, {"trilinear", "nearest"}, "interpolation of floating tensors (integer ones: nearest)");
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+  p.choice("mode", mode, {"trilinear", "nearest"},
+           "interpolation of floating tensors (integer ones: nearest)");
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
-Size3 resampled_size(const Size3& size, const std::array<double, 3>& spacing, const std::array<double, 3>& target) {
+Size3 resampled_size(const Size3& size, const std::array<double, 3>& spacing,
+                     const std::array<double, 3>& target) {
   Size3 out{};
   for (int a = 0; a < 3; ++a)
     out[a] = std::max<std::int64_t>(1, std::llround(static_cast<double>(size[a]) * spacing[a] / target[a]));
@@ -52,7 +55,8 @@ class ResampleStage final : public MapStage {
   static constexpr const char* kDoc = "resample to a target spacing (trilinear images, nearest labels)";
   static constexpr bool kDeterministic = true;
 
-  ResampleStage(Options o, nlohmann::json resolved) : MapStage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
+  ResampleStage(Options o, nlohmann::json resolved)
+      : MapStage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
   bool deterministic() const override { return true; }
 
   Status apply_sample(Sample& s, Rng&) const override {

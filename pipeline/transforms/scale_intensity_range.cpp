@@ -15,8 +15,10 @@ void ScaleIntensityRangeOptions::bind(OptionParser& p) {
   p.number("b_min", b_min, Range::any(), "", "output for a_min");
   p.number("b_max", b_max, Range::any(), "", "output for a_max");
   p.boolean("clip", clip, "clamp the output to [b_min, b_max]");
-  if (p.ok() && a_max == a_min) p.fail("a_max", "expected a value different from a_min (" + format_value(a_min) + ")");
-  p.boolean("allow_missing_keys", allow_missing_keys, "skip keys a sample lacks (e.g. no label at inference)");
+  if (p.ok() && a_max == a_min)
+    p.fail("a_max", "expected a value different from a_min (" + format_value(a_min) + ")");
+  p.boolean("allow_missing_keys", allow_missing_keys,
+            "skip keys a sample lacks (e.g. no label at inference)");
 }
 
 at::Tensor scale_intensity_range(const at::Tensor& x, double a_min, double a_max, double b_min, double b_max,
@@ -34,7 +36,8 @@ class ScaleIntensityRangeStage final : public MapStage {
  public:
   using Options = ScaleIntensityRangeOptions;
   static constexpr const char* kName = "scale_intensity_range";
-  static constexpr const char* kDoc = "map [a_min, a_max] linearly to [b_min, b_max] (a CT window), optionally clipped";
+  static constexpr const char* kDoc =
+      "map [a_min, a_max] linearly to [b_min, b_max] (a CT window), optionally clipped";
   static constexpr bool kDeterministic = true;
 
   ScaleIntensityRangeStage(Options o, nlohmann::json resolved)
@@ -56,6 +59,8 @@ class ScaleIntensityRangeStage final : public MapStage {
 
 }  // namespace
 
-Status register_scale_intensity_range_stage(StageRegistry& r) { return add_stage<ScaleIntensityRangeStage>(r); }
+Status register_scale_intensity_range_stage(StageRegistry& r) {
+  return add_stage<ScaleIntensityRangeStage>(r);
+}
 
 }  // namespace segflow::pipeline

@@ -24,7 +24,7 @@ class OptionParser;
 /// Options of stage "reorient".
 struct ReorientOptions {
   std::vector<std::string> keys{"image", "label"};  ///< tensors to reorient (same grid)
-  bool allow_missing_keys = false;  ///< skip keys a sample lacks (e.g. no label at inference)
+  bool allow_missing_keys = false;                  ///< skip keys a sample lacks (e.g. no label at inference)
   std::string axcodes = "RAS";  ///< where axes x, y, z point: one of L/R, P/A, I/S each ("RAS", "LPS")
   void bind(OptionParser& p);
 };
@@ -51,7 +51,7 @@ Geometry reorient_geometry(const Geometry& g, const Size3& size, const ReorientP
 /// Options of stage "resample".
 struct ResampleOptions {
   std::vector<std::string> keys{"image", "label"};  ///< tensors to resample (same grid)
-  bool allow_missing_keys = false;  ///< skip keys a sample lacks (e.g. no label at inference)
+  bool allow_missing_keys = false;                  ///< skip keys a sample lacks (e.g. no label at inference)
   std::array<double, 3> spacing{1.5, 1.5, 2.0};     ///< target spacing (x, y, z), mm, > 0
   std::string mode = "trilinear";                   ///< floating tensors: trilinear | nearest
   void bind(OptionParser& p);
@@ -73,9 +73,9 @@ Geometry resample_geometry(const Geometry& g, const Size3& from, const Size3& to
 /// Options of stage "crop_foreground".
 struct CropForegroundOptions {
   std::vector<std::string> keys{"image", "label"};  ///< tensors to crop (same grid)
-  bool allow_missing_keys = false;  ///< skip keys a sample lacks (e.g. no label at inference)
+  bool allow_missing_keys = false;                  ///< skip keys a sample lacks (e.g. no label at inference)
   std::string source_key = "image";                 ///< tensor whose foreground is kept
-  double threshold = 0.0;            ///< foreground: source > threshold (any channel), source units
+  double threshold = 0.0;  ///< foreground: source > threshold (any channel), source units
   std::array<std::int64_t, 3> margin{0, 0, 0};  ///< voxels added on each side (x, y, z), >= 0
   void bind(OptionParser& p);
 };
@@ -96,7 +96,7 @@ at::Tensor crop_tensor(const at::Tensor& t, const Box3& box);
 /// Options of stage "rand_flip".
 struct RandFlipOptions {
   std::vector<std::string> keys{"image", "label"};  ///< tensors to flip together
-  bool allow_missing_keys = false;  ///< skip keys a sample lacks (e.g. no label at inference)
+  bool allow_missing_keys = false;                  ///< skip keys a sample lacks (e.g. no label at inference)
   double prob = 0.5;                                ///< chance of flipping each axis, [0, 1]
   std::vector<std::int64_t> spatial_axis{0, 1, 2};  ///< axes that may flip, 0 = x
   void bind(OptionParser& p);
@@ -105,7 +105,7 @@ struct RandFlipOptions {
 /// Options of stage "rand_rotate90".
 struct RandRotate90Options {
   std::vector<std::string> keys{"image", "label"};  ///< tensors to rotate together
-  bool allow_missing_keys = false;  ///< skip keys a sample lacks (e.g. no label at inference)
+  bool allow_missing_keys = false;                  ///< skip keys a sample lacks (e.g. no label at inference)
   double prob = 0.1;                                ///< chance of rotating, [0, 1]
   std::int64_t max_k = 3;                           ///< k quarter turns, k uniform in [1, max_k]
   std::vector<std::int64_t> spatial_axes{0, 1};     ///< the plane of rotation, 2 axes, 0 = x
@@ -115,13 +115,13 @@ struct RandRotate90Options {
 /// Options of stage "rand_affine".
 struct RandAffineOptions {
   std::vector<std::string> keys{"image", "label"};  ///< tensors to warp together
-  bool allow_missing_keys = false;  ///< skip keys a sample lacks (e.g. no label at inference)
+  bool allow_missing_keys = false;                  ///< skip keys a sample lacks (e.g. no label at inference)
   double prob = 0.1;                                ///< chance of warping, [0, 1]
-  std::array<double, 3> rotate_range{0, 0, 0};  ///< angle about x, y, z uniform in [-r, r], radians
-  std::array<double, 3> scale_range{0, 0, 0};   ///< zoom per axis 1 + uniform in [-s, s]
-  std::array<double, 3> translate_range{0, 0, 0};  ///< shift per axis uniform in [-t, t], voxels
-  std::string mode = "bilinear";                ///< floating tensors: bilinear | nearest
-  std::string padding_mode = "zeros";           ///< outside the input: zeros | border | reflection
+  std::array<double, 3> rotate_range{0, 0, 0};      ///< angle about x, y, z uniform in [-r, r], radians
+  std::array<double, 3> scale_range{0, 0, 0};       ///< zoom per axis 1 + uniform in [-s, s]
+  std::array<double, 3> translate_range{0, 0, 0};   ///< shift per axis uniform in [-t, t], voxels
+  std::string mode = "bilinear";                    ///< floating tensors: bilinear | nearest
+  std::string padding_mode = "zeros";               ///< outside the input: zeros | border | reflection
   void bind(OptionParser& p);
 };
 

@@ -4,8 +4,8 @@
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
-#include <caf/all.hpp>
 #include <yaml-cpp/yaml.h>  // complete YAML::Node: parse_pipeline_spec has a YAML overload
+#include <caf/all.hpp>
 
 #include <chrono>
 #include <set>
@@ -105,8 +105,9 @@ actors::PipelineStats stats_of(ActorBatchSource& s) {
 }
 
 Pipeline crop_pipeline() {
-  return testing::make_pipeline(std::make_unique<testing::TestSource>(8), std::make_unique<testing::TestSlowScale>(0),
-                                std::make_unique<testing::TestJitter>(), std::make_unique<testing::TestCrops>());
+  return testing::make_pipeline(
+      std::make_unique<testing::TestSource>(8), std::make_unique<testing::TestSlowScale>(0),
+      std::make_unique<testing::TestJitter>(), std::make_unique<testing::TestCrops>());
 }
 
 }  // namespace
@@ -124,7 +125,7 @@ TEST_CASE("the actor pipeline yields the same batches as SimpleLoader for a fixe
     CAPTURE(epoch);
     const EpochRun a = run_epoch(*ref, epoch);
     const EpochRun b = run_epoch(*act, epoch);
-    CHECK(a.ids().size() == 22);  // 11 cases x 2 crops
+    CHECK(a.ids().size() == 22);              // 11 cases x 2 crops
     CHECK(a.batches.back().ids.size() == 1);  // 22 = 7 x 3 + 1: the partial batch is kept
     check_same_batches(a, b);
     CHECK(b.failures.empty());
@@ -211,7 +212,7 @@ TEST_CASE("a failing case is skipped, reported to the collector, and the epoch y
   }
   const auto st = stats_of(*act);
   CHECK(st.collector.case_skipped == 10);
-  CHECK(st.collector.actor_errors >= 2);       // the decoder that died, once per epoch
+  CHECK(st.collector.actor_errors >= 2);  // the decoder that died, once per epoch
   CHECK(st.cache.decoder_restarts >= 1);
   CHECK(sink->count("case_skipped") == 10);
   std::set<std::string> reported;
@@ -262,7 +263,7 @@ TEST_CASE("a slow consumer keeps at most max_inflight_batches prepared and the c
   o.max_inflight_batches = 2;
   o.decode_workers = 2;
   const std::int64_t one = 8 * 8 * 8 * 4 + 8 * 8 * 8;  // float image + uint8 label
-  o.cache_bytes = 3 * one + one / 2;                  // room for three samples
+  o.cache_bytes = 3 * one + one / 2;                   // room for three samples
   auto act = actor(o);
   REQUIRE(act->start_epoch(0).is_ok());
 
@@ -398,14 +399,16 @@ TEST_CASE("a source can share an actor system and a collector with other actors"
   register_message_types(cfg);
   caf::actor_system sys{cfg};
   auto sink = std::make_shared<MemorySink>();
-  auto coll = sys.spawn<caf::detached>(actors::collector, std::vector<std::shared_ptr<actors::EventSink>>{sink});
+  auto coll =
+      sys.spawn<caf::detached>(actors::collector, std::vector<std::shared_ptr<actors::EventSink>>{sink});
   // A subscribed actor sees every event as well.
   auto heard = std::make_shared<std::atomic<int>>(0);
-  auto listener = sys.spawn([heard](actors::event_listener::pointer) -> actors::event_listener::behavior_type {
-    return {[heard](event_atom, const Event& e) {
-      if (e.kind == "case_skipped") ++*heard;
-    }};
-  });
+  auto listener =
+      sys.spawn([heard](actors::event_listener::pointer) -> actors::event_listener::behavior_type {
+        return {[heard](event_atom, const Event& e) {
+          if (e.kind == "case_skipped") ++*heard;
+        }};
+      });
   caf::anon_send(coll, watch_atom::value, listener);
   LoaderOptions o = options_for(cases, p);
   o.batch_size = 1;
@@ -426,7 +429,8 @@ TEST_CASE("a source can share an actor system and a collector with other actors"
       .receive([&](CollectorStats& s) { CHECK(s.case_skipped == 2); },
                [&](caf::error& e) { FAIL(sys.render(e)); });
   CHECK(sink->count("case_skipped") == 2);
-  for (int i = 0; i < 500 && heard->load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 500 && heard->load() < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   CHECK(heard->load() == 2);
   caf::anon_send_exit(listener, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(coll, caf::exit_reason::user_shutdown);
@@ -448,13 +452,12 @@ TEST_CASE("the actor pipeline matches SimpleLoader on a synthesized NIfTI datase
   REQUIRE_MESSAGE(index.is_ok(), index.status().to_string());
   REQUIRE(index->cases.size() == 4);
   const StageRegistry registry = builtin_registry();
-  auto spec = parse_pipeline_spec(
-      nlohmann::json::parse(R"([
+  auto spec = parse_pipeline_spec(nlohmann::json::parse(R"([
         "load",
         {"name": "rand_crop_pos_neg", "options": {"spatial_size": [16, 16, 8], "num_samples": 2}},
         {"name": "rand_flip", "options": {"prob": 0.5}}
       ])"),
-      "test");
+                                  "test");
   REQUIRE_MESSAGE(spec.is_ok(), spec.status().to_string());
   auto built = build_pipeline(spec.value(), registry);
   REQUIRE_MESSAGE(built.is_ok(), built.status().to_string());

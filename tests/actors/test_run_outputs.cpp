@@ -69,7 +69,8 @@ TEST_CASE("the progress plot has a curve per series and is rewritten every epoch
   plot.on_validation(v);
   const std::string svg = plot.render();
   std::size_t polylines = 0;
-  for (std::size_t p = svg.find("<polyline"); p != std::string::npos; p = svg.find("<polyline", p + 1)) ++polylines;
+  for (std::size_t p = svg.find("<polyline"); p != std::string::npos; p = svg.find("<polyline", p + 1))
+    ++polylines;
   CHECK(polylines == 4);  // loss, val Dice, lr, seconds
   CHECK(svg.find("train loss (last 0.333)") != std::string::npos);
   CHECK(svg.find("val Dice (last 0.75)") != std::string::npos);
@@ -98,9 +99,16 @@ TEST_CASE("a resumed run drops what the interrupted run wrote past its checkpoin
     std::ofstream torn(first, std::ios::binary | std::ios::app);
     torn << std::string("\x30\x00\x00\x00\x00\x00\x00\x00\x01\x02", 10);  // a record cut short by the crash
     std::ofstream m(dir / "metrics.jsonl");
-    for (int s = 1; s <= 14; ++s) m << nlohmann::json{{"type", "step"}, {"epoch", (s - 1) / 4}, {"step", s}}.dump() << '\n';
+    for (int s = 1; s <= 14; ++s)
+      m << nlohmann::json{{"type", "step"}, {"epoch", (s - 1) / 4}, {"step", s}}.dump() << '\n';
     for (int e = 0; e < 3; ++e) {
-      m << nlohmann::json{{"type", "epoch"}, {"epoch", e}, {"loss", 1.0 / (e + 1)}, {"lr", 0.01}, {"seconds", 1.0}}.dump() << '\n';
+      m << nlohmann::json{{"type", "epoch"},
+                          {"epoch", e},
+                          {"loss", 1.0 / (e + 1)},
+                          {"lr", 0.01},
+                          {"seconds", 1.0}}
+               .dump()
+        << '\n';
       m << nlohmann::json{{"type", "validation"}, {"epoch", e}, {"mean_dice", 0.1 * (e + 1)}}.dump() << '\n';
     }
     m << nlohmann::json{{"type", "checkpoint"}, {"kind", "last"}, {"path", "last.pt"}}.dump() << '\n';
@@ -144,9 +152,10 @@ TEST_CASE("a resumed run drops what the interrupted run wrote past its checkpoin
     for (int s = 9; s <= 12; ++s) w.scalar("train/loss", s, 0.5 / s);
     w.scalar("epoch/loss", 2, 0.3);
   }
-  auto r = segflow::testing::run_command(segflow::testing::shell_quote(segflow::testing::python()) + " " +
-                                         segflow::testing::shell_quote(segflow::testing::source_path("tests/tools/tb_read.py").string()) +
-                                         " " + segflow::testing::shell_quote(tb.string()) + " 2>/dev/null");
+  auto r = segflow::testing::run_command(
+      segflow::testing::shell_quote(segflow::testing::python()) + " " +
+      segflow::testing::shell_quote(segflow::testing::source_path("tests/tools/tb_read.py").string()) + " " +
+      segflow::testing::shell_quote(tb.string()) + " 2>/dev/null");
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   auto scalars = nlohmann::json::parse(r.out);
   std::vector<std::int64_t> seen;

@@ -70,7 +70,8 @@ class TestSource final : public pipeline::SourceStage {
 /// Deterministic stage that sleeps (a slow decode) and scales the image.
 class TestSlowScale final : public pipeline::MapStage {
  public:
-  explicit TestSlowScale(int sleep_ms) : MapStage("test_slow_scale", {{"sleep_ms", sleep_ms}}, {"image"}), ms_(sleep_ms) {}
+  explicit TestSlowScale(int sleep_ms)
+      : MapStage("test_slow_scale", {{"sleep_ms", sleep_ms}}, {"image"}), ms_(sleep_ms) {}
   bool deterministic() const override { return true; }
   Status apply_sample(Sample& s, pipeline::Rng&) const override {
     if (ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms_));

@@ -12,12 +12,15 @@
 using namespace segflow::testing;
 
 namespace {
-CommandResult run_segflow(const std::string& args) { return run_command(shell_quote(segflow_bin()) + " " + args + " 2>&1"); }
+CommandResult run_segflow(const std::string& args) {
+  return run_command(shell_quote(segflow_bin()) + " " + args + " 2>&1");
+}
 }  // namespace
 
 TEST_CASE("segflow synth then inspect --json prints the DESIGN.md contract") {
   TempDir dir("cli_synth");
-  auto r = run_segflow("synth --cases 2 --size 20 --format dicom --compress rle --seed 3 --out " + shell_quote(dir.path().string()));
+  auto r = run_segflow("synth --cases 2 --size 20 --format dicom --compress rle --seed 3 --out " +
+                       shell_quote(dir.path().string()));
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   auto i = run_segflow("inspect " + shell_quote((dir.path() / "case_000").string()) + " --json");
   REQUIRE_MESSAGE(i.exit_code == 0, i.out);
@@ -31,7 +34,8 @@ TEST_CASE("segflow synth then inspect --json prints the DESIGN.md contract") {
 
 TEST_CASE("segflow inspect of a DICOM SEG file on its own reads its frames' grid and labels") {
   TempDir dir("cli_inspect_seg");
-  auto r = run_segflow("synth --cases 1 --size 20 --format dicom --seed 5 --out " + shell_quote(dir.path().string()));
+  auto r = run_segflow("synth --cases 1 --size 20 --format dicom --seed 5 --out " +
+                       shell_quote(dir.path().string()));
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   const auto seg = dir.path() / "case_000" / "seg.dcm";
   auto i = run_segflow("inspect " + shell_quote(seg.string()) + " --json");
@@ -43,8 +47,10 @@ TEST_CASE("segflow inspect of a DICOM SEG file on its own reads its frames' grid
   CHECK(j["size"][1] == 20);
   CHECK(j["labels"] == nlohmann::json({0, 1, 2, 3, 4}));
   // The case folder (series + SEG) has the same in-plane spacing as the SEG alone.
-  auto c = nlohmann::json::parse(run_segflow("inspect " + shell_quote((dir.path() / "case_000").string()) + " --json").out);
-  for (int k = 0; k < 2; ++k) CHECK(j["spacing"][k].get<double>() == doctest::Approx(c["spacing"][k].get<double>()));
+  auto c = nlohmann::json::parse(
+      run_segflow("inspect " + shell_quote((dir.path() / "case_000").string()) + " --json").out);
+  for (int k = 0; k < 2; ++k)
+    CHECK(j["spacing"][k].get<double>() == doctest::Approx(c["spacing"][k].get<double>()));
   CHECK(j["size"][2].get<int>() <= c["size"][2].get<int>());
 }
 
@@ -68,7 +74,8 @@ TEST_CASE("segflow inspect of a DICOM series agrees with SimpleITK") {
     CHECK(ours["origin"][k].get<double>() == doctest::Approx(ref["origin"][k].get<double>()).epsilon(1e-5));
   }
   for (int k = 0; k < 9; ++k)
-    CHECK(ours["direction"][k].get<double>() == doctest::Approx(ref["direction"][k].get<double>()).epsilon(1e-5));
+    CHECK(ours["direction"][k].get<double>() ==
+          doctest::Approx(ref["direction"][k].get<double>()).epsilon(1e-5));
   CHECK(ours["min"].get<double>() == ref["min"].get<double>());
   CHECK(ours["max"].get<double>() == ref["max"].get<double>());
   CHECK(ours["mean"].get<double>() == doctest::Approx(ref["mean"].get<double>()).epsilon(1e-9));
@@ -104,7 +111,9 @@ namespace {
 /// A job small enough for CLI tests: 4 synthetic cases of 24^3, a 2-level UNet.
 std::string cli_job(const std::filesystem::path& dir, int epochs) {
   return "name: cli\nseed: 1\n"
-         "data: {root: " + (dir / "data").string() + ", synth: {cases: 4, size: 24, format: nifti, seed: 2}, val_cases: 1, num_classes: 5}\n"
+         "data: {root: " +
+         (dir / "data").string() +
+         ", synth: {cases: 4, size: 24, format: nifti, seed: 2}, val_cases: 1, num_classes: 5}\n"
          "stages:\n"
          "  - name: load\n"
          "  - name: scale_intensity_range\n"
@@ -112,12 +121,16 @@ std::string cli_job(const std::filesystem::path& dir, int epochs) {
          "  - name: fg_bg_indices\n"
          "  - name: rand_crop_pos_neg\n"
          "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 2}\n"
-         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8], strides: [2], num_res_units: 1}\n"
+         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8], strides: "
+         "[2], num_res_units: 1}\n"
          "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
          "optimizer: {name: adam, lr: 0.01}\n"
-         "train: {epochs: " + std::to_string(epochs) + ", batch_size: 2, device: cpu, val_interval: 1, loader: actors}\n"
+         "train: {epochs: " +
+         std::to_string(epochs) +
+         ", batch_size: 2, device: cpu, val_interval: 1, loader: actors}\n"
          "validation: {roi_size: [16, 16, 16]}\n"
-         "output: {runs_dir: " + (dir / "runs").string() + "}\n";
+         "output: {runs_dir: " +
+         (dir / "runs").string() + "}\n";
 }
 }  // namespace
 
@@ -172,10 +185,13 @@ TEST_CASE("segflow train --ranks 2 trains data-parallel and writes one run folde
   CHECK(bad.out.find("--ranks 2 does not match the 1 --devices given") != std::string::npos);
 
   // The same from the config: train.devices lists one rank per entry.
-  auto cfg = run_segflow("train " + shell_quote((dir / "job.yaml").string()) + " --set 'train.devices=[cpu, cpu]' --quiet");
+  auto cfg = run_segflow("train " + shell_quote((dir / "job.yaml").string()) +
+                         " --set 'train.devices=[cpu, cpu]' --quiet");
   REQUIRE_MESSAGE(cfg.exit_code == 0, cfg.out);
   CHECK_MESSAGE(cfg.out.find("2 ranks on cpu .. cpu") != std::string::npos, cfg.out);
-  auto wrong = run_segflow("train " + shell_quote((dir / "job.yaml").string()) + " --set 'train.devices=[gpu0]'");
+  auto wrong =
+      run_segflow("train " + shell_quote((dir / "job.yaml").string()) + " --set 'train.devices=[gpu0]'");
   CHECK(wrong.exit_code != 0);
-  CHECK_MESSAGE(wrong.out.find("train.devices: expected a list of cpu, cuda or cuda:N") != std::string::npos, wrong.out);
+  CHECK_MESSAGE(wrong.out.find("train.devices: expected a list of cpu, cuda or cuda:N") != std::string::npos,
+                wrong.out);
 }

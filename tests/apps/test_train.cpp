@@ -25,7 +25,9 @@ std::string tiny_job(const std::filesystem::path& dir, const std::string& extra 
   return "name: tiny\n"
          "seed: 3\n"
          "data:\n"
-         "  root: " + (dir / "data").string() + "\n"
+         "  root: " +
+         (dir / "data").string() +
+         "\n"
          "  synth: {cases: 5, size: 24, format: nifti, seed: 9}\n"
          "  val_cases: 1\n"
          "  num_classes: 5\n"
@@ -40,13 +42,16 @@ std::string tiny_job(const std::filesystem::path& dir, const std::string& extra 
          "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 2}\n"
          "  - name: rand_flip\n"
          "    options: {prob: 0.5, spatial_axis: [0]}\n"
-         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, 16], strides: [2, 2], num_res_units: 1, norm: batch, dropout: 0.1}\n"
+         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, 16], "
+         "strides: [2, 2], num_res_units: 1, norm: batch, dropout: 0.1}\n"
          "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
          "optimizer: {name: adam, lr: 0.01}\n"
          "schedule: {name: constant}\n"
-         "train: {epochs: 4, batch_size: 2, device: cpu, val_interval: 2, checkpoint_interval: 1, loader: simple, threads: 1}\n"
+         "train: {epochs: 4, batch_size: 2, device: cpu, val_interval: 2, checkpoint_interval: 1, loader: "
+         "simple, threads: 1}\n"
          "validation: {roi_size: [16, 16, 16], overlap: 0.25, sw_batch_size: 2}\n"
-         "output: {runs_dir: " + (dir / "runs").string() + "}\n" + extra;
+         "output: {runs_dir: " +
+         (dir / "runs").string() + "}\n" + extra;
 }
 
 models::JobConfig parse(const std::string& text, const std::vector<std::string>& ov = {}) {
@@ -105,14 +110,21 @@ TEST_CASE("a job config with a bad value names the file, the path and what was e
       CHECK(r.status().message().find(c.expect) != std::string::npos);
     }
   }
-  CHECK(models::parse_job_config("stages: [load\nmodel: {name: unet}\n", "j.yaml").status().message().find("j.yaml: line") != std::string::npos);
-  CHECK(models::parse_job_config(job, "job.yaml", {"nokey"}).status().message().find("--set nokey: expected key=value") != std::string::npos);
+  CHECK(models::parse_job_config("stages: [load\nmodel: {name: unet}\n", "j.yaml")
+            .status()
+            .message()
+            .find("j.yaml: line") != std::string::npos);
+  CHECK(models::parse_job_config(job, "job.yaml", {"nokey"})
+            .status()
+            .message()
+            .find("--set nokey: expected key=value") != std::string::npos);
 }
 
 TEST_CASE("a run folder has a deterministic name and holds config, metrics and checkpoints") {
   TempDir dir("run_folder");
   auto cfg = parse(tiny_job(dir.path()), {"train.epochs=2", "train.log_every=1"});
-  CHECK(models::run_name(cfg) == models::run_name(parse(tiny_job(dir.path()), {"train.epochs=2", "train.log_every=1"})));
+  CHECK(models::run_name(cfg) ==
+        models::run_name(parse(tiny_job(dir.path()), {"train.epochs=2", "train.log_every=1"})));
   CHECK(models::run_name(cfg) != models::run_name(parse(tiny_job(dir.path()), {"train.epochs=3"})));
   Quiet q;
   auto run = actors::run_training(cfg, {}, q);
@@ -146,18 +158,21 @@ TEST_CASE("a run folder has a deterministic name and holds config, metrics and c
   CHECK(epochs == 2);
   CHECK(vals == 1);
   // TensorBoard reads the event files back: the same epoch losses and validation Dice.
-  auto tb = segflow::testing::run_command(segflow::testing::shell_quote(segflow::testing::python()) + " " +
-                                          segflow::testing::shell_quote(segflow::testing::source_path("tests/tools/tb_read.py").string()) +
-                                          " " + segflow::testing::shell_quote((*run / "tb").string()) + " 2>/dev/null");
+  auto tb = segflow::testing::run_command(
+      segflow::testing::shell_quote(segflow::testing::python()) + " " +
+      segflow::testing::shell_quote(segflow::testing::source_path("tests/tools/tb_read.py").string()) + " " +
+      segflow::testing::shell_quote((*run / "tb").string()) + " 2>/dev/null");
   REQUIRE_MESSAGE(tb.exit_code == 0, tb.out);
   auto scalars = nlohmann::json::parse(tb.out);
-  for (std::string tag : {"epoch/loss", "epoch/samples_per_s", "epoch/lr", "val/mean_dice", "val/dice_class_1", "train/loss"})
+  for (std::string tag :
+       {"epoch/loss", "epoch/samples_per_s", "epoch/lr", "val/mean_dice", "val/dice_class_1", "train/loss"})
     CHECK_MESSAGE(scalars.contains(tag), tag);
   REQUIRE(scalars["epoch/loss"].size() == 2);
   CHECK(scalars["epoch/loss"][1][0] == 1);
   CHECK(scalars["epoch/loss"][1][1].get<double>() == doctest::Approx(q.epochs[1].loss).epsilon(1e-5));
   REQUIRE(scalars["val/mean_dice"].size() == 1);
-  CHECK(scalars["val/mean_dice"][0][1].get<double>() == doctest::Approx(q.validations[0].mean_dice).epsilon(1e-5));
+  CHECK(scalars["val/mean_dice"][0][1].get<double>() ==
+        doctest::Approx(q.validations[0].mean_dice).epsilon(1e-5));
   // progress.svg: redrawn after each epoch, with one point per epoch on the loss curve.
   std::ifstream svg(*run / "progress.svg");
   std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
@@ -185,7 +200,8 @@ TEST_CASE("training 2N epochs equals N epochs plus a resume for N more, weight f
   auto crashed = actors::run_training(parse(tiny_job(dir.path()), {"train.epochs=3"}),
                                       {.resume = split / "last.pt", .run_dir = split}, lost);
   REQUIRE_MESSAGE(crashed.is_ok(), crashed.status().message());
-  std::filesystem::copy_file(dir / "epoch2.pt", split / "last.pt", std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(dir / "epoch2.pt", split / "last.pt",
+                             std::filesystem::copy_options::overwrite_existing);
   Quiet q3;
   auto r3 = actors::run_training(full, {.resume = split / "last.pt", .run_dir = split}, q3);
   REQUIRE_MESSAGE(r3.is_ok(), r3.status().message());
@@ -204,9 +220,10 @@ TEST_CASE("training 2N epochs equals N epochs plus a resume for N more, weight f
   }
   REQUIRE(logged.size() == 4);
   for (std::size_t e = 0; e < 4; ++e) CHECK(logged[e] == doctest::Approx(q1.epochs[e].loss).epsilon(1e-6));
-  auto tb = segflow::testing::run_command(segflow::testing::shell_quote(segflow::testing::python()) + " " +
-                                          segflow::testing::shell_quote(segflow::testing::source_path("tests/tools/tb_read.py").string()) +
-                                          " " + segflow::testing::shell_quote((split / "tb").string()) + " 2>/dev/null");
+  auto tb = segflow::testing::run_command(
+      segflow::testing::shell_quote(segflow::testing::python()) + " " +
+      segflow::testing::shell_quote(segflow::testing::source_path("tests/tools/tb_read.py").string()) + " " +
+      segflow::testing::shell_quote((split / "tb").string()) + " 2>/dev/null");
   REQUIRE_MESSAGE(tb.exit_code == 0, tb.out);
   auto scalars = nlohmann::json::parse(tb.out);
   REQUIRE(scalars["epoch/loss"].size() == 4);
@@ -249,7 +266,8 @@ TEST_CASE("segflow infer writes a label map in the geometry of the input volume"
   auto run = actors::run_training(cfg, {}, q);
   REQUIRE_MESSAGE(run.is_ok(), run.status().message());
   const auto input = dir.path() / "data" / "imagesTr" / "case_002_0000.nii.gz";  // oblique case
-  models::InferOptions o{.checkpoint = *run / "last.pt", .input = input, .output = dir.path() / "seg.nii.gz", .device = "cpu"};
+  models::InferOptions o{
+      .checkpoint = *run / "last.pt", .input = input, .output = dir.path() / "seg.nii.gz", .device = "cpu"};
   auto r = models::run_inference(o);
   REQUIRE_MESSAGE(r.is_ok(), r.status().message());
   auto in = pipeline::read_image(input);
@@ -284,7 +302,9 @@ std::string dice_job(const std::filesystem::path& dir) {
   return "name: e2e-unet3d\n"
          "seed: 0\n"
          "data:\n"
-         "  root: " + (dir / "data").string() + "\n"
+         "  root: " +
+         (dir / "data").string() +
+         "\n"
          "  synth: {cases: 16, size: 48, format: nifti, seed: 1}\n"
          "  val_cases: 3\n"
          "  num_classes: 5\n"
@@ -297,17 +317,21 @@ std::string dice_job(const std::filesystem::path& dir) {
          "    options: {spatial_size: [32, 32, 32], pos: 3, neg: 1, num_samples: 4}\n"
          "  - name: rand_flip\n"
          "    options: {prob: 0.5, spatial_axis: [0]}\n"
-         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [8, 16, 32, 64], strides: [2, 2, 2], num_res_units: 1, norm: batch}\n"
+         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [8, 16, 32, 64], "
+         "strides: [2, 2, 2], num_res_units: 1, norm: batch}\n"
          "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
          "optimizer: {name: adamw, lr: 0.005, weight_decay: 0.00001}\n"
          "schedule: {name: cosine, warmup_steps: 10}\n"
-         "train: {epochs: 60, batch_size: 4, device: cpu, val_interval: 10, checkpoint_interval: 10, loader: actors}\n"
+         "train: {epochs: 60, batch_size: 4, device: cpu, val_interval: 10, checkpoint_interval: 10, loader: "
+         "actors}\n"
          "validation: {roi_size: [32, 32, 32], overlap: 0.25, mode: gaussian, sw_batch_size: 4}\n"
-         "output: {runs_dir: " + (dir / "runs").string() + "}\n";
+         "output: {runs_dir: " +
+         (dir / "runs").string() + "}\n";
 }
 }  // namespace
 
-TEST_CASE("a small 3D UNet trained on CPU reaches a validation Dice above 0.9 on every structure of synthetic CT") {
+TEST_CASE(
+    "a small 3D UNet trained on CPU reaches a validation Dice above 0.9 on every structure of synthetic CT") {
   TempDir dir("dice3d");
   auto cfg = parse(dice_job(dir.path()));
   Quiet q;
@@ -332,10 +356,10 @@ TEST_CASE("a small 3D UNet trained on CPU reaches a validation Dice above 0.9 on
 
 TEST_CASE("the shipped box-prompted SAM recipe reaches a validation Dice above 0.8 on synthetic CT slices") {
   TempDir dir("sam2d");
-  auto cfg = models::load_job_config(
-      segflow::testing::source_path("configs/medsam-box2d.yaml"),
-      {"data.root=" + (dir.path() / "data").string(), "output.runs_dir=" + (dir.path() / "runs").string(),
-       "train.device=cpu"});
+  auto cfg =
+      models::load_job_config(segflow::testing::source_path("configs/medsam-box2d.yaml"),
+                              {"data.root=" + (dir.path() / "data").string(),
+                               "output.runs_dir=" + (dir.path() / "runs").string(), "train.device=cpu"});
   REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
   Quiet q;
   auto run = actors::run_training(*cfg, {}, q);

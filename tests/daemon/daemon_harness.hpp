@@ -129,7 +129,8 @@ struct CurveClient {
 };
 
 /// Sends raw frames on a fresh REQ socket; the reply, or nothing within the timeout.
-inline std::optional<std::string> request_frames(const std::string& endpoint, const std::vector<std::string>& frames,
+inline std::optional<std::string> request_frames(const std::string& endpoint,
+                                                 const std::vector<std::string>& frames,
                                                  int timeout_ms = 20000, const CurveClient* curve = nullptr) {
   zmq::socket_t s(zmq_context(), zmq::socket_type::req);
   s.set(zmq::sockopt::linger, 0);
@@ -197,15 +198,16 @@ inline json wait_job(DaemonProcess& d, const std::string& endpoint, std::int64_t
         return last["state"] == state && (!extra || extra(last));
       },
       timeout_s);
-  REQUIRE_MESSAGE(reached, ("job " + std::to_string(id) + " did not reach " + state + "; last status " + last.dump() +
-                               "\n--- segflowd log ---\n" + d.log_tail()));
+  REQUIRE_MESSAGE(reached, ("job " + std::to_string(id) + " did not reach " + state + "; last status " +
+                            last.dump() + "\n--- segflowd log ---\n" + d.log_tail()));
   return last;
 }
 
 /// A SUB socket on the events endpoint collecting (topic, body) pairs.
 class Events {
  public:
-  Events(const std::string& endpoint, const std::string& prefix = "") : s_(zmq_context(), zmq::socket_type::sub) {
+  Events(const std::string& endpoint, const std::string& prefix = "")
+      : s_(zmq_context(), zmq::socket_type::sub) {
     s_.set(zmq::sockopt::linger, 0);
     s_.set(zmq::sockopt::rcvhwm, 0);
     s_.set(zmq::sockopt::subscribe, prefix);
@@ -224,7 +226,8 @@ class Events {
     }
   }
   /// Waits until an event matches; returns it.
-  std::optional<json> wait_for(const std::function<bool(const std::string&, const json&)>& pred, double timeout_s) {
+  std::optional<json> wait_for(const std::function<bool(const std::string&, const json&)>& pred,
+                               double timeout_s) {
     std::size_t seen = 0;
     std::optional<json> hit;
     eventually(
@@ -278,7 +281,8 @@ struct Setup {
   }
   /// Starts segflowd on this config and waits for it to answer ping.
   std::unique_ptr<DaemonProcess> start(const std::string& log_name = "segflowd.log") const {
-    auto d = std::make_unique<DaemonProcess>(std::vector<std::string>{"--config", config.string()}, dir / log_name);
+    auto d = std::make_unique<DaemonProcess>(std::vector<std::string>{"--config", config.string()},
+                                             dir / log_name);
     const bool up = eventually(
         [&] {
           REQUIRE_MESSAGE(d->alive(), ("segflowd exited at start:\n" + d->log_tail()));
@@ -297,7 +301,9 @@ inline std::string tiny_job(const fs::path& data_root, int epochs, const std::st
   return "name: tiny\n"
          "seed: 3\n"
          "data:\n"
-         "  root: " + data_root.string() + "\n"
+         "  root: " +
+         data_root.string() +
+         "\n"
          "  synth: {cases: 5, size: 24, format: nifti, seed: 9}\n"
          "  val_cases: 1\n"
          "  num_classes: 5\n"
@@ -312,17 +318,23 @@ inline std::string tiny_job(const fs::path& data_root, int epochs, const std::st
          "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 2}\n"
          "  - name: rand_flip\n"
          "    options: {prob: 0.5, spatial_axis: [0]}\n"
-         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, 16], strides: [2, 2], num_res_units: 1, norm: batch, dropout: 0.1}\n"
+         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, 16], "
+         "strides: [2, 2], num_res_units: 1, norm: batch, dropout: 0.1}\n"
          "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
          "optimizer: {name: adam, lr: 0.01}\n"
          "schedule: {name: constant}\n"
-         "train: {epochs: " + std::to_string(epochs) +
-         ", batch_size: 2, device: cpu, val_interval: 2, checkpoint_interval: 1, loader: simple, threads: 1, log_every: 1}\n"
-         "validation: {roi_size: [16, 16, 16], overlap: 0.25, sw_batch_size: 2}\n" + extra;
+         "train: {epochs: " +
+         std::to_string(epochs) +
+         ", batch_size: 2, device: cpu, val_interval: 2, checkpoint_interval: 1, loader: simple, threads: 1, "
+         "log_every: 1}\n"
+         "validation: {roi_size: [16, 16, 16], overlap: 0.25, sw_batch_size: 2}\n" +
+         extra;
 }
 
 /// Runs `segflow ARGS` (stderr merged).
-inline CommandResult run_segflow(const std::string& args) { return run_command(shell_quote(segflow_bin()) + " " + args + " 2>&1"); }
+inline CommandResult run_segflow(const std::string& args) {
+  return run_command(shell_quote(segflow_bin()) + " " + args + " 2>&1");
+}
 
 /// The epoch numbers of a run folder's metrics.jsonl epoch records, in file order.
 inline std::vector<std::int64_t> epoch_records(const fs::path& run_dir) {

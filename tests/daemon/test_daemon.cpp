@@ -19,7 +19,7 @@ void make_dataset(const fs::path& root, const std::string& name, int cases, int 
   fs::create_directories(root);
   const fs::path partial = root / (name + ".partial");
   auto r = run_segflow("synth --cases " + std::to_string(cases) + " --size 24 --format nifti --seed " +
-                   std::to_string(seed) + " --out " + shell_quote(partial.string()));
+                       std::to_string(seed) + " --out " + shell_quote(partial.string()));
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   fs::rename(partial, root / name);
 }
@@ -36,7 +36,8 @@ std::int64_t ok_cases(const std::string& control, const std::string& name) {
   return d.is_null() ? -1 : d["cases"].get<std::int64_t>();
 }
 
-std::optional<json> bad_entry(const std::string& control, const std::string& name, const std::string& case_id) {
+std::optional<json> bad_entry(const std::string& control, const std::string& name,
+                              const std::string& case_id) {
   json d = dataset_entry(control, name);
   if (d.is_null()) return std::nullopt;
   for (const auto& b : d["bad_files"])
@@ -44,7 +45,8 @@ std::optional<json> bad_entry(const std::string& control, const std::string& nam
   return std::nullopt;
 }
 
-std::int64_t start_job(const std::string& control, const std::string& yaml, const std::vector<std::string>& set = {}) {
+std::int64_t start_job(const std::string& control, const std::string& yaml,
+                       const std::vector<std::string>& set = {}) {
   json r = ok(control, {{"cmd", "start"}, {"config", yaml}, {"file", "tiny.yaml"}, {"set", set}});
   return r["job"].get<std::int64_t>();
 }
@@ -151,7 +153,8 @@ TEST_CASE("new cases dropped into the watched folder are indexed and join a runn
   s.write_config();
   make_dataset(s.data, "tiny", 5);
   TempDir src("segflowd_src");
-  auto r = run_segflow("synth --cases 8 --size 24 --format nifti --seed 9 --out " + shell_quote((src / "ds").string()));
+  auto r = run_segflow("synth --cases 8 --size 24 --format nifti --seed 9 --out " +
+                       shell_quote((src / "ds").string()));
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   auto d = s.start();
   REQUIRE(eventually([&] { return ok_cases(s.control, "tiny") == 5; }, 60));
@@ -161,13 +164,16 @@ TEST_CASE("new cases dropped into the watched folder are indexed and join a runn
   const auto id = start_job(s.control, tiny_job(s.data / "tiny", 200));
   const std::string topic = "metrics." + std::to_string(id);
   auto steps_are = [&](int n) {
-    return [&, n](const std::string& t, const json& b) { return t == topic && b["type"] == "epoch" && b["steps"] == n; };
+    return [&, n](const std::string& t, const json& b) {
+      return t == topic && b["type"] == "epoch" && b["steps"] == n;
+    };
   };
   // 4 training cases x 2 crops / batch 2 = 4 steps per epoch.
   REQUIRE_MESSAGE(events.wait_for(steps_are(4), 120).has_value(), d->log_tail());
 
   auto copy_case = [&](const std::string& c) {
-    fs::copy_file(src / "ds" / "imagesTr" / (c + "_0000.nii.gz"), s.data / "tiny" / "imagesTr" / (c + "_0000.nii.gz"));
+    fs::copy_file(src / "ds" / "imagesTr" / (c + "_0000.nii.gz"),
+                  s.data / "tiny" / "imagesTr" / (c + "_0000.nii.gz"));
     fs::copy_file(src / "ds" / "labelsTr" / (c + ".nii.gz"), s.data / "tiny" / "labelsTr" / (c + ".nii.gz"));
   };
   copy_case("case_005");
@@ -181,14 +187,17 @@ TEST_CASE("new cases dropped into the watched folder are indexed and join a runn
 
   // A corrupt file is reported with the reason; the daemon goes on.
   write_file(s.data / "tiny" / "imagesTr" / "case_bad_0000.nii.gz", std::string(4000, 'x'));
-  fs::copy_file(src / "ds" / "labelsTr" / "case_000.nii.gz", s.data / "tiny" / "labelsTr" / "case_bad.nii.gz");
-  REQUIRE_MESSAGE(eventually([&] { return bad_entry(s.control, "tiny", "case_bad").has_value(); }, 60), d->log_tail());
+  fs::copy_file(src / "ds" / "labelsTr" / "case_000.nii.gz",
+                s.data / "tiny" / "labelsTr" / "case_bad.nii.gz");
+  REQUIRE_MESSAGE(eventually([&] { return bad_entry(s.control, "tiny", "case_bad").has_value(); }, 60),
+                  d->log_tail());
   CHECK_FALSE(bad_entry(s.control, "tiny", "case_bad")->at("reason").get<std::string>().empty());
   CHECK(ok_cases(s.control, "tiny") == 6);
 
   // A half-written file is not a case yet; once complete it is indexed.
   const std::string bytes = read_file(src / "ds" / "imagesTr" / "case_006_0000.nii.gz");
-  fs::copy_file(src / "ds" / "labelsTr" / "case_006.nii.gz", s.data / "tiny" / "labelsTr" / "case_006.nii.gz");
+  fs::copy_file(src / "ds" / "labelsTr" / "case_006.nii.gz",
+                s.data / "tiny" / "labelsTr" / "case_006.nii.gz");
   {
     std::ofstream half(s.data / "tiny" / "imagesTr" / "case_006_0000.nii.gz", std::ios::binary);
     half.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
@@ -203,7 +212,8 @@ TEST_CASE("new cases dropped into the watched folder are indexed and join a runn
         },
         60));
     CHECK(ok_cases(s.control, "tiny") == 6);
-    half.write(bytes.data() + bytes.size() / 2, static_cast<std::streamsize>(bytes.size() - bytes.size() / 2));
+    half.write(bytes.data() + bytes.size() / 2,
+               static_cast<std::streamsize>(bytes.size() - bytes.size() / 2));
   }  // closed: IN_CLOSE_WRITE
   CHECK_MESSAGE(eventually([&] { return ok_cases(s.control, "tiny") == 7; }, 60), d->log_tail());
   CHECK_FALSE(bad_entry(s.control, "tiny", "case_006").has_value());
@@ -211,8 +221,8 @@ TEST_CASE("new cases dropped into the watched folder are indexed and join a runn
   // The corrupt file is retried on its next change: fixed, it becomes a case.
   fs::copy_file(src / "ds" / "labelsTr" / "case_007.nii.gz", s.data / "tiny" / "labelsTr" / "case_bad.nii.gz",
                 fs::copy_options::overwrite_existing);
-  fs::copy_file(src / "ds" / "imagesTr" / "case_007_0000.nii.gz", s.data / "tiny" / "imagesTr" / "case_bad_0000.nii.gz",
-                fs::copy_options::overwrite_existing);
+  fs::copy_file(src / "ds" / "imagesTr" / "case_007_0000.nii.gz",
+                s.data / "tiny" / "imagesTr" / "case_bad_0000.nii.gz", fs::copy_options::overwrite_existing);
   CHECK_MESSAGE(eventually([&] { return ok_cases(s.control, "tiny") == 8; }, 60), d->log_tail());
 
   // Removed cases leave the index; a new dataset folder appears by itself.
@@ -261,7 +271,8 @@ TEST_CASE("a daemon killed with SIGKILL mid-training resumes the job from its ch
     std::ifstream f(fs::path(done["run_dir"].get<std::string>()) / "metrics.jsonl");
     std::string line;
     while (std::getline(f, line))
-      if (!line.empty() && json::parse(line).value("type", "") == "epoch") steps += json::parse(line)["steps"].get<std::int64_t>();
+      if (!line.empty() && json::parse(line).value("type", "") == "epoch")
+        steps += json::parse(line)["steps"].get<std::int64_t>();
   }
   CHECK(done["step"] == steps);  // the optimizer step counter continued from the checkpoint
   CHECK(d2->log_tail(1 << 20).find("resumed from") != std::string::npos);
@@ -335,7 +346,8 @@ TEST_CASE("a burst of malformed and oversized requests gets error replies and le
   CHECK(d->alive());
 
   // A second daemon on the same state folder is refused.
-  auto second = run_command(shell_quote(segflowd_bin()) + " --config " + shell_quote(s.config.string()) + " 2>&1");
+  auto second =
+      run_command(shell_quote(segflowd_bin()) + " --config " + shell_quote(s.config.string()) + " 2>&1");
   CHECK(second.exit_code == 1);
   CHECK(second.out.find("another segflowd") != std::string::npos);
   CHECK(ok(s.control, {{"cmd", "ping"}})["pid"] == d->pid());
@@ -351,7 +363,8 @@ TEST_CASE("a client without an authorized CURVE key is refused while an authoriz
   struct stat st {};
   REQUIRE(::stat((keys / "alice" / "secret.key").c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0600);
-  CHECK(run_segflow("ctl keygen --out " + shell_quote((keys / "alice").string())).exit_code != 0);  // never overwrites
+  CHECK(run_segflow("ctl keygen --out " + shell_quote((keys / "alice").string())).exit_code !=
+        0);  // never overwrites
   fs::create_directories(keys / "authorized");
   fs::copy_file(keys / "alice" / "public.key", keys / "authorized" / "alice.key");
 
@@ -364,8 +377,10 @@ TEST_CASE("a client without an authorized CURVE key is refused while an authoriz
                  "\n  server_public_key_file: " + (keys / "server" / "public.key").string() +
                  "\n  authorized_clients_dir: " + (keys / "authorized").string() + "\n");
   auto key = [&](const char* who, const char* which) { return trim_key(read_file(keys / who / which)); };
-  const CurveClient alice{key("server", "public.key"), key("alice", "public.key"), key("alice", "secret.key")};
-  const CurveClient mallory{key("server", "public.key"), key("mallory", "public.key"), key("mallory", "secret.key")};
+  const CurveClient alice{key("server", "public.key"), key("alice", "public.key"),
+                          key("alice", "secret.key")};
+  const CurveClient mallory{key("server", "public.key"), key("mallory", "public.key"),
+                            key("mallory", "secret.key")};
 
   DaemonProcess d({"--config", s.config.string()}, s.dir / "segflowd.log");
   REQUIRE_MESSAGE(eventually(
@@ -380,12 +395,13 @@ TEST_CASE("a client without an authorized CURVE key is refused while an authoriz
   CHECK_FALSE(request(control, {{"cmd", "ping"}}, 3000, nullptr).has_value());
   CHECK(request(control, {{"cmd", "list"}}, 10000, &alice).value()["ok"] == true);
 
-  const std::string curve_args = " --curve-server-key " + shell_quote((keys / "server" / "public.key").string());
+  const std::string curve_args =
+      " --curve-server-key " + shell_quote((keys / "server" / "public.key").string());
   auto out = run_segflow("ctl --endpoint " + control + curve_args + " --curve-client-keys " +
-                     shell_quote((keys / "alice").string()) + " ping");
+                         shell_quote((keys / "alice").string()) + " ping");
   CHECK_MESSAGE(out.exit_code == 0, out.out);
   out = run_segflow("ctl --endpoint " + control + curve_args + " --curve-client-keys " +
-                shell_quote((keys / "mallory").string()) + " --timeout 2 ping");
+                    shell_quote((keys / "mallory").string()) + " --timeout 2 ping");
   CHECK(out.exit_code == 1);
   CHECK(out.out.find("no answer") != std::string::npos);
 

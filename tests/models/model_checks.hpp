@@ -37,7 +37,8 @@ inline void check_gradients(const torch::nn::Module& module) {
     CHECK(torch::isfinite(t.grad()).all().item<bool>());
     bool before_norm = false;
     const std::string suffix = ".conv.bias";
-    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    if (name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
       before_norm = names.count(name.substr(0, name.size() - suffix.size()) + ".norm.weight") > 0;
     }
     if (!before_norm) CHECK(t.grad().abs().max().item<double>() > 0.0);

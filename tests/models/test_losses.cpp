@@ -1,7 +1,7 @@
 // Losses against values computed by hand from the formulas (plain arithmetic in the test).
 #include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 
@@ -12,7 +12,9 @@ using namespace segflow::models;
 namespace {
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 constexpr double kS = 1e-5;  // MONAI's smooth_nr = smooth_dr default
-double dice_term(double inter, double sum_p, double sum_t) { return 1.0 - (2.0 * inter + kS) / (sum_p + sum_t + kS); }
+double dice_term(double inter, double sum_p, double sum_t) {
+  return 1.0 - (2.0 * inter + kS) / (sum_p + sum_t + kS);
+}
 double value(const at::Tensor& t) { return t.item<double>(); }
 }  // namespace
 
@@ -33,7 +35,8 @@ TEST_CASE("Dice loss on probabilities matches 1 - (2I + s) / (P + T + s) average
   CHECK(value(dice_loss(p, labels, o)) == doctest::Approx((q0 + q1) / 2).epsilon(1e-12));
   o.squared_pred = false;
   o.jaccard = true;  // 1 - (I + s) / (P + T - I + s) with MONAI's 2 (P + T - I) denominator
-  const double j0 = 1.0 - (2 * 0.9 + kS) / (2 * (2.2 - 0.9) + kS), j1 = 1.0 - (2 * 0.7 + kS) / (2 * (1.8 - 0.7) + kS);
+  const double j0 = 1.0 - (2 * 0.9 + kS) / (2 * (2.2 - 0.9) + kS),
+               j1 = 1.0 - (2 * 0.7 + kS) / (2 * (1.8 - 0.7) + kS);
   CHECK(value(dice_loss(p, labels, o)) == doctest::Approx((j0 + j1) / 2).epsilon(1e-12));
 }
 
@@ -41,7 +44,8 @@ TEST_CASE("Dice loss applies softmax or sigmoid to logits first") {
   auto logits = torch::tensor({2.0, -1.0, 0.5, 1.0}, torch::kDouble).reshape({1, 2, 2});
   auto labels = torch::tensor({0, 1}, torch::kLong).reshape({1, 1, 2});
   // softmax over the two channels per voxel
-  const double a0 = std::exp(2.0) / (std::exp(2.0) + std::exp(0.5)), a1 = std::exp(-1.0) / (std::exp(-1.0) + std::exp(1.0));
+  const double a0 = std::exp(2.0) / (std::exp(2.0) + std::exp(0.5)),
+               a1 = std::exp(-1.0) / (std::exp(-1.0) + std::exp(1.0));
   const double f0 = dice_term(a0, a0 + a1, 1.0), f1 = dice_term(1 - a1, (1 - a0) + (1 - a1), 1.0);
   CHECK(value(dice_loss(logits, labels, {})) == doctest::Approx((f0 + f1) / 2).epsilon(1e-12));
   // sigmoid per element, binary float target of the same shape
@@ -175,7 +179,8 @@ TEST_CASE("focal loss matches (1 - p_t)^gamma times BCE, sigmoid and softmax for
   // softmax: voxel 0 logits (0.3, 1.5) true class 0; voxel 1 logits (-2, 0) true class 1.
   FocalLossOptions s;
   s.use_softmax = true;
-  const double p00 = std::exp(0.3) / (std::exp(0.3) + std::exp(1.5)), p11 = std::exp(0.0) / (std::exp(-2.0) + 1.0);
+  const double p00 = std::exp(0.3) / (std::exp(0.3) + std::exp(1.5)),
+               p11 = std::exp(0.0) / (std::exp(-2.0) + 1.0);
   const double es = (-std::pow(1 - p00, 2.0) * std::log(p00) - std::pow(1 - p11, 2.0) * std::log(p11)) / 4;
   CHECK(value(focal_loss(x, t, s)) == doctest::Approx(es).epsilon(1e-10));
   // monai.losses.FocalLoss(gamma=2) / (alpha=0.25) / (use_softmax=True), MONAI 1.6.1, which
@@ -213,14 +218,16 @@ TEST_CASE("deep supervision weights are 1/2^i normalised and targets are downsam
   CHECK((half.scalar_type() == torch::kLong));
   CHECK(torch::equal(half, torch::tensor({5, 7, 13, 15}, torch::kLong).reshape({1, 1, 2, 2})));
   // A loss that is the mean of (output - target): weighted sum of the per-scale means.
-  DeepSupervisionLoss ds([](const at::Tensor& x, const at::Tensor& t) { return (x - t.to(x.scalar_type())).mean(); });
+  DeepSupervisionLoss ds(
+      [](const at::Tensor& x, const at::Tensor& t) { return (x - t.to(x.scalar_type())).mean(); });
   auto o0 = torch::full({1, 1, 4, 4}, 20.0), o1 = torch::full({1, 1, 2, 2}, 10.0);
   const double m0 = 20.0 - 7.5, m1 = 10.0 - (5 + 7 + 13 + 15) / 4.0;
   CHECK(value(ds({o0, o1}, labels)) == doctest::Approx(2.0 / 3 * m0 + 1.0 / 3 * m1));
 }
 
 TEST_CASE("loss options parse from JSON and unknown keys or names are errors") {
-  auto o = parse_loss_options(nlohmann::json{{"name", "dice_ce"}, {"include_background", false}, {"lambda_ce", 0.5}});
+  auto o = parse_loss_options(
+      nlohmann::json{{"name", "dice_ce"}, {"include_background", false}, {"lambda_ce", 0.5}});
   REQUIRE(o.is_ok());
   CHECK(o->kind == LossKind::dice_ce);
   CHECK(o->dice.act == LossActivation::softmax);

@@ -87,7 +87,8 @@ TEST_CASE("the Dice metric accumulates cases over batches and averages per case,
 
 TEST_CASE("Dice from logits uses the argmax, or a zero threshold for one channel") {
   DiceMetric m(DiceMetricOptions{2});
-  auto logits = torch::tensor({2.0, -1.0, -3.0, 0.0, 1.0, 4.0}, torch::kFloat).reshape({1, 2, 3});  // argmax 0, 1, 1
+  auto logits =
+      torch::tensor({2.0, -1.0, -3.0, 0.0, 1.0, 4.0}, torch::kFloat).reshape({1, 2, 3});  // argmax 0, 1, 1
   m.update_from_logits(logits, labels({0, 1, 1}));
   CHECK(m.mean() == doctest::Approx(1.0));
   auto binary = labels_from_logits(torch::tensor({-0.5, 0.5}).reshape({1, 1, 2}));

@@ -1,7 +1,7 @@
 // Optimizers, learning-rate schedules and gradient clipping.
 #include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 
@@ -49,7 +49,8 @@ TEST_CASE("make_optimizer skips frozen parameters and rejects bad options") {
   OptimizerOptions neg;
   neg.lr = -1;
   CHECK(neg.validate().message().find("lr") != std::string::npos);
-  auto parsed = parse_optimizer_options(nlohmann::json{{"name", "sgd"}, {"lr", 0.01}, {"momentum", 0.99}, {"nesterov", true}});
+  auto parsed = parse_optimizer_options(
+      nlohmann::json{{"name", "sgd"}, {"lr", 0.01}, {"momentum", 0.99}, {"nesterov", true}});
   REQUIRE(parsed.is_ok());
   CHECK(parsed->momentum == 0.99);
   CHECK(parsed->nesterov);
@@ -86,8 +87,10 @@ TEST_CASE("learning-rate schedules give their formula's value at known steps") {
   REQUIRE(parsed.is_ok());
   CHECK(parsed->kind == ScheduleKind::cosine);
   CHECK(parsed->warmup_steps == 5);
-  CHECK(parse_schedule_options(nlohmann::json{{"name", "step"}}).status().message().find("constant, poly, cosine") !=
-        std::string::npos);
+  CHECK(parse_schedule_options(nlohmann::json{{"name", "step"}})
+            .status()
+            .message()
+            .find("constant, poly, cosine") != std::string::npos);
 }
 
 TEST_CASE("the learning rate is set on every group and gradients are clipped by their global norm") {

@@ -26,8 +26,8 @@ bool make_reference(const std::string& which, const TempDir& dir) {
   if (const char* p = std::getenv("SEGFLOW_REFERENCE_PYTHONPATH")) env = "PYTHONPATH=" + shell_quote(p) + " ";
   auto r = segflow::testing::run_command(
       env + shell_quote(segflow::testing::python()) + " " +
-      shell_quote(segflow::testing::source_path("tests/models/reference/make_reference.py").string()) + " " + which +
-      " " + shell_quote(dir.path().string()) + " 2>&1");
+      shell_quote(segflow::testing::source_path("tests/models/reference/make_reference.py").string()) + " " +
+      which + " " + shell_quote(dir.path().string()) + " 2>&1");
   if (r.exit_code == 3) {
     MESSAGE("skipped: the reference package for " << which << " is not installed (" << r.out
                                                   << "); set SEGFLOW_REFERENCE_PYTHONPATH");

@@ -1,7 +1,7 @@
 // create_model: every model by name, uniform forward, clone, weights, option errors.
 #include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "model_checks.hpp"
 #include "models/registry.hpp"
@@ -14,8 +14,12 @@ using segflow::testing::max_abs_diff;
 
 TEST_CASE("create_model builds unet, plain_unet and sam with a uniform forward") {
   torch::manual_seed(0);
-  auto unet = create_model("unet", json{{"spatial_dims", 2}, {"channels", {4, 8}}, {"strides", {2}}, {"out_channels", 3},
-                                        {"norm", "batch"}, {"act", "relu"}});
+  auto unet = create_model("unet", json{{"spatial_dims", 2},
+                                        {"channels", {4, 8}},
+                                        {"strides", {2}},
+                                        {"out_channels", 3},
+                                        {"norm", "batch"},
+                                        {"act", "relu"}});
   REQUIRE_MESSAGE(unet.is_ok(), unet.status().to_string());
   CHECK(unet->info().out_channels == 3);
   CHECK(unet->info().size_divisor == 2);

@@ -29,7 +29,7 @@ TEST_CASE("tiny SAM maps an image and a box to full-size mask logits and trains 
   auto out = sam->forward_full(image, boxes_for(2, 64));
   CHECK(out.masks.sizes() == at::IntArrayRef({2, 1, 64, 64}));
   CHECK(out.low_res_masks.sizes() == at::IntArrayRef({2, 1, 32, 32}));  // 4 x (64 / patch 8)
-  CHECK_FALSE(out.iou_predictions.defined());                            // tiny has no IoU head
+  CHECK_FALSE(out.iou_predictions.defined());                           // tiny has no IoU head
   probe_loss(out.masks).backward();
   check_gradients(*sam);
 }
@@ -102,18 +102,28 @@ TEST_CASE("SAM parameter names mirror segment_anything's state dict keys") {
   Sam sam(*o);
   auto params = sam->named_parameters();
   auto buffers = sam->named_buffers();
-  for (const char* name : {"image_encoder.patch_embed.proj.weight", "image_encoder.pos_embed",
-                           "image_encoder.blocks.0.norm1.weight", "image_encoder.blocks.0.attn.qkv.weight",
-                           "image_encoder.blocks.0.attn.proj.bias", "image_encoder.blocks.3.mlp.lin1.weight",
-                           "image_encoder.neck.0.weight", "image_encoder.neck.1.weight", "image_encoder.neck.3.bias",
-                           "prompt_encoder.point_embeddings.3.weight", "prompt_encoder.not_a_point_embed.weight",
-                           "prompt_encoder.mask_downscaling.6.weight", "prompt_encoder.no_mask_embed.weight",
+  for (const char* name : {"image_encoder.patch_embed.proj.weight",
+                           "image_encoder.pos_embed",
+                           "image_encoder.blocks.0.norm1.weight",
+                           "image_encoder.blocks.0.attn.qkv.weight",
+                           "image_encoder.blocks.0.attn.proj.bias",
+                           "image_encoder.blocks.3.mlp.lin1.weight",
+                           "image_encoder.neck.0.weight",
+                           "image_encoder.neck.1.weight",
+                           "image_encoder.neck.3.bias",
+                           "prompt_encoder.point_embeddings.3.weight",
+                           "prompt_encoder.not_a_point_embed.weight",
+                           "prompt_encoder.mask_downscaling.6.weight",
+                           "prompt_encoder.no_mask_embed.weight",
                            "mask_decoder.transformer.layers.0.self_attn.q_proj.weight",
                            "mask_decoder.transformer.layers.1.cross_attn_image_to_token.out_proj.bias",
                            "mask_decoder.transformer.final_attn_token_to_image.v_proj.weight",
-                           "mask_decoder.transformer.norm_final_attn.weight", "mask_decoder.iou_token.weight",
-                           "mask_decoder.mask_tokens.weight", "mask_decoder.output_upscaling.0.weight",
-                           "mask_decoder.output_upscaling.3.bias", "mask_decoder.output_hypernetworks_mlps.3.layers.2.weight",
+                           "mask_decoder.transformer.norm_final_attn.weight",
+                           "mask_decoder.iou_token.weight",
+                           "mask_decoder.mask_tokens.weight",
+                           "mask_decoder.output_upscaling.0.weight",
+                           "mask_decoder.output_upscaling.3.bias",
+                           "mask_decoder.output_hypernetworks_mlps.3.layers.2.weight",
                            "mask_decoder.iou_prediction_head.layers.2.bias"}) {
     INFO(name);
     CHECK(params.contains(name));
@@ -132,8 +142,9 @@ TEST_CASE("the vit_b preset has SAM ViT-B's parameter count and shapes") {
   // segment_anything sam_model_registry["vit_b"]: 93,735,472 parameters.
   CHECK(count == 93735472);
   auto params = sam->named_parameters();
-  CHECK(params["image_encoder.blocks.0.attn.rel_pos_h"].sizes() == at::IntArrayRef({27, 64}));   // window 14
-  CHECK(params["image_encoder.blocks.2.attn.rel_pos_h"].sizes() == at::IntArrayRef({127, 64}));  // global, 64 tokens
+  CHECK(params["image_encoder.blocks.0.attn.rel_pos_h"].sizes() == at::IntArrayRef({27, 64}));  // window 14
+  CHECK(params["image_encoder.blocks.2.attn.rel_pos_h"].sizes() ==
+        at::IntArrayRef({127, 64}));  // global, 64 tokens
   CHECK(params["image_encoder.pos_embed"].sizes() == at::IntArrayRef({1, 64, 64, 768}));
 }
 

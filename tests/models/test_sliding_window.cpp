@@ -22,7 +22,8 @@ TEST_CASE("the Gaussian importance map peaks at the centre with sigma 0.125 of t
   CHECK(w[4][0].item<double>() == doctest::Approx(std::exp(-16.0 / (2 * sigma * sigma))).epsilon(1e-5));
   CHECK(max_abs_diff(w, w.transpose(0, 1)) < 1e-7);
   CHECK(w.min().item<double>() >= 1e-3);
-  CHECK(importance_map({3, 4}, BlendMode::constant, 0.125, torch::TensorOptions()).sum().item<double>() == 12.0);
+  CHECK(importance_map({3, 4}, BlendMode::constant, 0.125, torch::TensorOptions()).sum().item<double>() ==
+        12.0);
 }
 
 TEST_CASE("sliding-window inference reproduces the full-volume forward when the ROI covers the volume") {
@@ -40,11 +41,13 @@ TEST_CASE("sliding-window inference reproduces the full-volume forward when the 
   sw.roi_size = {8, 12, 16};
   auto y = sliding_window_inference(x, sw, [&](const at::Tensor& b) { return net->forward(b); });
   CHECK(max_abs_diff(direct, y) < 1e-5);  // windows run one sample at a time: float rounding differs
-  sw.roi_size = {-1, 0, 16};  // non-positive: the whole axis
-  CHECK(max_abs_diff(direct, sliding_window_inference(x, sw, [&](const at::Tensor& b) { return net->forward(b); })) < 1e-5);
+  sw.roi_size = {-1, 0, 16};              // non-positive: the whole axis
+  CHECK(max_abs_diff(direct, sliding_window_inference(
+                                 x, sw, [&](const at::Tensor& b) { return net->forward(b); })) < 1e-5);
 }
 
-TEST_CASE("overlapping Gaussian-weighted windows of a pointwise model equal the direct forward in 3D and 2D") {
+TEST_CASE(
+    "overlapping Gaussian-weighted windows of a pointwise model equal the direct forward in 3D and 2D") {
   torch::manual_seed(1);
   ConvNd conv(ConvOptions{3, 2, 3, 1, 1, 0});  // 1x1x1 conv: translation equivariant
   auto x = torch::randn({2, 2, 13, 20, 17});
@@ -97,6 +100,9 @@ TEST_CASE("bad sliding-window options and predictor outputs are reported") {
   CHECK(sw.validate(3).message().find("overlap") != std::string::npos);
   sw.overlap = 0.25;
   auto x = torch::zeros({1, 1, 8, 8, 8});
-  CHECK_THROWS_WITH_AS(sliding_window_inference(x, sw, [](const at::Tensor& b) { return b.index({"...", torch::indexing::Slice(0, 4)}); }),
+  CHECK_THROWS_WITH_AS(sliding_window_inference(x, sw,
+                                                [](const at::Tensor& b) {
+                                                  return b.index({"...", torch::indexing::Slice(0, 4)});
+                                                }),
                        doctest::Contains("predictor returned"), c10::Error);
 }

@@ -33,7 +33,8 @@ TEST_CASE("a 2D MONAI UNet with plain conv blocks keeps the input size and train
 
 TEST_CASE("the MONAI fast-training UNet config runs forward and backward on a 32^3 volume") {
   torch::manual_seed(0);
-  UNetOptions o;  // monai.networks.nets.UNet(3, 1, 2, (16, 32, 64, 128, 256), (2, 2, 2, 2), num_res_units=2, norm=BATCH)
+  UNetOptions o;  // monai.networks.nets.UNet(3, 1, 2, (16, 32, 64, 128, 256), (2, 2, 2, 2), num_res_units=2,
+                  // norm=BATCH)
   o.spatial_dims = 3;
   o.in_channels = 1;
   o.out_channels = 2;
@@ -126,8 +127,10 @@ TEST_CASE("UNet options are validated and inputs of the wrong size are rejected 
   o.channels = {4, 8};
   o.strides = {2};
   UNet net(o);
-  CHECK_THROWS_WITH_AS(net->forward(torch::randn({1, 1, 7, 8, 8})), doctest::Contains("divisible by 2"), c10::Error);
-  CHECK_THROWS_WITH_AS(net->forward(torch::randn({1, 2, 8, 8, 8})), doctest::Contains("input channels"), c10::Error);
+  CHECK_THROWS_WITH_AS(net->forward(torch::randn({1, 1, 7, 8, 8})), doctest::Contains("divisible by 2"),
+                       c10::Error);
+  CHECK_THROWS_WITH_AS(net->forward(torch::randn({1, 2, 8, 8, 8})), doctest::Contains("input channels"),
+                       c10::Error);
 }
 
 TEST_CASE("PlainConvUNet with deep supervision returns full resolution first and halves each output") {

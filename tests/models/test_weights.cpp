@@ -1,7 +1,7 @@
 // Tensor archives: round trip, corrupt files, loading into modules, the Python converter.
 #include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 
@@ -136,7 +136,8 @@ torch.save({"model": sd, "epoch": 3}, sys.argv[2])
   size_t i = 0;
   for (const auto& [name, t] : named_tensors(*sam)) {  // sorted, as Python's enumeration
     INFO(name);
-    auto expected = (torch::arange(t.numel(), torch::kDouble) * 1e-3 + static_cast<double>(i++)).reshape(t.sizes());
+    auto expected =
+        (torch::arange(t.numel(), torch::kDouble) * 1e-3 + static_cast<double>(i++)).reshape(t.sizes());
     expected = expected.to(torch::kFloat);  // the same rounding steps as the Python side
     if (name == "image_encoder.pos_embed") expected = expected.to(torch::kHalf).to(torch::kFloat);
     CHECK(max_abs_diff(t, expected) == 0.0);

@@ -44,8 +44,8 @@ constexpr std::int64_t kSteps = 4;
 /// A small MLP with a few parameters of different sizes (several buckets with a tiny cap).
 torch::nn::Sequential make_model(std::uint64_t seed, const c10::Device& device) {
   torch::manual_seed(seed);
-  torch::nn::Sequential m(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16), torch::nn::Tanh(),
-                          torch::nn::Linear(16, 3));
+  torch::nn::Sequential m(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16),
+                          torch::nn::Tanh(), torch::nn::Linear(16, 3));
   m->to(device);
   return m;
 }
@@ -102,7 +102,8 @@ void train(torch::nn::Sequential& model, const Data& data, const StepPlan& plan,
     if (micro == 0) throw std::runtime_error("a step without micro-batches");
     if (sync) sync->after_backward(synced);
     if (micro < plan.accumulate)
-      for (auto& p : params) p.mutable_grad().mul_(static_cast<double>(plan.accumulate) / static_cast<double>(micro));
+      for (auto& p : params)
+        p.mutable_grad().mul_(static_cast<double>(plan.accumulate) / static_cast<double>(micro));
     opt.step();
   }
 }
@@ -131,14 +132,15 @@ std::vector<at::Tensor> reference(const StepPlan& plan, const c10::Device& devic
 
 DdpOptions tiny_buckets() {
   DdpOptions o;
-  o.bucket_cap_mb = 1.0 / 1024.0;        // 1 KiB: several buckets for this model
+  o.bucket_cap_mb = 1.0 / 1024.0;  // 1 KiB: several buckets for this model
   o.first_bucket_cap_mb = 0.5 / 1024.0;
   return o;
 }
 
 /// `world` ranks in this process, one thread each; rank r starts from seed 7 + r (the
 /// broadcast must make them equal). Returns each rank's final weights.
-std::vector<std::vector<at::Tensor>> train_local(int world, const StepPlan& plan, const std::vector<c10::Device>& devices,
+std::vector<std::vector<at::Tensor>> train_local(int world, const StepPlan& plan,
+                                                 const std::vector<c10::Device>& devices,
                                                  std::size_t* buckets = nullptr,
                                                  std::pair<std::int64_t, std::int64_t>* reduced = nullptr) {
   std::vector<torch::nn::Sequential> models;
@@ -251,9 +253,11 @@ std::string slurp(const std::filesystem::path& p) {
 TEST_CASE("parallel worker process (does nothing unless spawned by a test)") {
   const char* out = std::getenv("SEGFLOW_PARALLEL_OUT");
   if (!out) return;
-  const std::string mode = std::getenv("SEGFLOW_PARALLEL_MODE") ? std::getenv("SEGFLOW_PARALLEL_MODE") : "train";
+  const std::string mode =
+      std::getenv("SEGFLOW_PARALLEL_MODE") ? std::getenv("SEGFLOW_PARALLEL_MODE") : "train";
   StepPlan plan;
-  plan.accumulate = std::atoi(std::getenv("SEGFLOW_PARALLEL_ACCUMULATE") ? std::getenv("SEGFLOW_PARALLEL_ACCUMULATE") : "1");
+  plan.accumulate = std::atoi(
+      std::getenv("SEGFLOW_PARALLEL_ACCUMULATE") ? std::getenv("SEGFLOW_PARALLEL_ACCUMULATE") : "1");
   std::string result;
   try {
     auto env = par::launch_env();
@@ -310,11 +314,13 @@ TEST_CASE("parallel: collective allreduce_mean, broadcast, all/any over Gloo") {
       std::vector<at::Tensor> t{torch::full({3, 5}, float(r + 1)), torch::full({40}, double(2 * r)),
                                 torch::full({2}, std::int64_t(4 * r))};
       if (auto st = coll.allreduce_mean(t); !st.is_ok()) return fail(st.message());
-      if (!t[0].eq(1.5f).all().item<bool>() || !t[1].eq(1.0).all().item<bool>() || !t[2].eq(2).all().item<bool>())
+      if (!t[0].eq(1.5f).all().item<bool>() || !t[1].eq(1.0).all().item<bool>() ||
+          !t[2].eq(2).all().item<bool>())
         return fail("allreduce_mean: wrong values");
       std::vector<at::Tensor> b{torch::full({7}, float(r + 10)), torch::full({100}, float(r))};
       if (auto st = coll.broadcast(b, 1); !st.is_ok()) return fail(st.message());
-      if (!b[0].eq(11.f).all().item<bool>() || !b[1].eq(1.f).all().item<bool>()) return fail("broadcast: wrong values");
+      if (!b[0].eq(11.f).all().item<bool>() || !b[1].eq(1.f).all().item<bool>())
+        return fail("broadcast: wrong values");
       auto all = coll.all(r == 0), any = coll.any(r == 0);
       if (!all.is_ok() || !any.is_ok() || *all || !*any) return fail("all/any: wrong answer");
       if (auto st = coll.barrier(); !st.is_ok()) return fail(st.message());
@@ -422,7 +428,11 @@ TEST_CASE("parallel: launcher environment (torchrun, SLURM, errors name the vari
       return it == m.end() ? nullptr : it->second.c_str();
     });
   };
-  auto e = from({{"MASTER_ADDR", "node1"}, {"MASTER_PORT", "29500"}, {"WORLD_SIZE", "4"}, {"RANK", "3"}, {"LOCAL_RANK", "1"}});
+  auto e = from({{"MASTER_ADDR", "node1"},
+                 {"MASTER_PORT", "29500"},
+                 {"WORLD_SIZE", "4"},
+                 {"RANK", "3"},
+                 {"LOCAL_RANK", "1"}});
   REQUIRE(e.is_ok());
   CHECK(e->launcher == "torchrun");
   CHECK(e->rank == 3);
@@ -431,7 +441,11 @@ TEST_CASE("parallel: launcher environment (torchrun, SLURM, errors name the vari
   CHECK(e->master_addr == "node1");
   CHECK(e->master_port == 29500);
 
-  auto s = from({{"MASTER_ADDR", "n0"}, {"MASTER_PORT", "1234"}, {"SLURM_NTASKS", "8"}, {"SLURM_PROCID", "5"}, {"SLURM_LOCALID", "2"}});
+  auto s = from({{"MASTER_ADDR", "n0"},
+                 {"MASTER_PORT", "1234"},
+                 {"SLURM_NTASKS", "8"},
+                 {"SLURM_PROCID", "5"},
+                 {"SLURM_LOCALID", "2"}});
   REQUIRE(s.is_ok());
   CHECK(s->launcher == "slurm");
   CHECK(s->rank == 5);
@@ -439,12 +453,18 @@ TEST_CASE("parallel: launcher environment (torchrun, SLURM, errors name the vari
   CHECK(s->local_rank == 2);
 
   auto msg = [&](std::map<std::string, std::string> m) { return from(std::move(m)).status().message(); };
-  CHECK(msg({{"MASTER_PORT", "1"}, {"WORLD_SIZE", "2"}, {"RANK", "0"}}).find("MASTER_ADDR is not set") != std::string::npos);
-  CHECK(msg({{"MASTER_ADDR", "a"}, {"WORLD_SIZE", "2"}, {"RANK", "0"}}).find("MASTER_PORT is not set") != std::string::npos);
-  CHECK(msg({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "99999"}, {"WORLD_SIZE", "2"}, {"RANK", "0"}}).find("MASTER_PORT: expected an integer in [1, 65535], got \"99999\"") != std::string::npos);
-  CHECK(msg({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}, {"WORLD_SIZE", "two"}, {"RANK", "0"}}).find("WORLD_SIZE: expected an integer") != std::string::npos);
-  CHECK(msg({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}, {"WORLD_SIZE", "2"}, {"RANK", "2"}}).find("RANK 2 is not below WORLD_SIZE 2") != std::string::npos);
-  CHECK(msg({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}, {"WORLD_SIZE", "2"}}).find("RANK nor SLURM_PROCID is set") != std::string::npos);
+  CHECK(msg({{"MASTER_PORT", "1"}, {"WORLD_SIZE", "2"}, {"RANK", "0"}}).find("MASTER_ADDR is not set") !=
+        std::string::npos);
+  CHECK(msg({{"MASTER_ADDR", "a"}, {"WORLD_SIZE", "2"}, {"RANK", "0"}}).find("MASTER_PORT is not set") !=
+        std::string::npos);
+  CHECK(msg({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "99999"}, {"WORLD_SIZE", "2"}, {"RANK", "0"}})
+            .find("MASTER_PORT: expected an integer in [1, 65535], got \"99999\"") != std::string::npos);
+  CHECK(msg({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}, {"WORLD_SIZE", "two"}, {"RANK", "0"}})
+            .find("WORLD_SIZE: expected an integer") != std::string::npos);
+  CHECK(msg({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}, {"WORLD_SIZE", "2"}, {"RANK", "2"}})
+            .find("RANK 2 is not below WORLD_SIZE 2") != std::string::npos);
+  CHECK(msg({{"MASTER_ADDR", "a"}, {"MASTER_PORT", "1"}, {"WORLD_SIZE", "2"}})
+            .find("RANK nor SLURM_PROCID is set") != std::string::npos);
 }
 
 TEST_CASE("parallel: rendezvous at a port nobody serves fails within the timeout") {
@@ -503,7 +523,8 @@ TEST_CASE("parallel: NCCL collective allreduce_mean and broadcast on CUDA (GPU o
                                 torch::full({40}, float(2 * r), torch::TensorOptions().device(dev))};
       if (auto st = (*c)->allreduce_mean(t); !st.is_ok()) return void(errors[r] = st.message());
       const double want0 = world == 2 ? 1.5 : 1.0, want1 = world == 2 ? 1.0 : 0.0;
-      if (!t[0].eq(want0).all().item<bool>() || !t[1].eq(want1).all().item<bool>()) errors[r] = "wrong values";
+      if (!t[0].eq(want0).all().item<bool>() || !t[1].eq(want1).all().item<bool>())
+        errors[r] = "wrong values";
       auto any = (*c)->any(r == 0);
       if (!any.is_ok() || !*any) errors[r] = "any: wrong answer";
     });
@@ -517,7 +538,9 @@ std::string tiny_job(const std::filesystem::path& dir) {
   return "name: tinydp\n"
          "seed: 3\n"
          "data:\n"
-         "  root: " + (dir / "data").string() + "\n"
+         "  root: " +
+         (dir / "data").string() +
+         "\n"
          "  synth: {cases: 5, size: 24, format: nifti, seed: 9}\n"
          "  val_cases: 1\n"
          "  num_classes: 5\n"
@@ -530,13 +553,16 @@ std::string tiny_job(const std::filesystem::path& dir) {
          "  - name: fg_bg_indices\n"
          "  - name: rand_crop_pos_neg\n"
          "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 2}\n"
-         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8], strides: [2], num_res_units: 1, norm: batch}\n"
+         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8], strides: "
+         "[2], num_res_units: 1, norm: batch}\n"
          "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
          "optimizer: {name: adam, lr: 0.01}\n"
          "schedule: {name: constant}\n"
-         "train: {epochs: 2, batch_size: 1, accumulate: 2, device: cpu, val_interval: 1, checkpoint_interval: 1, loader: simple, threads: 1}\n"
+         "train: {epochs: 2, batch_size: 1, accumulate: 2, device: cpu, val_interval: 1, "
+         "checkpoint_interval: 1, loader: simple, threads: 1}\n"
          "validation: {roi_size: [16, 16, 16], overlap: 0.25, sw_batch_size: 2}\n"
-         "output: {runs_dir: " + (dir / "runs").string() + "}\n";
+         "output: {runs_dir: " +
+         (dir / "runs").string() + "}\n";
 }
 
 class CountingObserver : public segflow::models::TrainObserver {

@@ -146,8 +146,8 @@ TEST_CASE("inspect reports the exact geometry, statistics and labels of syntheti
     o.out = dir.path() / fmt;
     REQUIRE(synthesize_dataset(o).is_ok());
     Phantom ph = make_phantom(20, 2, 2);
-    const auto image_path = std::string(fmt) == "nifti" ? o.out / "imagesTr" / "case_002_0000.nii.gz"
-                                                        : o.out / "case_002";
+    const auto image_path =
+        std::string(fmt) == "nifti" ? o.out / "imagesTr" / "case_002_0000.nii.gz" : o.out / "case_002";
     auto j = inspect_path(image_path);
     REQUIRE_MESSAGE(j.is_ok(), j.status().message());
     const auto s = ph.image.size();
@@ -157,7 +157,8 @@ TEST_CASE("inspect reports the exact geometry, statistics and labels of syntheti
       CHECK((*j)["origin"][k].get<double>() == doctest::Approx(ph.image.geometry.origin[k]).epsilon(1e-6));
     }
     for (int k = 0; k < 9; ++k)
-      CHECK((*j)["direction"][k].get<double>() == doctest::Approx(ph.image.geometry.direction[k]).epsilon(1e-6));
+      CHECK((*j)["direction"][k].get<double>() ==
+            doctest::Approx(ph.image.geometry.direction[k]).epsilon(1e-6));
     CHECK((*j)["min"].get<double>() == ph.image.voxels.min().item<double>());
     CHECK((*j)["max"].get<double>() == ph.image.voxels.max().item<double>());
     CHECK((*j)["mean"].get<double>() ==
@@ -209,7 +210,8 @@ TEST_CASE("synth rejects bad options with a message naming the option") {
   CHECK(synthesize_dataset(o).message().find("--cases") != std::string::npos);
   o.cases = 1;
   o.format = "png";
-  CHECK(synthesize_dataset(o).message().find("--format: expected dicom, nifti or npy, got 'png'") != std::string::npos);
+  CHECK(synthesize_dataset(o).message().find("--format: expected dicom, nifti or npy, got 'png'") !=
+        std::string::npos);
   o.format = "nifti";
   o.compress = "rle";
   CHECK(synthesize_dataset(o).message().find("--compress") != std::string::npos);

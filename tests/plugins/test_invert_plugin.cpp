@@ -27,7 +27,8 @@ class TestInvertStage final : public MapStage {
   static constexpr const char* kName = "test_invert";
   static constexpr const char* kDoc = "test plugin: x -> pivot - x";
   static constexpr bool kDeterministic = true;
-  TestInvertStage(Options o, nlohmann::json resolved) : MapStage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
+  TestInvertStage(Options o, nlohmann::json resolved)
+      : MapStage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
   bool deterministic() const override { return true; }
   Status apply_sample(Sample& s, Rng&) const override {
     for (const auto& k : o_.keys) {

@@ -118,7 +118,8 @@ std::string unsupported_reason(const std::string& uid) {
     return uid.rfind("1.2.840.10008.1.2.4.94", 0) == 0 || uid.rfind("1.2.840.10008.1.2.4.95", 0) == 0
                ? "JPIP references pixel data on a server, which segflow does not fetch"
                : "DCMTK has no JPEG 2000 codec";
-  if (starts("1.2.840.10008.1.2.4.10")) return "video transfer syntaxes (MPEG, H.264, HEVC) are not supported";
+  if (starts("1.2.840.10008.1.2.4.10"))
+    return "video transfer syntaxes (MPEG, H.264, HEVC) are not supported";
   if (starts("1.2.840.10008.1.2.4.11")) return "DCMTK has no JPEG XL codec";
   return "DCMTK has no decoder for it";
 }
@@ -172,25 +173,26 @@ DicomPrefix sniff_dicom_prefix(const std::filesystem::path& file) {
 }
 
 Result<std::unique_ptr<DcmFileFormat>> load_file(const std::filesystem::path& file,
-                                                  std::uint32_t max_read_length) {
+                                                 std::uint32_t max_read_length) {
   ensure_dcmtk_ready();
   std::error_code ec;
   if (!std::filesystem::exists(file, ec)) return not_found(file.string() + ": no such file");
-  if (!std::filesystem::is_regular_file(file, ec)) return invalid_argument(file.string() + ": not a regular file");
+  if (!std::filesystem::is_regular_file(file, ec))
+    return invalid_argument(file.string() + ": not a regular file");
   auto size = std::filesystem::file_size(file, ec);
   if (ec) return io_error(file.string() + ": cannot read: " + ec.message());
   if (size == 0) return corrupt_data(file.string() + ": empty file (0 bytes), expected a DICOM file");
   if (sniff_dicom_prefix(file) == DicomPrefix::none)
-    return corrupt_data(file.string() + ": not a DICOM file: no \"DICM\" at offset 128 and no DICOM dataset at the start");
+    return corrupt_data(file.string() +
+                        ": not a DICOM file: no \"DICM\" at offset 128 and no DICOM dataset at the start");
   if (!dcmDataDict.isDictionaryLoaded())
     return internal_error(file.string() + ": DCMTK's data dictionary is not loaded (set DCMDICTPATH)");
   auto ff = std::make_unique<DcmFileFormat>();
-  OFCondition c = ff->loadFile(OFFilename(file.c_str()), EXS_Unknown, EGL_noChange, max_read_length,
-                               ERM_autoDetect);
+  OFCondition c =
+      ff->loadFile(OFFilename(file.c_str()), EXS_Unknown, EGL_noChange, max_read_length, ERM_autoDetect);
   if (c.bad()) {
     std::string msg = file.string() + ": cannot parse DICOM: " + condition_text(c);
-    if (c == EC_StreamNotifyClient || c == EC_InvalidStream ||
-        c == EC_PrematureSequDelimitationItem)
+    if (c == EC_StreamNotifyClient || c == EC_InvalidStream || c == EC_PrematureSequDelimitationItem)
       msg += " (file truncated?)";
     return corrupt_data(msg);
   }

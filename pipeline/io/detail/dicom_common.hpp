@@ -72,7 +72,7 @@ DicomPrefix sniff_dicom_prefix(const std::filesystem::path& file);
 /// Loads a DICOM file (meta header optional). Values longer than `max_read_length` bytes
 /// (pixel data) stay on disk until they are accessed. Errors name the file.
 Result<std::unique_ptr<DcmFileFormat>> load_file(const std::filesystem::path& file,
-                                                  std::uint32_t max_read_length = 4096);
+                                                 std::uint32_t max_read_length = 4096);
 
 /// Value of a string tag, trimmed; nullopt when absent or empty.
 std::optional<std::string> get_string(DcmItem& item, const DcmTagKey& tag);

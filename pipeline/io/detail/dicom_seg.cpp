@@ -33,10 +33,10 @@ namespace {
 
 constexpr int kMaxLabel = 255;  // read_dicom_seg returns uint8
 
-#define SEGFLOW_DCM(call, what)                                                                       \
-  do {                                                                                                \
-    OFCondition _c = (call);                                                                          \
-    if (_c.bad()) return internal_error(where + ": " + std::string(what) + ": " + _c.text());         \
+#define SEGFLOW_DCM(call, what)                                                               \
+  do {                                                                                        \
+    OFCondition _c = (call);                                                                  \
+    if (_c.bad()) return internal_error(where + ": " + std::string(what) + ": " + _c.text()); \
   } while (0)
 
 /// The source image of one slice of the label grid.
@@ -54,18 +54,21 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
                             (t.defined() ? std::to_string(t.dim()) + " dimensions" : std::string("none")));
   const std::int64_t Z = t.size(1), Y = t.size(2), X = t.size(3);
   if (Y > 65535 || X > 65535 || Z < 1)
-    return invalid_argument(where + ": labels: expected 1..65535 rows and columns, got " + std::to_string(Y) + " x " +
-                            std::to_string(X));
+    return invalid_argument(where + ": labels: expected 1..65535 rows and columns, got " + std::to_string(Y) +
+                            " x " + std::to_string(X));
   at::Tensor lab64 = t.select(0, 0).to(torch::kCPU, torch::kFloat64).contiguous();
   if (!torch::equal(lab64, lab64.round()) || lab64.min().item<double>() < 0 ||
       lab64.max().item<double>() > kMaxLabel)
-    return invalid_argument(where + ": labels: expected integer label values in 0.." + std::to_string(kMaxLabel) +
-                            ", got values in [" + std::to_string(lab64.min().item<double>()) + ", " +
+    return invalid_argument(where + ": labels: expected integer label values in 0.." +
+                            std::to_string(kMaxLabel) + ", got values in [" +
+                            std::to_string(lab64.min().item<double>()) + ", " +
                             std::to_string(lab64.max().item<double>()) + "]");
   at::Tensor lab = lab64.to(torch::kUInt8).contiguous();
   const int max_label = lab.max().item<int>();
-  if (max_label == 0) return invalid_argument(where + ": labels: expected at least one label value > 0, got none");
-  if (series.files.empty()) return invalid_argument(where + ": series: expected the files of the source series, got none");
+  if (max_label == 0)
+    return invalid_argument(where + ": labels: expected at least one label value > 0, got none");
+  if (series.files.empty())
+    return invalid_argument(where + ": series: expected the files of the source series, got none");
 
   const Geometry& g = labels.geometry;
   const Vec3 row = column(g.direction, 0), col = column(g.direction, 1), axis = column(g.direction, 2);
@@ -76,12 +79,14 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
     SEGFLOW_ASSIGN_OR_RETURN(auto ff, load_file(f));
     DcmDataset& ds = *ff->getDataset();
     auto pos = get_doubles<3>(ds, DCM_ImagePositionPatient);
-    if (!pos) return corrupt_data(f.string() + ": " + tag_name(DCM_ImagePositionPatient) + ": required tag is missing");
+    if (!pos)
+      return corrupt_data(f.string() + ": " + tag_name(DCM_ImagePositionPatient) +
+                          ": required tag is missing");
     auto rows = get_integer(ds, DCM_Rows), cols = get_integer(ds, DCM_Columns);
     if (!rows || !cols || *rows != Y || *cols != X)
       return invalid_argument(f.string() + ": Rows x Columns: expected " + std::to_string(Y) + " x " +
-                              std::to_string(X) + " like the label map, got " + std::to_string(rows.value_or(0)) +
-                              " x " + std::to_string(cols.value_or(0)));
+                              std::to_string(X) + " like the label map, got " +
+                              std::to_string(rows.value_or(0)) + " x " + std::to_string(cols.value_or(0)));
     Vec3 d = sub(Vec3{(*pos)[0], (*pos)[1], (*pos)[2]}, g.origin);
     double k = dot(d, axis) / g.spacing[2];
     long kz = std::lround(k);
@@ -102,13 +107,14 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
   IODGeneralEquipmentModule::EquipmentInfo equipment("segflow", "segflow", "0", "0.1");
   ContentIdentificationMacro content("1", "SEGFLOW", "segflow label map", "segflow");
   DcmSegmentation* raw = nullptr;
-  SEGFLOW_DCM(DcmSegmentation::createBinarySegmentation(raw, static_cast<Uint16>(Y), static_cast<Uint16>(X), equipment,
-                                                        content),
+  SEGFLOW_DCM(DcmSegmentation::createBinarySegmentation(raw, static_cast<Uint16>(Y), static_cast<Uint16>(X),
+                                                        equipment, content),
               "createBinarySegmentation");
   std::unique_ptr<DcmSegmentation> seg(raw);
   SEGFLOW_DCM(seg->importFromSourceImage(OFString(series.files.front().c_str())),
               "importFromSourceImage(" + series.files.front().string() + ")");
-  SEGFLOW_DCM(seg->getSeries().setSeriesInstanceUID(generate_uid(SITE_SERIES_UID_ROOT).c_str()), "SeriesInstanceUID");
+  SEGFLOW_DCM(seg->getSeries().setSeriesInstanceUID(generate_uid(SITE_SERIES_UID_ROOT).c_str()),
+              "SeriesInstanceUID");
   SEGFLOW_DCM(seg->getSeries().setSeriesDescription("segflow labels"), "SeriesDescription");
   SEGFLOW_DCM(seg->getSegmentationSeriesModule().setSeriesNumber("100"), "SeriesNumber");
 
@@ -147,8 +153,8 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
 
   const std::string dim_uid = generate_uid(SITE_INSTANCE_UID_ROOT);
   IODMultiframeDimensionModule& dims = seg->getDimensions();
-  SEGFLOW_DCM(dims.addDimensionIndex(DCM_ReferencedSegmentNumber, dim_uid.c_str(), DCM_SegmentIdentificationSequence,
-                                     "ReferencedSegmentNumber"),
+  SEGFLOW_DCM(dims.addDimensionIndex(DCM_ReferencedSegmentNumber, dim_uid.c_str(),
+                                     DCM_SegmentIdentificationSequence, "ReferencedSegmentNumber"),
               "addDimensionIndex(ReferencedSegmentNumber)");
   SEGFLOW_DCM(dims.addDimensionIndex(DCM_ImagePositionPatient, dim_uid.c_str(), DCM_PlanePositionSequence,
                                      "ImagePositionPatient"),
@@ -172,8 +178,10 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
     SEGFLOW_DCM(frame_content.setDimensionIndexValues(static_cast<Uint32>(z + 1), 1), "DimensionIndexValues");
     OFVector<ImageSOPInstanceReferenceMacro> sources(1);
     SEGFLOW_DCM(sources[0].setReferencedSOPClassUID(ref->sop_class.c_str()), "ReferencedSOPClassUID");
-    SEGFLOW_DCM(sources[0].setReferencedSOPInstanceUID(ref->sop_instance.c_str()), "ReferencedSOPInstanceUID");
-    std::unique_ptr<FGDerivationImage> derivation(DcmSegmentation::createDerivationImageFG(sources, "segflow label map"));
+    SEGFLOW_DCM(sources[0].setReferencedSOPInstanceUID(ref->sop_instance.c_str()),
+                "ReferencedSOPInstanceUID");
+    std::unique_ptr<FGDerivationImage> derivation(
+        DcmSegmentation::createDerivationImageFG(sources, "segflow label map"));
     if (!derivation) return internal_error(where + ": createDerivationImageFG failed");
     OFVector<FGBase*> per_frame;
     per_frame.push_back(&position);
@@ -259,7 +267,6 @@ Result<OpenedSeg> open_seg(const fs::path& file) {
   return out;
 }
 
-
 /// The label map of an opened SEG on the grid of `reference`.
 Result<Image> read_seg_frames(const fs::path& file, OpenedSeg& opened, const Image& reference) {
   const std::string where = file.string();
@@ -275,8 +282,9 @@ Result<Image> read_seg_frames(const fs::path& file, OpenedSeg& opened, const Ima
   if (seg->getSegmentationType() != DcmSegTypes::ST_BINARY && !fractional)
     return unsupported(where + ": SegmentationType: expected BINARY or FRACTIONAL");
   if (rows != Y || cols != X)
-    return invalid_argument(where + ": Rows x Columns: expected " + std::to_string(Y) + " x " + std::to_string(X) +
-                            " like the reference image, got " + std::to_string(rows) + " x " + std::to_string(cols));
+    return invalid_argument(where + ": Rows x Columns: expected " + std::to_string(Y) + " x " +
+                            std::to_string(X) + " like the reference image, got " + std::to_string(rows) +
+                            " x " + std::to_string(cols));
 
   const Geometry& g = reference.geometry;
   const Vec3 row = column(g.direction, 0), col = column(g.direction, 1), axis = column(g.direction, 2);
@@ -291,18 +299,19 @@ Result<Image> read_seg_frames(const fs::path& file, OpenedSeg& opened, const Ima
     auto* seg_fg = static_cast<FGSegmentation*>(fgs.get(fu, DcmFGTypes::EFG_SEGMENTATION));
     Uint16 number = 0;
     if (!seg_fg || seg_fg->getReferencedSegmentNumber(number).bad() || number == 0)
-      return corrupt_data(frame_name + ": " + tag_name(DCM_ReferencedSegmentNumber) + ": required tag is missing");
+      return corrupt_data(frame_name + ": " + tag_name(DCM_ReferencedSegmentNumber) +
+                          ": required tag is missing");
     if (number > kMaxLabel)
       return unsupported(frame_name + ": " + tag_name(DCM_ReferencedSegmentNumber) + ": expected at most " +
                          std::to_string(kMaxLabel) + " (uint8 label map), got " + std::to_string(number));
     auto* pos_fg = static_cast<FGPlanePosPatient*>(fgs.get(fu, DcmFGTypes::EFG_PLANEPOSPATIENT));
     Float64 px = 0, py = 0, pz = 0;
     if (!pos_fg || pos_fg->getImagePositionPatient(px, py, pz).bad())
-      return corrupt_data(frame_name + ": PlanePositionSequence " + tag_name(DCM_ImagePositionPatient) + ": required tag is missing");
+      return corrupt_data(frame_name + ": PlanePositionSequence " + tag_name(DCM_ImagePositionPatient) +
+                          ": required tag is missing");
     auto o = frame_orientation(fgs, fu);
     if (!o)
-      return corrupt_data(frame_name +
-                          ": PlaneOrientationSequence " + tag_name(DCM_ImageOrientationPatient) +
+      return corrupt_data(frame_name + ": PlaneOrientationSequence " + tag_name(DCM_ImageOrientationPatient) +
                           ": required tag is missing");
     const double want[6] = {row[0], row[1], row[2], col[0], col[1], col[2]};
     for (int i = 0; i < 6; ++i)
@@ -317,8 +326,8 @@ Result<Image> read_seg_frames(const fs::path& file, OpenedSeg& opened, const Ima
     if (std::abs(k - static_cast<double>(kz)) > 1e-3 || kz < 0 || kz >= Z ||
         std::abs(dot(d, row)) > 1e-3 * g.spacing[0] || std::abs(dot(d, col)) > 1e-3 * g.spacing[1])
       return invalid_argument(frame_name + ": " + tag_name(DCM_ImagePositionPatient) +
-                              ": expected the position of a slice of the reference image (" + describe(g) + "), got " +
-                              format_numbers(p.data(), 3));
+                              ": expected the position of a slice of the reference image (" + describe(g) +
+                              "), got " + format_numbers(p.data(), 3));
 
     const DcmIODTypes::Frame* frame = seg->getFrame(f);
     if (!frame || !frame->pixData) return corrupt_data(frame_name + ": no pixel data");
@@ -332,7 +341,8 @@ Result<Image> read_seg_frames(const fs::path& file, OpenedSeg& opened, const Ima
     }
     const std::size_t len = unpacked ? unpacked->length : frame->length;
     if (len < static_cast<std::size_t>(plane))
-      return corrupt_data(frame_name + ": expected " + std::to_string(plane) + " pixels, got " + std::to_string(len));
+      return corrupt_data(frame_name + ": expected " + std::to_string(plane) + " pixels, got " +
+                          std::to_string(len));
     std::uint8_t* slice = dst + kz * plane;
     // Fractional frames: a pixel belongs to the segment from half of the maximum up.
     const long threshold = fractional ? std::max(1L, (max_fractional + 1) / 2) : 1L;
@@ -356,15 +366,16 @@ Result<Image> seg_own_grid(const fs::path& file, OpenedSeg& opened) {
   const std::int64_t rows = opened.rows, cols = opened.cols;
   if (rows <= 0 || cols <= 0)
     return corrupt_data(where + ": " + tag_name(DCM_Rows) + " x " + tag_name(DCM_Columns) +
-                        ": expected positive values, got " + std::to_string(rows) + " x " + std::to_string(cols));
+                        ": expected positive values, got " + std::to_string(rows) + " x " +
+                        std::to_string(cols));
   DcmSegmentation* seg = opened.seg.get();
   const std::size_t n_frames = seg->getNumberOfFrames();
   if (n_frames == 0) return corrupt_data(where + ": NumberOfFrames: expected at least one frame, got 0");
   FGInterface& fgs = seg->getFunctionalGroups();
   auto o = frame_orientation(fgs, 0);
   if (!o)
-    return corrupt_data(where + ": frame 1: PlaneOrientationSequence " + tag_name(DCM_ImageOrientationPatient) +
-                        ": required tag is missing");
+    return corrupt_data(where + ": frame 1: PlaneOrientationSequence " +
+                        tag_name(DCM_ImageOrientationPatient) + ": required tag is missing");
   const Vec3 row = normalized({(*o)[0], (*o)[1], (*o)[2]}), col = normalized({(*o)[3], (*o)[4], (*o)[5]});
   const Vec3 normal = normalized(cross(row, col));
   auto* pm = static_cast<FGPixelMeasures*>(fgs.get(0, DcmFGTypes::EFG_PIXELMEASURES));
@@ -374,7 +385,8 @@ Result<Image> seg_own_grid(const fs::path& file, OpenedSeg& opened) {
                         ": required tag is missing or not positive");
   std::vector<std::pair<double, Vec3>> positions;  // (distance along the normal, position)
   for (std::size_t f = 0; f < n_frames; ++f) {
-    auto* pos_fg = static_cast<FGPlanePosPatient*>(fgs.get(static_cast<Uint32>(f), DcmFGTypes::EFG_PLANEPOSPATIENT));
+    auto* pos_fg =
+        static_cast<FGPlanePosPatient*>(fgs.get(static_cast<Uint32>(f), DcmFGTypes::EFG_PLANEPOSPATIENT));
     Float64 px = 0, py = 0, pz = 0;
     if (!pos_fg || pos_fg->getImagePositionPatient(px, py, pz).bad())
       return corrupt_data(where + ": frame " + std::to_string(f + 1) + ": PlanePositionSequence " +
@@ -382,7 +394,8 @@ Result<Image> seg_own_grid(const fs::path& file, OpenedSeg& opened) {
     const Vec3 p{px, py, pz};
     positions.emplace_back(dot(p, normal), p);
   }
-  std::sort(positions.begin(), positions.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(positions.begin(), positions.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   if (pm->getSpacingBetweenSlices(sz, 0).bad() || sz <= 0) {
     sz = 0;  // the smallest step between distinct slice positions
     for (std::size_t i = 1; i < positions.size(); ++i) {
@@ -443,7 +456,8 @@ bool is_dicom_seg_file(const fs::path& path) {
     std::error_code ec;
     if (!fs::is_regular_file(path, ec) || !looks_like_dicom(path)) return false;
     auto ff = load_file(path);
-    return ff.is_ok() && get_string(*(*ff)->getDataset(), DCM_SOPClassUID).value_or("") == UID_SegmentationStorage;
+    return ff.is_ok() &&
+           get_string(*(*ff)->getDataset(), DCM_SOPClassUID).value_or("") == UID_SegmentationStorage;
   } catch (const std::exception&) {
     return false;
   }

@@ -32,8 +32,12 @@ struct Codec {
 Codec codec_for(DicomCompression c) {
   Codec k;
   switch (c) {
-    case DicomCompression::none: k.xfer = EXS_LittleEndianExplicit; break;
-    case DicomCompression::rle: k.xfer = EXS_RLELossless; break;
+    case DicomCompression::none:
+      k.xfer = EXS_LittleEndianExplicit;
+      break;
+    case DicomCompression::rle:
+      k.xfer = EXS_RLELossless;
+      break;
     case DicomCompression::jpeg_ls:
       k.xfer = EXS_JPEGLSLossless;
       k.params = std::make_unique<DJLSRepresentationParameter>(0, OFTrue);
@@ -46,10 +50,10 @@ Codec codec_for(DicomCompression c) {
   return k;
 }
 
-#define SEGFLOW_PUT(call)                                                                              \
-  do {                                                                                                 \
-    OFCondition _c = (call);                                                                           \
-    if (_c.bad()) return internal_error(std::string("DICOM writer: ") + #call + ": " + _c.text());     \
+#define SEGFLOW_PUT(call)                                                                          \
+  do {                                                                                             \
+    OFCondition _c = (call);                                                                       \
+    if (_c.bad()) return internal_error(std::string("DICOM writer: ") + #call + ": " + _c.text()); \
   } while (0)
 
 Status put(DcmDataset& ds, const DcmTagKey& tag, const std::string& value) {
@@ -79,7 +83,8 @@ Status write_impl(const fs::path& dir, const Image& image, const DicomWriteOptio
     return invalid_argument(where + ": voxels: expected 1 channel, got " + std::to_string(t.size(0)));
   const std::int64_t Z = t.size(1), Y = t.size(2), X = t.size(3);
   if (Z < 1 || Y < 1 || X < 1 || Y > 65535 || X > 65535)
-    return invalid_argument(where + ": voxels: expected 1..65535 rows and columns and at least one slice, got " +
+    return invalid_argument(where +
+                            ": voxels: expected 1..65535 rows and columns and at least one slice, got " +
                             std::to_string(Z) + " x " + std::to_string(Y) + " x " + std::to_string(X));
   const Geometry& g = image.geometry;
   for (double s : g.spacing)
@@ -207,7 +212,8 @@ Status write_impl(const fs::path& dir, const Image& image, const DicomWriteOptio
 
 }  // namespace
 
-Result<DicomSeriesInfo> write_dicom_series(const fs::path& dir, const Image& image, const DicomWriteOptions& options) {
+Result<DicomSeriesInfo> write_dicom_series(const fs::path& dir, const Image& image,
+                                           const DicomWriteOptions& options) {
   try {
     DicomSeriesInfo info;
     SEGFLOW_RETURN_IF_ERROR(write_impl(dir, image, options, info));

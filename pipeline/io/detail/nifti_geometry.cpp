@@ -183,7 +183,8 @@ Result<NiftiGeometry> nifti_to_geometry(const NiftiHeader& h, const std::string&
     }
   }
   bool s_usable = false, s_rigid = false, s_scales_match = false;
-  if (h.sform_code > 0 && all_finite(s) && std::all_of(s_off.begin(), s_off.end(), [](double v) { return std::isfinite(v); })) {
+  if (h.sform_code > 0 && all_finite(s) &&
+      std::all_of(s_off.begin(), s_off.end(), [](double v) { return std::isfinite(v); })) {
     Mat3 dir{};
     std::array<double, 3> norms{};
     s_usable = normalize_columns(s, dir, norms) && std::abs(det(dir)) > 1e-6;
@@ -204,7 +205,8 @@ Result<NiftiGeometry> nifti_to_geometry(const NiftiHeader& h, const std::string&
       if (!std::isfinite(v))
         return corrupt_data(file + ": quatern_b/c/d, qoffset_x/y/z: expected finite numbers for qform_code " +
                             std::to_string(h.qform_code) + ", got a NaN or infinity");
-    const Mat3 m = quatern_to_matrix(h.quatern_b, h.quatern_c, h.quatern_d, pix[0], pix[1], pix[2], h.pixdim[0]);
+    const Mat3 m =
+        quatern_to_matrix(h.quatern_b, h.quatern_c, h.quatern_d, pix[0], pix[1], pix[2], h.pixdim[0]);
     out.geometry = from_ras(m, {h.qoffset_x, h.qoffset_y, h.qoffset_z}, false);
     out.source = NiftiTransform::qform;
   } else if (s_usable) {

@@ -11,14 +11,22 @@ namespace segflow::pipeline::detail {
 namespace {
 
 constexpr NiftiTypeInfo kTypes[] = {
-    {kDtBinary, 1, "binary", false},         {kDtUint8, 8, "uint8", true},
-    {kDtInt16, 16, "int16", true},           {kDtInt32, 32, "int32", true},
-    {kDtFloat32, 32, "float32", true},       {kDtComplex64, 64, "complex64", false},
-    {kDtFloat64, 64, "float64", true},       {kDtRgb24, 24, "rgb24", true},
-    {kDtInt8, 8, "int8", true},              {kDtUint16, 16, "uint16", true},
-    {kDtUint32, 32, "uint32", true},         {kDtInt64, 64, "int64", true},
-    {kDtUint64, 64, "uint64", true},         {kDtFloat128, 128, "float128", false},
-    {kDtComplex128, 128, "complex128", false}, {kDtComplex256, 256, "complex256", false},
+    {kDtBinary, 1, "binary", false},
+    {kDtUint8, 8, "uint8", true},
+    {kDtInt16, 16, "int16", true},
+    {kDtInt32, 32, "int32", true},
+    {kDtFloat32, 32, "float32", true},
+    {kDtComplex64, 64, "complex64", false},
+    {kDtFloat64, 64, "float64", true},
+    {kDtRgb24, 24, "rgb24", true},
+    {kDtInt8, 8, "int8", true},
+    {kDtUint16, 16, "uint16", true},
+    {kDtUint32, 32, "uint32", true},
+    {kDtInt64, 64, "int64", true},
+    {kDtUint64, 64, "uint64", true},
+    {kDtFloat128, 128, "float128", false},
+    {kDtComplex128, 128, "complex128", false},
+    {kDtComplex256, 256, "complex256", false},
     {kDtRgba32, 32, "rgba32", true},
 };
 
@@ -86,7 +94,9 @@ std::int64_t nifti_voxel_count(const NiftiHeader& h) {
 std::int64_t nifti_data_bytes(const NiftiHeader& h) { return nifti_voxel_count(h) * (h.bitpix / 8); }
 
 Result<NiftiHeader> decode_nifti_header(const unsigned char* b, std::size_t n, const std::string& file) {
-  if (n < 4) return bad(file, "sizeof_hdr", "truncated: file has " + std::to_string(n) + " bytes, expected a 348- or 540-byte header");
+  if (n < 4)
+    return bad(file, "sizeof_hdr",
+               "truncated: file has " + std::to_string(n) + " bytes, expected a 348- or 540-byte header");
   NiftiHeader h;
   const std::int32_t raw = load<std::int32_t>(b, false);
   if (raw == 348 || raw == 540) {
@@ -94,15 +104,17 @@ Result<NiftiHeader> decode_nifti_header(const unsigned char* b, std::size_t n, c
   } else if (swap32(raw) == 348 || swap32(raw) == 540) {
     h.swapped = true;
   } else {
-    return bad(file, "sizeof_hdr", "expected 348 (NIfTI-1) or 540 (NIfTI-2) in either byte order, got " +
-                                       std::to_string(raw) + " (not a NIfTI file)");
+    return bad(file, "sizeof_hdr",
+               "expected 348 (NIfTI-1) or 540 (NIfTI-2) in either byte order, got " + std::to_string(raw) +
+                   " (not a NIfTI file)");
   }
   const bool sw = h.swapped;
   h.version = (h.swapped ? swap32(raw) : raw) == 348 ? 1 : 2;
   const std::size_t need = h.version == 1 ? kNifti1HeaderSize : kNifti2HeaderSize;
   if (n < need)
-    return bad(file, "header", "truncated: expected " + std::to_string(need) + " header bytes (NIfTI-" +
-                                   std::to_string(h.version) + "), got " + std::to_string(n));
+    return bad(file, "header",
+               "truncated: expected " + std::to_string(need) + " header bytes (NIfTI-" +
+                   std::to_string(h.version) + "), got " + std::to_string(n));
 
   if (h.version == 1) {
     const unsigned char* m = b + 344;
@@ -111,7 +123,8 @@ Result<NiftiHeader> decode_nifti_header(const unsigned char* b, std::size_t n, c
     } else if (std::memcmp(m, "ni1\0", 4) == 0) {
       h.pair = true;
     } else {
-      std::string hint = (m[0] == 0 && m[1] == 0 && m[2] == 0) ? " (an ANALYZE 7.5 header; not supported)" : "";
+      std::string hint =
+          (m[0] == 0 && m[1] == 0 && m[2] == 0) ? " (an ANALYZE 7.5 header; not supported)" : "";
       return bad(file, "magic", "expected \"n+1\" or \"ni1\", got \"" + show_bytes(m, 4) + "\"" + hint);
     }
     for (int i = 0; i < 8; ++i) h.dim[i] = load<std::int16_t>(b + 40 + 2 * i, sw);
@@ -123,7 +136,8 @@ Result<NiftiHeader> decode_nifti_header(const unsigned char* b, std::size_t n, c
     h.scl_slope = load<float>(b + 112, sw);
     h.scl_inter = load<float>(b + 116, sw);
     h.xyzt_units = static_cast<unsigned char>(b[123]);
-    h.descrip.assign(reinterpret_cast<const char*>(b + 148), strnlen(reinterpret_cast<const char*>(b + 148), 80));
+    h.descrip.assign(reinterpret_cast<const char*>(b + 148),
+                     strnlen(reinterpret_cast<const char*>(b + 148), 80));
     h.qform_code = load<std::int16_t>(b + 252, sw);
     h.sform_code = load<std::int16_t>(b + 254, sw);
     h.quatern_b = load<float>(b + 256, sw);
@@ -150,7 +164,8 @@ Result<NiftiHeader> decode_nifti_header(const unsigned char* b, std::size_t n, c
     h.vox_offset = static_cast<double>(load<std::int64_t>(b + 168, sw));
     h.scl_slope = load<double>(b + 176, sw);
     h.scl_inter = load<double>(b + 184, sw);
-    h.descrip.assign(reinterpret_cast<const char*>(b + 240), strnlen(reinterpret_cast<const char*>(b + 240), 80));
+    h.descrip.assign(reinterpret_cast<const char*>(b + 240),
+                     strnlen(reinterpret_cast<const char*>(b + 240), 80));
     h.qform_code = load<std::int32_t>(b + 344, sw);
     h.sform_code = load<std::int32_t>(b + 348, sw);
     h.quatern_b = load<double>(b + 352, sw);
@@ -179,13 +194,18 @@ Result<NiftiHeader> decode_nifti_header(const unsigned char* b, std::size_t n, c
 
   // Datatype and bitpix.
   const NiftiTypeInfo* t = nifti_type_info(h.datatype);
-  if (!t) return bad(file, "datatype", "expected a NIfTI datatype code (2, 4, 8, 16, 64, 128, 256, 512, 768, 1024, 1280, 2304), got " + std::to_string(h.datatype));
+  if (!t)
+    return bad(
+        file, "datatype",
+        "expected a NIfTI datatype code (2, 4, 8, 16, 64, 128, 256, 512, 768, 1024, 1280, 2304), got " +
+            std::to_string(h.datatype));
   if (!t->supported)
     return unsupported(file + ": datatype: " + t->name + " (code " + std::to_string(h.datatype) +
                        ") is not supported; expected an integer, float32/float64 or RGB type");
   if (h.bitpix != t->bitpix)
-    return bad(file, "bitpix", "expected " + std::to_string(t->bitpix) + " for datatype " + std::to_string(h.datatype) +
-                                   " (" + t->name + "), got " + std::to_string(h.bitpix));
+    return bad(file, "bitpix",
+               "expected " + std::to_string(t->bitpix) + " for datatype " + std::to_string(h.datatype) +
+                   " (" + t->name + "), got " + std::to_string(h.bitpix));
 
   // Spacing of the spatial dimensions the volume uses.
   for (std::int64_t i = 1; i <= std::min<std::int64_t>(h.dim[0], 3); ++i)
@@ -200,7 +220,9 @@ Result<NiftiHeader> decode_nifti_header(const unsigned char* b, std::size_t n, c
     // 0 is how some writers say "right after the header and its 4 extension bytes".
     if (h.vox_offset == 0) h.vox_offset = hdr + 4;
     if (h.vox_offset < hdr)
-      return bad(file, "vox_offset", "expected >= " + num(hdr) + " (the header size) in a single-file NIfTI, got " + num(h.vox_offset));
+      return bad(
+          file, "vox_offset",
+          "expected >= " + num(hdr) + " (the header size) in a single-file NIfTI, got " + num(h.vox_offset));
   }
   h.vox_offset = std::floor(h.vox_offset);
   return h;

@@ -48,14 +48,14 @@ const NiftiTypeInfo* nifti_type_info(std::int16_t code);
 
 /// The header fields segflow uses, widened to the NIfTI-2 types (both versions decode into it).
 struct NiftiHeader {
-  int version = 1;             ///< 1 or 2
-  bool swapped = false;        ///< file byte order differs from the host's
-  bool pair = false;           ///< magic "ni1"/"ni2": voxels live in a separate .img file
-  std::int64_t dim[8] = {};    ///< dim[0] = number of dimensions, dim[1..7] extents
-  double pixdim[8] = {};       ///< pixdim[0] = qfac, pixdim[1..3] mm, pixdim[4] time
+  int version = 1;           ///< 1 or 2
+  bool swapped = false;      ///< file byte order differs from the host's
+  bool pair = false;         ///< magic "ni1"/"ni2": voxels live in a separate .img file
+  std::int64_t dim[8] = {};  ///< dim[0] = number of dimensions, dim[1..7] extents
+  double pixdim[8] = {};     ///< pixdim[0] = qfac, pixdim[1..3] mm, pixdim[4] time
   std::int16_t datatype = 0;
   std::int16_t bitpix = 0;
-  double vox_offset = 0;       ///< bytes from the start of the data file to the voxels
+  double vox_offset = 0;  ///< bytes from the start of the data file to the voxels
   double scl_slope = 0;
   double scl_inter = 0;
   int xyzt_units = 0;
@@ -64,14 +64,13 @@ struct NiftiHeader {
   int sform_code = 0;
   double quatern_b = 0, quatern_c = 0, quatern_d = 0;
   double qoffset_x = 0, qoffset_y = 0, qoffset_z = 0;
-  double srow[3][4] = {};      ///< srow_x, srow_y, srow_z (RAS)
+  double srow[3][4] = {};  ///< srow_x, srow_y, srow_z (RAS)
   std::string descrip;
 };
 
 /// Decodes and validates a header from the first `n` bytes of a file (n >= 348; 540 for
 /// NIfTI-2). Byte order comes from sizeof_hdr. Errors are "<file>: <field>: expected .., got ..".
-Result<NiftiHeader> decode_nifti_header(const unsigned char* bytes, std::size_t n,
-                                        const std::string& file);
+Result<NiftiHeader> decode_nifti_header(const unsigned char* bytes, std::size_t n, const std::string& file);
 
 /// Number of voxels (product of dim[1..dim[0]]) and the data size in bytes; the header must
 /// have been validated by decode_nifti_header (no overflow, positive dims).

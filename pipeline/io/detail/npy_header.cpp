@@ -12,7 +12,8 @@ class DictParser {
   DictParser(const std::string& s, const std::string& file) : s_(s), file_(file) {}
 
   Status fail(const std::string& field, const std::string& what) const {
-    return corrupt_data(file_ + ": header" + (field.empty() ? "" : "." + field) + ": " + what + " in " + quoted());
+    return corrupt_data(file_ + ": header" + (field.empty() ? "" : "." + field) + ": " + what + " in " +
+                        quoted());
   }
 
   void skip_ws() {
@@ -110,7 +111,8 @@ Result<NpyHeader> parse_npy_dict(const std::string& text, const std::string& fil
     SEGFLOW_ASSIGN_OR_RETURN(std::string key, p.string("key"));
     if (!p.eat(':')) return p.fail(key, "expected ':' after the key");
     if (key == "descr") {
-      if (p.peek('[')) return unsupported(file + ": header.descr: structured dtypes are not supported, got " + p.quoted());
+      if (p.peek('['))
+        return unsupported(file + ": header.descr: structured dtypes are not supported, got " + p.quoted());
       SEGFLOW_ASSIGN_OR_RETURN(h.descr, p.string(key));
       have_descr = true;
     } else if (key == "fortran_order") {
@@ -181,7 +183,8 @@ std::string npy_shape_text(const std::vector<std::int64_t>& shape) {
 }
 
 std::string make_npy_header(const std::string& descr, const std::vector<std::int64_t>& shape) {
-  std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + npy_shape_text(shape) + ", }";
+  std::string dict =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + npy_shape_text(shape) + ", }";
   std::size_t prefix = 10;
   std::size_t total = prefix + dict.size() + 1;
   if (total - prefix > 65535) {

@@ -12,7 +12,7 @@ namespace segflow::pipeline::detail {
 
 /// The three keys of an .npy header dict.
 struct NpyHeader {
-  std::string descr;                ///< e.g. "<f4"
+  std::string descr;  ///< e.g. "<f4"
   bool fortran_order = false;
   std::vector<std::int64_t> shape;  ///< empty for a 0-d array
 };

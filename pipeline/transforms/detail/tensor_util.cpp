@@ -30,8 +30,8 @@ Size3 spatial_size_xyz(const at::Tensor& t) {
   return s;
 }
 
-Result<std::int64_t> check_keys(const Sample& s, const std::vector<std::string>& keys, const std::string& stage,
-                                bool require_3d) {
+Result<std::int64_t> check_keys(const Sample& s, const std::vector<std::string>& keys,
+                                const std::string& stage, bool require_3d) {
   std::int64_t nsp = 0;
   std::vector<std::int64_t> first_shape;
   std::string first_key;
@@ -39,8 +39,8 @@ Result<std::int64_t> check_keys(const Sample& s, const std::vector<std::string>&
     if (!s.has(k)) {
       std::vector<std::string> have;
       for (const auto& [name, t] : s.tensors) have.push_back(name);
-      return invalid_argument(stage + ": sample '" + s.id + "' has no '" + k + "' (it has: " +
-                              (have.empty() ? std::string("nothing") : join(have)) + ")");
+      return invalid_argument(stage + ": sample '" + s.id + "' has no '" + k +
+                              "' (it has: " + (have.empty() ? std::string("nothing") : join(have)) + ")");
     }
     const at::Tensor& t = s.at(k);
     const std::int64_t d = spatial_dims(t);
@@ -54,14 +54,16 @@ Result<std::int64_t> check_keys(const Sample& s, const std::vector<std::string>&
       first_shape = sp;
       nsp = d;
     } else if (sp != first_shape) {
-      return invalid_argument(stage + ": sample '" + s.id + "': spatial shapes differ: '" + first_key + "' is " +
-                              shape_string(s.at(first_key)) + ", '" + k + "' is " + shape_string(t));
+      return invalid_argument(stage + ": sample '" + s.id + "': spatial shapes differ: '" + first_key +
+                              "' is " + shape_string(s.at(first_key)) + ", '" + k + "' is " +
+                              shape_string(t));
     }
   }
   return nsp;
 }
 
-std::vector<std::string> present_keys(const Sample& s, const std::vector<std::string>& keys, bool allow_missing) {
+std::vector<std::string> present_keys(const Sample& s, const std::vector<std::string>& keys,
+                                      bool allow_missing) {
   if (!allow_missing) return keys;
   std::vector<std::string> out;
   for (const auto& k : keys)
@@ -94,8 +96,8 @@ Geometry swap_geometry(const Geometry& g, int a, int b) {
 
 Geometry crop_geometry(const Geometry& g, const std::array<std::int64_t, 3>& start) {
   Geometry out = g;
-  out.origin = index_to_physical(g, {static_cast<double>(start[0]), static_cast<double>(start[1]),
-                                     static_cast<double>(start[2])});
+  out.origin = index_to_physical(
+      g, {static_cast<double>(start[0]), static_cast<double>(start[1]), static_cast<double>(start[2])});
   return out;
 }
 

@@ -34,12 +34,13 @@ Size3 spatial_size_xyz(const at::Tensor& t);
 
 /// Checks that every key exists and that they share spatial size and dimensionality.
 /// Returns the spatial dims (2 or 3). Errors: "<stage>: sample 'id' has no 'label'", ...
-Result<std::int64_t> check_keys(const Sample& s, const std::vector<std::string>& keys, const std::string& stage,
-                                bool require_3d = false);
+Result<std::int64_t> check_keys(const Sample& s, const std::vector<std::string>& keys,
+                                const std::string& stage, bool require_3d = false);
 
 /// `keys` without those `s` lacks when `allow_missing`; `keys` itself otherwise (so that
 /// check_keys reports the missing one).
-std::vector<std::string> present_keys(const Sample& s, const std::vector<std::string>& keys, bool allow_missing);
+std::vector<std::string> present_keys(const Sample& s, const std::vector<std::string>& keys,
+                                      bool allow_missing);
 
 /// True for floating tensors (intensity stages need them).
 bool is_floating(const at::Tensor& t);

@@ -141,7 +141,8 @@ TEST_CASE("a corrupt cache file is detected, removed and read as a miss") {
   expect_miss("one byte longer", [](std::string& b) { b.push_back('x'); });
   expect_miss("bad magic", [](std::string& b) { b[0] = 'X'; });
   expect_miss("header byte flipped", [](std::string& b) { b[60] = static_cast<char>(b[60] ^ 0x20); });
-  expect_miss("payload byte flipped", [](std::string& b) { b[b.size() - 70] = static_cast<char>(b[b.size() - 70] ^ 1); });
+  expect_miss("payload byte flipped",
+              [](std::string& b) { b[b.size() - 70] = static_cast<char>(b[b.size() - 70] ^ 1); });
   expect_miss("shorter than a header", [](std::string& b) { b = "SFCACHE1"; });
   expect_miss("empty", [](std::string& b) { b.clear(); });
   // And a good file after all that still loads.

@@ -62,20 +62,28 @@ Image phantom(std::int64_t Z = 6, std::int64_t Y = 40, std::int64_t X = 48) {
 
 std::string compression_name(DicomCompression c) {
   switch (c) {
-    case DicomCompression::none: return "none";
-    case DicomCompression::rle: return "rle";
-    case DicomCompression::jpeg_ls: return "jpeg-ls";
-    case DicomCompression::jpeg_lossless: return "jpeg-lossless";
+    case DicomCompression::none:
+      return "none";
+    case DicomCompression::rle:
+      return "rle";
+    case DicomCompression::jpeg_ls:
+      return "jpeg-ls";
+    case DicomCompression::jpeg_lossless:
+      return "jpeg-lossless";
   }
   return "?";
 }
 
 std::string expected_transfer_syntax(DicomCompression c) {
   switch (c) {
-    case DicomCompression::none: return "1.2.840.10008.1.2.1";
-    case DicomCompression::rle: return "1.2.840.10008.1.2.5";
-    case DicomCompression::jpeg_ls: return "1.2.840.10008.1.2.4.80";
-    case DicomCompression::jpeg_lossless: return "1.2.840.10008.1.2.4.70";
+    case DicomCompression::none:
+      return "1.2.840.10008.1.2.1";
+    case DicomCompression::rle:
+      return "1.2.840.10008.1.2.5";
+    case DicomCompression::jpeg_ls:
+      return "1.2.840.10008.1.2.4.80";
+    case DicomCompression::jpeg_lossless:
+      return "1.2.840.10008.1.2.4.70";
   }
   return "?";
 }
@@ -104,7 +112,8 @@ float voxel(const Image& img, std::int64_t c, std::int64_t z, std::int64_t y, st
 
 /// Compares an Image with a reference.py result: size, stats and sampled voxels; geometry
 /// too when `geometry` (sitk gives all of it).
-void check_against_reference(const Image& img, const nlohmann::json& ref, bool geometry, double value_tol = 1e-3) {
+void check_against_reference(const Image& img, const nlohmann::json& ref, bool geometry,
+                             double value_tol = 1e-3) {
   const auto size = img.size();
   REQUIRE(ref.contains("size"));
   CHECK(size[0] == ref["size"][0].get<std::int64_t>());
@@ -123,7 +132,8 @@ void check_against_reference(const Image& img, const nlohmann::json& ref, bool g
       CHECK(img.geometry.spacing[i] == doctest::Approx(ref["spacing"][i].get<double>()).epsilon(1e-6));
       CHECK(std::abs(img.geometry.origin[i] - ref["origin"][i].get<double>()) <= 1e-4);
     }
-    for (int i = 0; i < 9; ++i) CHECK(std::abs(img.geometry.direction[i] - ref["direction"][i].get<double>()) <= 1e-4);
+    for (int i = 0; i < 9; ++i)
+      CHECK(std::abs(img.geometry.direction[i] - ref["direction"][i].get<double>()) <= 1e-4);
   }
 }
 
@@ -327,8 +337,9 @@ TEST_CASE("a multi-frame DICOM file with functional groups orders its frames by 
   REQUIRE(ds.findOrCreateSequenceItem(DCM_SharedFunctionalGroupsSequence, shared, 0).good());
   REQUIRE(shared->findOrCreateSequenceItem(DCM_PlaneOrientationSequence, it, 0).good());
   it->putAndInsertString(DCM_ImageOrientationPatient,
-                         ds_string({g.direction[0], g.direction[3], g.direction[6], g.direction[1], g.direction[4],
-                                    g.direction[7]}).c_str());
+                         ds_string({g.direction[0], g.direction[3], g.direction[6], g.direction[1],
+                                    g.direction[4], g.direction[7]})
+                             .c_str());
   REQUIRE(shared->findOrCreateSequenceItem(DCM_PixelMeasuresSequence, it, 0).good());
   it->putAndInsertString(DCM_PixelSpacing, ds_string({g.spacing[1], g.spacing[0]}).c_str());
   it->putAndInsertString(DCM_SliceThickness, ds_string({g.spacing[2]}).c_str());
@@ -349,7 +360,8 @@ TEST_CASE("a multi-frame DICOM file with functional groups orders its frames by 
     const auto* v = slice.data_ptr<std::int16_t>();
     for (std::int64_t i = 0; i < slice.numel(); ++i) pixels.push_back(static_cast<Uint16>(v[i]));
   }
-  REQUIRE(ds.putAndInsertUint16Array(DCM_PixelData, pixels.data(), static_cast<unsigned long>(pixels.size())).good());
+  REQUIRE(ds.putAndInsertUint16Array(DCM_PixelData, pixels.data(), static_cast<unsigned long>(pixels.size()))
+              .good());
   st::TempDir dir("dicom_mf");
   const fs::path file = dir / "enhanced.dcm";
   REQUIRE(ff.saveFile(file.c_str(), EXS_LittleEndianExplicit).good());
@@ -412,7 +424,8 @@ TEST_CASE("a multi-frame RT dose DICOM file reads its frames as slices spaced by
     CHECK(img.geometry.spacing[i] == doctest::Approx(sitk["spacing"][i].get<double>()));
     CHECK(img.geometry.origin[i] == doctest::Approx(sitk["origin"][i].get<double>()));
   }
-  for (int i = 0; i < 9; ++i) CHECK(img.geometry.direction[i] == doctest::Approx(sitk["direction"][i].get<double>()));
+  for (int i = 0; i < 9; ++i)
+    CHECK(img.geometry.direction[i] == doctest::Approx(sitk["direction"][i].get<double>()));
   // The same dose in explicit big endian (32-bit samples). (rtdose_rle.dcm is not a twin:
   // gdcmconv wrote its dataset implicit VR under an explicit RLE transfer syntax.)
   for (const char* twin : {"rtdose_expb.dcm"}) {
@@ -440,8 +453,9 @@ TEST_CASE("JPEG 2000 DICOM files are rejected with an error naming JPEG 2000") {
     CHECK(r.status().code() == segflow::ErrorCode::unsupported);
     const std::string m = r.status().message();
     CHECK(contains(m, "MR_small_jp2klossless.dcm"));
-    CHECK(contains(m, "JPEG 2000 Image Compression (Lossless Only) (1.2.840.10008.1.2.4.90) is not supported: "
-                      "DCMTK has no JPEG 2000 codec"));
+    CHECK(contains(m,
+                   "JPEG 2000 Image Compression (Lossless Only) (1.2.840.10008.1.2.4.90) is not supported: "
+                   "DCMTK has no JPEG 2000 codec"));
   }
   {
     auto r = sp::read_dicom(kPydicomData / "JPEG2000.dcm");
@@ -528,9 +542,8 @@ TEST_CASE("DICOM slices with mixed orientations are rejected") {
   st::TempDir dir("dicom_orient");
   auto info = sp::write_dicom_series(dir.path(), phantom(4, 8, 8));
   REQUIRE(info.is_ok());
-  edit_file(info->files[2], [](DcmDataset& ds) {
-    ds.putAndInsertString(DCM_ImageOrientationPatient, "1\\0\\0\\0\\0\\-1");
-  });
+  edit_file(info->files[2],
+            [](DcmDataset& ds) { ds.putAndInsertString(DCM_ImageOrientationPatient, "1\\0\\0\\0\\0\\-1"); });
   const std::string m = read_error(dir.path());
   CHECK(contains(m, info->files[2].string()));
   CHECK(contains(m, "ImageOrientationPatient"));
@@ -596,8 +609,9 @@ TEST_CASE("read_dicom on a folder ignores DICOM SEG files") {
 TEST_CASE("looks_like_dicom accepts DICOM files with and without a preamble") {
   st::TempDir dir("dicom_looks");
   st::write_file(dir / "empty.dcm", "");
-  st::write_file(dir / "x.dcm", "plain text that is long enough to have 132 bytes ............................"
-                                "..................................................................");
+  st::write_file(dir / "x.dcm",
+                 "plain text that is long enough to have 132 bytes ............................"
+                 "..................................................................");
   CHECK_FALSE(sp::looks_like_dicom(dir / "empty.dcm"));
   CHECK_FALSE(sp::looks_like_dicom(dir / "x.dcm"));
   CHECK_FALSE(sp::looks_like_dicom(dir / "missing.dcm"));
@@ -627,8 +641,10 @@ TEST_CASE("a DICOM SEG written by segflow reads back as the same label map") {
 
   // Four labels, one of them (4) only on one slice; slice 0 empty.
   auto lab = torch::zeros({1, 5, 24, 28}, torch::kUInt8);
-  lab.index_put_({0, torch::indexing::Slice(1, 4), torch::indexing::Slice(2, 10), torch::indexing::Slice(3, 12)}, 1);
-  lab.index_put_({0, torch::indexing::Slice(1, 5), torch::indexing::Slice(12, 20), torch::indexing::Slice(5, 9)}, 2);
+  lab.index_put_(
+      {0, torch::indexing::Slice(1, 4), torch::indexing::Slice(2, 10), torch::indexing::Slice(3, 12)}, 1);
+  lab.index_put_(
+      {0, torch::indexing::Slice(1, 5), torch::indexing::Slice(12, 20), torch::indexing::Slice(5, 9)}, 2);
   lab.index_put_({0, 4, torch::indexing::Slice(0, 3), torch::indexing::Slice(20, 28)}, 3);
   lab.index_put_({0, 2, 22, 27}, 4);
   Image labels;

@@ -92,8 +92,8 @@ std::string run_python(const std::string& code, const std::vector<std::string>& 
 
 /// reference.py many READER PATH...: one Python process for several files.
 json reference_many(const std::string& reader, const std::vector<fs::path>& paths) {
-  std::string cmd = st::shell_quote(st::python()) + " " + st::shell_quote(st::source_path("tests/tools/reference.py").string()) +
-                    " many " + reader;
+  std::string cmd = st::shell_quote(st::python()) + " " +
+                    st::shell_quote(st::source_path("tests/tools/reference.py").string()) + " many " + reader;
   for (const auto& p : paths) cmd.append(" ").append(st::shell_quote(p.string()));
   // stderr too (ITK's warnings, e.g. "unexpected scales in sform"), so that they show only
   // with a failure; the JSON object is the last line.
@@ -130,7 +130,9 @@ fs::path nibabel_data_dir() {
   return dir;
 }
 
-bool near(double a, double b, double rel) { return std::abs(a - b) <= rel * std::max(1.0, std::max(std::abs(a), std::abs(b))); }
+bool near(double a, double b, double rel) {
+  return std::abs(a - b) <= rel * std::max(1.0, std::max(std::abs(a), std::abs(b)));
+}
 
 /// `got` agrees with a reference value; null in the reference stands for NaN.
 bool near(double got, const json& want, double rel) {
@@ -142,7 +144,7 @@ std::string plain_dtype(std::string s) {
   if (!s.empty() && (s[0] == '<' || s[0] == '>' || s[0] == '|' || s[0] == '=')) {
     const std::string code = s.substr(1);
     static const std::map<std::string, std::string> names = {
-        {"u1", "uint8"}, {"i1", "int8"}, {"i2", "int16"}, {"u2", "uint16"}, {"i4", "int32"},
+        {"u1", "uint8"},  {"i1", "int8"},  {"i2", "int16"},  {"u2", "uint16"},  {"i4", "int32"},
         {"u4", "uint32"}, {"i8", "int64"}, {"u8", "uint64"}, {"f4", "float32"}, {"f8", "float64"}};
     auto it = names.find(code);
     return it == names.end() ? s : it->second;
@@ -176,9 +178,11 @@ void check_reference(const Image& im, const json& ref, const std::string& what, 
       CHECK(std::abs(ref["origin"][i].get<double>() - im.geometry.origin[i]) <= e.geo_tol);
     }
     if (!four_d)  // reference.py gives no direction for a 4D SimpleITK image
-      for (int i = 0; i < 9; ++i) CHECK(std::abs(ref["direction"][i].get<double>() - im.geometry.direction[i]) <= e.geo_tol);
+      for (int i = 0; i < 9; ++i)
+        CHECK(std::abs(ref["direction"][i].get<double>() - im.geometry.direction[i]) <= e.geo_tol);
   }
-  if (e.dtype) CHECK(plain_dtype(ref["dtype"].get<std::string>()) == segflow::pipeline::dtype_name(im.voxels));
+  if (e.dtype)
+    CHECK(plain_dtype(ref["dtype"].get<std::string>()) == segflow::pipeline::dtype_name(im.voxels));
   at::Tensor v = im.voxels.to(at::kDouble);
   if (e.nan_as_zero) v = torch::nan_to_num(v, 0.0);
   at::Tensor part = four_d ? v : v[0];
@@ -222,16 +226,18 @@ std::string read_error(const st::TempDir& dir, const std::string& name, const st
 
 }  // namespace
 
-TEST_CASE("NIfTI round trips keep every dtype's values and an oblique geometry, 3D and 4D, .nii and .nii.gz") {
+TEST_CASE(
+    "NIfTI round trips keep every dtype's values and an oblique geometry, 3D and 4D, .nii and .nii.gz") {
   st::TempDir dir("nifti_rt");
-  const at::ScalarType types[] = {at::kByte, at::kChar, at::kShort, at::kUInt16, at::kInt,
-                                  at::kUInt32, at::kLong, at::kUInt64, at::kFloat, at::kDouble};
+  const at::ScalarType types[] = {at::kByte,   at::kChar, at::kShort,  at::kUInt16, at::kInt,
+                                  at::kUInt32, at::kLong, at::kUInt64, at::kFloat,  at::kDouble};
   std::uint64_t seed = 1;
   for (auto type : types)
     for (std::int64_t channels : {1, 3})
       for (const char* ext : {".nii", ".nii.gz"}) {
-        const std::string name = segflow::pipeline::dtype_name(torch::empty({0}, torch::TensorOptions().dtype(type))) +
-                                 "_c" + std::to_string(channels) + ext;
+        const std::string name =
+            segflow::pipeline::dtype_name(torch::empty({0}, torch::TensorOptions().dtype(type))) + "_c" +
+            std::to_string(channels) + ext;
         CAPTURE(name);
         Image im = make_image(type, channels, ++seed);
         const auto p = dir / name;
@@ -244,7 +250,8 @@ TEST_CASE("NIfTI round trips keep every dtype's values and an oblique geometry, 
         CHECK(segflow::geometry_close(back->geometry, im.geometry, 1e-5));
         CHECK(back->source == p);
         const std::string bytes = st::read_file(p);
-        const bool gz = bytes.size() > 2 && static_cast<unsigned char>(bytes[0]) == 0x1f && static_cast<unsigned char>(bytes[1]) == 0x8b;
+        const bool gz = bytes.size() > 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
+                        static_cast<unsigned char>(bytes[1]) == 0x8b;
         CHECK(gz == std::string(ext).ends_with(".gz"));
       }
 }
@@ -256,8 +263,10 @@ TEST_CASE("NIfTI files written by segflow read the same in nibabel and SimpleITK
     at::ScalarType type;
     std::int64_t channels;
   };
-  const std::vector<W> files = {{"ct_int16.nii.gz", at::kShort, 1}, {"mr_float32.nii", at::kFloat, 1},
-                                {"labels_uint8.nii.gz", at::kByte, 1}, {"mr_uint16.nii", at::kUInt16, 1},
+  const std::vector<W> files = {{"ct_int16.nii.gz", at::kShort, 1},
+                                {"mr_float32.nii", at::kFloat, 1},
+                                {"labels_uint8.nii.gz", at::kByte, 1},
+                                {"mr_uint16.nii", at::kUInt16, 1},
                                 {"dwi_float64_4d.nii.gz", at::kDouble, 3}};
   std::vector<fs::path> paths;
   std::vector<Image> images;
@@ -319,9 +328,13 @@ void check_nibabel_data(const std::string& reader) {
 
 }  // namespace
 
-TEST_CASE("NIfTI files from nibabel's test data read as nibabel reads them") { check_nibabel_data("nibabel"); }
+TEST_CASE("NIfTI files from nibabel's test data read as nibabel reads them") {
+  check_nibabel_data("nibabel");
+}
 
-TEST_CASE("NIfTI-1 files from nibabel's test data read as SimpleITK reads them") { check_nibabel_data("sitk"); }
+TEST_CASE("NIfTI-1 files from nibabel's test data read as SimpleITK reads them") {
+  check_nibabel_data("sitk");
+}
 
 TEST_CASE("a CIFTI-2 NIfTI file (6 dimensions, no transform) reads its values as channels in file order") {
   // row_major.dconn.nii: NIfTI-2, dims (1, 1, 1, 1, 10, 10), sform and qform codes 0. The 100
@@ -330,11 +343,12 @@ TEST_CASE("a CIFTI-2 NIfTI file (6 dimensions, no transform) reads its values as
   // ITK's rule for a missing transform (nibabel would centre the grid and flip x).
   st::TempDir dir("nifti_cifti");
   const auto p = nibabel_data_dir() / "row_major.dconn.nii";
-  run_python("import sys, numpy as np, nibabel as nib\n"
-             "a = np.asanyarray(nib.Nifti2Image.from_filename(sys.argv[1]).dataobj)\n"
-             "assert a.shape == (1, 1, 1, 1, 10, 10), a.shape\n"
-             "a.reshape(-1, order='F').astype('<f4').tofile(sys.argv[2])\n",
-             {p.string(), (dir / "cifti.raw").string()});
+  run_python(
+      "import sys, numpy as np, nibabel as nib\n"
+      "a = np.asanyarray(nib.Nifti2Image.from_filename(sys.argv[1]).dataobj)\n"
+      "assert a.shape == (1, 1, 1, 1, 10, 10), a.shape\n"
+      "a.reshape(-1, order='F').astype('<f4').tofile(sys.argv[2])\n",
+      {p.string(), (dir / "cifti.raw").string()});
   auto im = read_nifti(p);
   REQUIRE_MESSAGE(im.is_ok(), im.status().to_string());
   CHECK(im->voxels.sizes() == at::IntArrayRef({100, 1, 1, 1}));
@@ -529,7 +543,8 @@ TEST_CASE("NIfTI geometry from qform and pixdim follows SimpleITK when the sform
   st::write_file(dir / "qform_only.nii", q_only);
   // sform scaled away from pixdim (x column * 1.5) next to a valid qform: ITK takes the qform.
   std::string bad_scales = bytes;
-  for (std::size_t row : {280u, 296u, 312u}) patch<float>(bad_scales, row, peek<float>(bad_scales, row) * 1.5f);
+  for (std::size_t row : {280u, 296u, 312u})
+    patch<float>(bad_scales, row, peek<float>(bad_scales, row) * 1.5f);
   st::write_file(dir / "sform_scales.nii", bad_scales);
   // Neither sform nor qform: pixdim spacing, zero origin, identity direction.
   std::string none = bytes;
@@ -537,7 +552,8 @@ TEST_CASE("NIfTI geometry from qform and pixdim follows SimpleITK when the sform
   patch<std::int16_t>(none, 254, 0);
   st::write_file(dir / "no_transform.nii", none);
 
-  const std::vector<fs::path> paths = {dir / "qform_only.nii", dir / "sform_scales.nii", dir / "no_transform.nii"};
+  const std::vector<fs::path> paths = {dir / "qform_only.nii", dir / "sform_scales.nii",
+                                       dir / "no_transform.nii"};
   const json itk = reference_many("sitk", paths);
   for (const auto& p : paths) {
     auto back = read_nifti(p);
@@ -567,7 +583,8 @@ TEST_CASE("a truncated or empty NIfTI file is an error naming the file") {
   st::TempDir dir("nifti_trunc");
   const std::string bytes = valid_file_bytes(dir);
   CHECK(read_error(dir, "empty.nii", "").find("empty") != std::string::npos);
-  CHECK(read_error(dir, "cut_data.nii", bytes.substr(0, bytes.size() - 100)).find("truncated") != std::string::npos);
+  CHECK(read_error(dir, "cut_data.nii", bytes.substr(0, bytes.size() - 100)).find("truncated") !=
+        std::string::npos);
   CHECK(read_error(dir, "cut_header.nii", bytes.substr(0, 200)).find("truncated") != std::string::npos);
   CHECK(read_error(dir, "three_bytes.nii", bytes.substr(0, 3)).find("sizeof_hdr") != std::string::npos);
 
@@ -592,7 +609,8 @@ TEST_CASE("impossible NIfTI headers are errors naming the file and the field") {
   const std::vector<Case> cases = {
       {"dim0_9.nii", "dim[0]", [](std::string& b) { patch<std::int16_t>(b, 40, 9); }},
       {"dim0_0.nii", "dim[0]", [](std::string& b) { patch<std::int16_t>(b, 40, 0); }},
-      {"dim2_neg.nii", "dim[2]: expected > 0, got -3", [](std::string& b) { patch<std::int16_t>(b, 44, -3); }},
+      {"dim2_neg.nii", "dim[2]: expected > 0, got -3",
+       [](std::string& b) { patch<std::int16_t>(b, 44, -3); }},
       {"bitpix.nii", "bitpix", [](std::string& b) { patch<std::int16_t>(b, 72, 8); }},
       {"sizeof_hdr.nii", "sizeof_hdr", [](std::string& b) { patch<std::int32_t>(b, 0, 350); }},
       {"magic.nii", "magic", [](std::string& b) { b[346] = '9'; }},
@@ -600,7 +618,8 @@ TEST_CASE("impossible NIfTI headers are errors naming the file and the field") {
       {"pixdim.nii", "pixdim[1]", [](std::string& b) { patch<float>(b, 80, 0.0f); }},
       {"pixdim_neg.nii", "pixdim[3]", [](std::string& b) { patch<float>(b, 88, -2.0f); }},
       {"vox_offset.nii", "vox_offset", [](std::string& b) { patch<float>(b, 108, 100.0f); }},
-      {"scl_inter.nii", "scl_inter", [](std::string& b) {
+      {"scl_inter.nii", "scl_inter",
+       [](std::string& b) {
          patch<float>(b, 112, 2.0f);
          patch<float>(b, 116, INFINITY);
        }},

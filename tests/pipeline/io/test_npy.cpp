@@ -19,10 +19,11 @@ namespace st = segflow::testing;
 
 namespace {
 
-const std::vector<at::ScalarType> kTypes = {at::kBool,  at::kByte,   at::kChar, at::kShort,
-                                            at::kUInt16, at::kInt,   at::kUInt32, at::kLong,
-                                            at::kUInt64, at::kHalf,  at::kFloat, at::kDouble};
-const std::vector<std::vector<std::int64_t>> kShapes = {{}, {5}, {3, 4}, {2, 3, 4}, {2, 3, 4, 5}, {1, 2, 3, 2, 2}};
+const std::vector<at::ScalarType> kTypes = {at::kBool,   at::kByte, at::kChar,   at::kShort,
+                                            at::kUInt16, at::kInt,  at::kUInt32, at::kLong,
+                                            at::kUInt64, at::kHalf, at::kFloat,  at::kDouble};
+const std::vector<std::vector<std::int64_t>> kShapes = {{},        {5},          {3, 4},
+                                                        {2, 3, 4}, {2, 3, 4, 5}, {1, 2, 3, 2, 2}};
 
 at::Tensor random_tensor(at::ScalarType type, const std::vector<std::int64_t>& shape, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -105,7 +106,8 @@ TEST_CASE("npy round trips keep every dtype and shapes from () to 5-D") {
       CHECK(back->is_contiguous());
       const std::string bytes = st::read_file(p);
       CHECK(bytes[6] == 1);  // version 1.0
-      const std::size_t header_len = static_cast<unsigned char>(bytes[8]) | (static_cast<unsigned char>(bytes[9]) << 8);
+      const std::size_t header_len =
+          static_cast<unsigned char>(bytes[8]) | (static_cast<unsigned char>(bytes[9]) << 8);
       CHECK((10 + header_len) % 64 == 0);
     }
   // A non-contiguous view is written in C order.
@@ -117,10 +119,12 @@ TEST_CASE("npy round trips keep every dtype and shapes from () to 5-D") {
   CHECK(same_bytes(*back, view.contiguous()));
   // bfloat16 and complex have no descriptor segflow writes.
   CHECK((write_npy(dir / "bf16.npy", torch::zeros({2}, torch::TensorOptions().dtype(at::kBFloat16))).code() ==
-        segflow::ErrorCode::unsupported));
+         segflow::ErrorCode::unsupported));
 }
 
-TEST_CASE("npy files numpy writes in every dtype, both byte orders, C and Fortran order, versions 1-3, read exactly") {
+TEST_CASE(
+    "npy files numpy writes in every dtype, both byte orders, C and Fortran order, versions 1-3, read "
+    "exactly") {
   st::TempDir dir("npy_numpy");
   const std::string gen = R"PY(
 import sys, os, numpy as np
@@ -189,14 +193,16 @@ TEST_CASE("npy files segflow writes load in numpy with the same dtype, shape and
   std::vector<fs::path> paths;
   std::vector<at::Tensor> tensors;
   std::uint64_t seed = 500;
-  for (auto type : {at::kBool, at::kByte, at::kShort, at::kUInt16, at::kInt, at::kLong, at::kHalf, at::kFloat, at::kDouble}) {
+  for (auto type : {at::kBool, at::kByte, at::kShort, at::kUInt16, at::kInt, at::kLong, at::kHalf, at::kFloat,
+                    at::kDouble}) {
     at::Tensor t = random_tensor(type, {3, 4, 5}, ++seed);
     const auto p = dir / std::string("t").append(std::to_string(seed)).append(".npy");
     REQUIRE(write_npy(p, t).is_ok());
     paths.push_back(p);
     tensors.push_back(t);
   }
-  std::string cmd = st::shell_quote(st::python()) + " " + st::shell_quote(st::source_path("tests/tools/reference.py").string()) + " many npy";
+  std::string cmd = st::shell_quote(st::python()) + " " +
+                    st::shell_quote(st::source_path("tests/tools/reference.py").string()) + " many npy";
   for (const auto& p : paths) cmd.append(" ").append(st::shell_quote(p.string()));
   auto r = st::run_command(cmd);
   INFO(r.out);
@@ -212,7 +218,8 @@ TEST_CASE("npy files segflow writes load in numpy with the same dtype, shape and
     at::Tensor d = t.to(at::kDouble);
     CHECK(j["min"].get<double>() == d.min().item<double>());
     CHECK(j["max"].get<double>() == d.max().item<double>());
-    CHECK(std::abs(j["mean"].get<double>() - d.mean().item<double>()) <= 1e-9 * std::max(1.0, std::abs(d.mean().item<double>())));
+    CHECK(std::abs(j["mean"].get<double>() - d.mean().item<double>()) <=
+          1e-9 * std::max(1.0, std::abs(d.mean().item<double>())));
     auto acc = d.accessor<double, 3>();
     for (const auto& s : j["voxels"]) {
       const auto i = s["zyx"].get<std::vector<std::int64_t>>();
@@ -234,25 +241,37 @@ TEST_CASE("bad npy files are errors naming the file and the problem") {
   std::string good = npy_bytes(ok_dict, data);
   CHECK(read_error(dir, "preamble.npy", good.substr(0, 8)).find("truncated") != std::string::npos);
   CHECK(read_error(dir, "header.npy", good.substr(0, 30)).find("header: truncated") != std::string::npos);
-  CHECK(read_error(dir, "data.npy", good.substr(0, good.size() - 4)).find("data: expected 24 bytes") != std::string::npos);
+  CHECK(read_error(dir, "data.npy", good.substr(0, good.size() - 4)).find("data: expected 24 bytes") !=
+        std::string::npos);
   std::string v4 = good;
   v4[6] = 4;
   CHECK(read_error(dir, "v4.npy", v4).find("version") != std::string::npos);
-  CHECK(read_error(dir, "c8.npy", npy_bytes("{'descr': '<c8', 'fortran_order': False, 'shape': (3,), }", std::string(24, '\0')))
+  CHECK(read_error(
+            dir, "c8.npy",
+            npy_bytes("{'descr': '<c8', 'fortran_order': False, 'shape': (3,), }", std::string(24, '\0')))
             .find("'<c8'") != std::string::npos);
-  CHECK(read_error(dir, "obj.npy", npy_bytes("{'descr': '|O', 'fortran_order': False, 'shape': (3,), }", std::string(24, '\0')))
-            .find("'|O'") != std::string::npos);
-  CHECK(read_error(dir, "struct.npy", npy_bytes("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (3,), }", std::string(12, '\0')))
+  CHECK(
+      read_error(dir, "obj.npy",
+                 npy_bytes("{'descr': '|O', 'fortran_order': False, 'shape': (3,), }", std::string(24, '\0')))
+          .find("'|O'") != std::string::npos);
+  CHECK(read_error(dir, "struct.npy",
+                   npy_bytes("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (3,), }",
+                             std::string(12, '\0')))
             .find("structured") != std::string::npos);
-  CHECK(read_error(dir, "noshape.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, }", data)).find("shape") != std::string::npos);
-  CHECK(read_error(dir, "badshape.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3), }", data))
+  CHECK(read_error(dir, "noshape.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, }", data))
             .find("shape") != std::string::npos);
-  CHECK(read_error(dir, "badbool.npy", npy_bytes("{'descr': '<f4', 'fortran_order': maybe, 'shape': (2, 3), }", data))
+  CHECK(read_error(dir, "badshape.npy",
+                   npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3), }", data))
+            .find("shape") != std::string::npos);
+  CHECK(read_error(dir, "badbool.npy",
+                   npy_bytes("{'descr': '<f4', 'fortran_order': maybe, 'shape': (2, 3), }", data))
             .find("fortran_order") != std::string::npos);
-  CHECK(read_error(dir, "extra.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}", data))
+  CHECK(read_error(dir, "extra.npy",
+                   npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}", data))
             .find("unexpected key") != std::string::npos);
   // Version 2.0 and 3.0 headers, double quotes and Python 2 long integers are accepted.
-  st::write_file(dir / "v2.npy", npy_bytes("{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2L, 3L)}", data, 2));
+  st::write_file(dir / "v2.npy",
+                 npy_bytes("{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2L, 3L)}", data, 2));
   auto v2 = read_npy(dir / "v2.npy");
   REQUIRE_MESSAGE(v2.is_ok(), v2.status().to_string());
   CHECK(v2->sizes() == at::IntArrayRef({2, 3}));

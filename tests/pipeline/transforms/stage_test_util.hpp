@@ -21,7 +21,8 @@ inline const pipeline::StageRegistry& registry() {
 }
 
 /// Makes one stage with options (CHECKs that the options are valid).
-inline std::unique_ptr<pipeline::Stage> make_stage(const std::string& name, const nlohmann::json& options = {}) {
+inline std::unique_ptr<pipeline::Stage> make_stage(const std::string& name,
+                                                   const nlohmann::json& options = {}) {
   auto r = registry().make(name, options.is_null() ? nlohmann::json::object() : options, "test");
   REQUIRE_MESSAGE(r.is_ok(), r.status().message());
   return std::move(r).value();
@@ -45,7 +46,8 @@ inline std::string run_error(const pipeline::Stage& st, Sample s) {
 }
 
 /// A sample with an image (C, Z, Y, X) float and a label (1, Z, Y, X) uint8.
-inline Sample make_sample(const at::Tensor& image, const at::Tensor& label = {}, const std::string& id = "case") {
+inline Sample make_sample(const at::Tensor& image, const at::Tensor& label = {},
+                          const std::string& id = "case") {
   Sample s;
   s.id = id;
   s.tensors["image"] = image;
@@ -71,8 +73,10 @@ inline bool subset(const std::set<std::int64_t>& a, const std::set<std::int64_t>
 /// A (1, Z, Y, X) label with a few classes in boxes, and a matching float image.
 inline Sample blob_sample(std::int64_t z = 12, std::int64_t y = 16, std::int64_t x = 20) {
   auto label = torch::zeros({1, z, y, x}, torch::kUInt8);
-  label.index_put_({0, torch::indexing::Slice(3, 7), torch::indexing::Slice(4, 9), torch::indexing::Slice(5, 11)}, 1);
-  label.index_put_({0, torch::indexing::Slice(6, 9), torch::indexing::Slice(10, 14), torch::indexing::Slice(12, 18)}, 3);
+  label.index_put_(
+      {0, torch::indexing::Slice(3, 7), torch::indexing::Slice(4, 9), torch::indexing::Slice(5, 11)}, 1);
+  label.index_put_(
+      {0, torch::indexing::Slice(6, 9), torch::indexing::Slice(10, 14), torch::indexing::Slice(12, 18)}, 3);
   auto image = torch::arange(z * y * x, torch::kFloat32).reshape({1, z, y, x}) / 100.0f;
   return make_sample(image, label);
 }

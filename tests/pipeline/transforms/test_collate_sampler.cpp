@@ -11,7 +11,8 @@ TEST_CASE("collate stacks every key and names the key and shapes when they diffe
   std::vector<Sample> v;
   const char* ids[] = {"s0", "s1", "s2"};
   for (int i = 0; i < 3; ++i) {
-    Sample s = make_sample(torch::full({1, 4, 5, 6}, float(i)), torch::full({1, 4, 5, 6}, i, torch::kUInt8), ids[i]);
+    Sample s =
+        make_sample(torch::full({1, 4, 5, 6}, float(i)), torch::full({1, 4, 5, 6}, i, torch::kUInt8), ids[i]);
     s.tensors["fg_indices"] = torch::arange(i + 1);
     v.push_back(s);
   }
@@ -24,9 +25,11 @@ TEST_CASE("collate stacks every key and names the key and shapes when they diffe
   v[1].at("image") = torch::zeros({1, 4, 5, 7});
   auto e = collate(v);
   REQUIRE_FALSE(e.is_ok());
-  CHECK(e.status().message() == "collate: 'image' shapes differ: sample 's0' is (1, 4, 5, 6), sample 's1' is (1, 4, 5, 7)");
+  CHECK(e.status().message() ==
+        "collate: 'image' shapes differ: sample 's0' is (1, 4, 5, 6), sample 's1' is (1, 4, 5, 7)");
   v[1].at("image") = torch::zeros({1, 4, 5, 6}, torch::kDouble);
-  CHECK(collate(v).status().message() == "collate: 'image' dtypes differ: sample 's0' is Float, sample 's1' is Double");
+  CHECK(collate(v).status().message() ==
+        "collate: 'image' dtypes differ: sample 's0' is Float, sample 's1' is Double");
   v[1].tensors.erase("image");
   CHECK(collate(v).status().message() == "collate: sample 's1' has no 'image' (sample 's0' has)");
   CHECK(collate({}).status().message() == "collate: no samples");
@@ -56,12 +59,15 @@ TEST_CASE("sampler shards are disjoint, cover the dataset and are deterministic 
       if (n % w == 0) CHECK(all.size() == seen.size());  // disjoint
     }
   }
-  auto a = EpochSampler::make({20, 1, 2, 7}), b = EpochSampler::make({20, 1, 2, 7}), c = EpochSampler::make({20, 1, 2, 8});
+  auto a = EpochSampler::make({20, 1, 2, 7}), b = EpochSampler::make({20, 1, 2, 7}),
+       c = EpochSampler::make({20, 1, 2, 8});
   CHECK(a->indices(0) == b->indices(0));
   CHECK(a->indices(0) != a->indices(1));
   CHECK(a->indices(0) != c->indices(0));
   SamplerOptions ordered{10, 0, 3, 0, false, true};
   CHECK(EpochSampler::make(ordered)->indices(5) == std::vector<std::int64_t>{0, 3, 6});
-  CHECK(EpochSampler::make({10, 3, 3, 0}).status().message() == "sampler: rank: expected an integer in [0, 2], got 3");
-  CHECK(EpochSampler::make({0, 0, 1, 0}).status().message() == "sampler: dataset_size: expected an integer >= 1, got 0");
+  CHECK(EpochSampler::make({10, 3, 3, 0}).status().message() ==
+        "sampler: rank: expected an integer in [0, 2], got 3");
+  CHECK(EpochSampler::make({0, 0, 1, 0}).status().message() ==
+        "sampler: dataset_size: expected an integer >= 1, got 0");
 }

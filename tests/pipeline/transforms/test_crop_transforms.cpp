@@ -40,7 +40,8 @@ TEST_CASE("fg bg indices transform stores flat foreground and background indices
 
 TEST_CASE("rand crop pos neg centres crops on foreground at the configured ratio") {
   Sample s = run1(*make_stage("fg_bg_indices"), cube_sample());
-  auto st = make_stage("rand_crop_pos_neg", {{"spatial_size", 5}, {"pos", 1}, {"neg", 3}, {"num_samples", 16}});
+  auto st =
+      make_stage("rand_crop_pos_neg", {{"spatial_size", 5}, {"pos", 1}, {"neg", 3}, {"num_samples", 16}});
   int on_fg = 0, total = 0;
   for (std::uint64_t seed = 0; seed < 250; ++seed) {
     for (const Sample& c : crops(*st, s, seed)) {
@@ -50,7 +51,7 @@ TEST_CASE("rand crop pos neg centres crops on foreground at the configured ratio
       ++total;
     }
   }
-  const double ratio = double(on_fg) / total;  // expected 1 / (1 + 3)
+  const double ratio = double(on_fg) / total;           // expected 1 / (1 + 3)
   CHECK(ratio == doctest::Approx(0.25).epsilon(0.12));  // 4000 draws: sd ~0.007
   // Without precomputed indices the result is the same.
   Sample plain = cube_sample();
@@ -85,7 +86,8 @@ TEST_CASE("rand crop pos neg keeps crops inside the volume and pads small volume
   auto label = torch::zeros({1, 10, 10, 10}, torch::kUInt8);
   label.index_put_({0, 0, 0, 0}, 1);
   Sample corner = make_sample(torch::rand({1, 10, 10, 10}), label);
-  auto st = make_stage("rand_crop_pos_neg", {{"spatial_size", 4}, {"pos", 1}, {"neg", 0}, {"num_samples", 3}});
+  auto st =
+      make_stage("rand_crop_pos_neg", {{"spatial_size", 4}, {"pos", 1}, {"neg", 0}, {"num_samples", 3}});
   for (const Sample& c : crops(*st, corner, 1)) {
     CHECK(c.at("label")[0][0][0][0].item<int>() == 1);
     CHECK(c.geometry.origin == std::array<double, 3>{0, 0, 0});
@@ -110,5 +112,6 @@ TEST_CASE("rand crop pos neg refuses stale precomputed indices") {
   s.at("label") = s.at("label").narrow(1, 0, 12);
   s.at("image") = s.at("image").narrow(1, 0, 12);
   auto st = make_stage("rand_crop_pos_neg", {{"spatial_size", 4}});
-  CHECK(run_error(*st, s).find("rand_crop_pos_neg: sample 'vol': fg_indices/bg_indices do not fit the label grid (1, 12, 24, 24)") == 0);
+  CHECK(run_error(*st, s).find("rand_crop_pos_neg: sample 'vol': fg_indices/bg_indices do not fit the label "
+                               "grid (1, 12, 24, 24)") == 0);
 }

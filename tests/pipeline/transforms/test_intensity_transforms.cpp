@@ -8,7 +8,8 @@ using namespace segflow::testing;
 
 TEST_CASE("scale intensity range transform maps a_min to b_min and a_max to b_max") {
   auto x = torch::tensor({-1000.0f, -57.0f, 53.5f, 164.0f, 3000.0f}).reshape({1, 1, 1, 5});
-  auto st = make_stage("scale_intensity_range", {{"a_min", -57}, {"a_max", 164}, {"b_min", 0.0}, {"b_max", 1.0}});
+  auto st =
+      make_stage("scale_intensity_range", {{"a_min", -57}, {"a_max", 164}, {"b_min", 0.0}, {"b_max", 1.0}});
   Sample out = run1(*st, make_sample(x));
   auto y = out.at("image").flatten();
   CHECK(y[0].item<float>() == 0.0f);  // clipped
@@ -16,8 +17,11 @@ TEST_CASE("scale intensity range transform maps a_min to b_min and a_max to b_ma
   CHECK(y[2].item<float>() == doctest::Approx(0.5));
   CHECK(y[3].item<float>() == 1.0f);
   CHECK(y[4].item<float>() == 1.0f);  // clipped
-  auto noclip = make_stage("scale_intensity_range", {{"a_min", 0}, {"a_max", 10}, {"b_min", -1}, {"b_max", 1}, {"clip", false}});
-  auto z = run1(*noclip, make_sample(torch::tensor({0.0f, 10.0f, 20.0f}).reshape({1, 1, 1, 3}))).at("image").flatten();
+  auto noclip = make_stage("scale_intensity_range",
+                           {{"a_min", 0}, {"a_max", 10}, {"b_min", -1}, {"b_max", 1}, {"clip", false}});
+  auto z = run1(*noclip, make_sample(torch::tensor({0.0f, 10.0f, 20.0f}).reshape({1, 1, 1, 3})))
+               .at("image")
+               .flatten();
   CHECK(z[0].item<float>() == -1.0f);
   CHECK(z[1].item<float>() == 1.0f);
   CHECK(z[2].item<float>() == 3.0f);
@@ -39,7 +43,8 @@ TEST_CASE("normalize intensity transform gives mean 0 and std 1") {
   // nonzero: statistics over non-zero voxels; zeros stay zero.
   auto m = x.clone();
   m.index_put_({torch::indexing::Slice(), torch::indexing::Slice(0, 3)}, 0.0f);
-  Sample nz = run1(*make_stage("normalize_intensity", {{"nonzero", true}, {"channel_wise", false}}), make_sample(m));
+  Sample nz =
+      run1(*make_stage("normalize_intensity", {{"nonzero", true}, {"channel_wise", false}}), make_sample(m));
   auto y = nz.at("image");
   CHECK(y.index({torch::indexing::Slice(), torch::indexing::Slice(0, 3)}).abs().max().item<float>() == 0.0f);
   auto sel = y.masked_select(m != 0).to(torch::kFloat64);
@@ -60,7 +65,8 @@ TEST_CASE("normalize intensity transform gives mean 0 and std 1") {
 
 TEST_CASE("random intensity transforms are reproducible under a seed and differ between seeds") {
   Sample s = blob_sample(6, 6, 6);
-  for (const char* name : {"rand_shift_intensity", "rand_scale_intensity", "rand_gamma", "rand_gaussian_noise"}) {
+  for (const char* name :
+       {"rand_shift_intensity", "rand_scale_intensity", "rand_gamma", "rand_gaussian_noise"}) {
     INFO(name);
     auto st = make_stage(name, {{"prob", 1.0}});
     CHECK_FALSE(st->deterministic());
@@ -87,5 +93,6 @@ TEST_CASE("random intensity transforms are reproducible under a seed and differ 
   CHECK(n.std().item<double>() == doctest::Approx(0.5).epsilon(0.02));
   // Integer tensors are refused by the random intensity stages.
   auto on_label = make_stage("rand_gamma", {{"keys", {"label"}}});
-  CHECK(run_error(*on_label, s) == "rand_gamma: sample 'case': 'label' is Byte; intensity stages need floating tensors");
+  CHECK(run_error(*on_label, s) ==
+        "rand_gamma: sample 'case': 'label' is Byte; intensity stages need floating tensors");
 }

@@ -32,7 +32,8 @@ TEST_CASE("medsam box transform makes a 3-channel slice, a binary mask and a box
     const float mx0 = cols.min().item<float>(), mx1 = cols.max().item<float>();
     const float my0 = rows.min().item<float>(), my1 = rows.max().item<float>();
     auto b = o.at("box");
-    const float x0 = b[0].item<float>(), y0 = b[1].item<float>(), x1 = b[2].item<float>(), y1 = b[3].item<float>();
+    const float x0 = b[0].item<float>(), y0 = b[1].item<float>(), x1 = b[2].item<float>(),
+                y1 = b[3].item<float>();
     CHECK(x0 <= mx0);
     CHECK(y0 <= my0);
     CHECK(x1 >= mx1);

@@ -38,7 +38,8 @@ TEST_CASE("the load stage reads a NIfTI case and the pipeline runs its determini
   img.geometry.spacing = {1.0, 1.0, 1.0};
   img.geometry.origin = {-10, 5, 3};
   lab.voxels = torch::zeros({1, 20, 24, 28}, torch::kUInt8);
-  lab.voxels.index_put_({0, torch::indexing::Slice(6, 14), torch::indexing::Slice(8, 16), torch::indexing::Slice(9, 19)}, 2);
+  lab.voxels.index_put_(
+      {0, torch::indexing::Slice(6, 14), torch::indexing::Slice(8, 16), torch::indexing::Slice(9, 19)}, 2);
   lab.geometry = img.geometry;
   REQUIRE(write_nifti(dir / "img.nii.gz", img).is_ok());
   REQUIRE(write_nifti(dir / "lab.nii.gz", lab).is_ok());
@@ -139,7 +140,8 @@ TEST_CASE("a stage error during a run names the stage index, the stage and the s
   Pipeline p = build("[resample, rand_flip]");
   auto r = p.run_deterministic(make_sample(torch::zeros({1, 4, 4, 4}), {}, "lonely"));
   REQUIRE_FALSE(r.is_ok());
-  CHECK(r.status().message() == "stages[0] (resample): resample: sample 'lonely' has no 'label' (it has: image)");
+  CHECK(r.status().message() ==
+        "stages[0] (resample): resample: sample 'lonely' has no 'label' (it has: image)");
   Pipeline load = build("[load]");
   auto l = load.run_deterministic(CaseEntry{"nothing", {"/nonexistent/img.nii.gz"}, std::nullopt});
   REQUIRE_FALSE(l.is_ok());
@@ -170,8 +172,9 @@ TEST_CASE("random transforms run on CUDA tensors when a GPU is present") {
     CHECK(subset(values_of(vg[i].at("label")), values_of(cpu.at("label"))));
   }
   // Every random stage accepts CUDA input.
-  for (const char* name : {"rand_flip", "rand_rotate90", "rand_affine", "rand_shift_intensity", "rand_scale_intensity",
-                           "rand_gamma", "rand_gaussian_noise", "medsam_box", "rand_crop_pos_neg"}) {
+  for (const char* name :
+       {"rand_flip", "rand_rotate90", "rand_affine", "rand_shift_intensity", "rand_scale_intensity",
+        "rand_gamma", "rand_gaussian_noise", "medsam_box", "rand_crop_pos_neg"}) {
     INFO(name);
     const std::string n = name;
     nlohmann::json opts = n == "rand_crop_pos_neg" ? nlohmann::json{{"spatial_size", 6}}

@@ -55,7 +55,8 @@ TEST_CASE("reorient transform permutes axes of a grid stored in another order") 
   // Every input voxel lands at an output voxel with the same physical position and value.
   for (auto [x, y, z] : std::vector<std::array<std::int64_t, 3>>{{0, 0, 0}, {5, 1, 2}, {3, 4, 3}}) {
     auto p = phys(s, x, y, z);
-    std::int64_t ix = std::llround((p[0] - out.geometry.origin[0]) / 2), iy = std::llround((p[1] - out.geometry.origin[1]) / 3),
+    std::int64_t ix = std::llround((p[0] - out.geometry.origin[0]) / 2),
+                 iy = std::llround((p[1] - out.geometry.origin[1]) / 3),
                  iz = std::llround((p[2] - out.geometry.origin[2]) / 1);
     CHECK(out.at("image")[0][iz][iy][ix].item<float>() == s.at("image")[0][z][y][x].item<float>());
   }
@@ -80,10 +81,12 @@ TEST_CASE("resample transform to the same spacing is the identity and to half sp
   CHECK(half.geometry.origin[2] == doctest::Approx(1 - 0.75));
   CHECK(subset(values_of(half.at("label")), values_of(s.at("label"))));
   // Nearest doubling repeats each label voxel 2x2x2.
-  CHECK(torch::equal(half.at("label").index({0, Slice(None, None, 2), Slice(None, None, 2), Slice(None, None, 2)}),
-                     s.at("label")[0]));
+  CHECK(torch::equal(
+      half.at("label").index({0, Slice(None, None, 2), Slice(None, None, 2), Slice(None, None, 2)}),
+      s.at("label")[0]));
   // Trilinear keeps the mean of a smooth image.
-  CHECK(half.at("image").mean().item<double>() == doctest::Approx(s.at("image").mean().item<double>()).epsilon(0.01));
+  CHECK(half.at("image").mean().item<double>() ==
+        doctest::Approx(s.at("image").mean().item<double>()).epsilon(0.01));
 }
 
 TEST_CASE("resample transform to a coarser spacing keeps label values") {
@@ -113,7 +116,8 @@ TEST_CASE("crop foreground transform crops to the bounding box plus margin and m
   // Margins are clipped at the grid border; a threshold on the image works too.
   Sample img = make_sample(torch::zeros({1, 4, 4, 4}));
   img.at("image").index_put_({0, 1, Slice(0, 2), 3}, 5.0f);
-  Sample c = run1(*make_stage("crop_foreground", {{"keys", {"image"}}, {"threshold", 1.0}, {"margin", 3}}), img);
+  Sample c =
+      run1(*make_stage("crop_foreground", {{"keys", {"image"}}, {"threshold", 1.0}, {"margin", 3}}), img);
   CHECK(c.at("image").sizes() == torch::IntArrayRef({1, 4, 4, 4}));
   Sample c0 = run1(*make_stage("crop_foreground", {{"keys", {"image"}}, {"threshold", 1.0}}), img);
   CHECK(c0.at("image").sizes() == torch::IntArrayRef({1, 1, 2, 1}));
@@ -132,7 +136,8 @@ TEST_CASE("spatial transform errors name the stage, the sample and the key") {
   CHECK(r.at("image").sizes() == torch::IntArrayRef({1, 8, 8, 8}));
   CHECK_FALSE(r.has("label"));
   Sample flat = make_sample(torch::zeros({4, 4}), torch::zeros({4, 4}, torch::kUInt8));
-  CHECK(run_error(*make_stage("reorient"), flat) == "reorient: sample 'case': 'image' must be (C, Z, Y, X), got (4, 4)");
+  CHECK(run_error(*make_stage("reorient"), flat) ==
+        "reorient: sample 'case': 'image' must be (C, Z, Y, X), got (4, 4)");
 }
 
 TEST_CASE("rand flip and rotate90 transforms keep label values and are reproducible under a seed") {
@@ -172,7 +177,8 @@ TEST_CASE("rand flip transform updates geometry so voxels keep their physical pl
   const float v = s.at("image")[0][3][2][1].item<float>();
   auto pos = (r.at("image")[0] == v).nonzero();
   REQUIRE(pos.size(0) == 1);
-  auto q2 = phys(r, pos[0][2].item<std::int64_t>(), pos[0][1].item<std::int64_t>(), pos[0][0].item<std::int64_t>());
+  auto q2 =
+      phys(r, pos[0][2].item<std::int64_t>(), pos[0][1].item<std::int64_t>(), pos[0][0].item<std::int64_t>());
   auto p2 = phys(s, 1, 2, 3);
   for (int i = 0; i < 3; ++i) CHECK(p2[i] == doctest::Approx(q2[i]));
 }
@@ -207,7 +213,8 @@ TEST_CASE("rand affine transform keeps label values and moves image and label to
   p.translate = {2, 0, 0};
   at::Tensor img = s.at("image");
   at::Tensor moved = affine_tensor(img, p, false, "zeros");
-  CHECK(torch::allclose(moved.index({Slice(), Slice(), Slice(), Slice(0, 12)}), img.index({Slice(), Slice(), Slice(), Slice(2, 14)})));
+  CHECK(torch::allclose(moved.index({Slice(), Slice(), Slice(), Slice(0, 12)}),
+                        img.index({Slice(), Slice(), Slice(), Slice(2, 14)})));
   // 2-D samples rotate in their plane.
   Sample flat = make_sample(torch::rand({1, 16, 16}), torch::randint(0, 3, {1, 16, 16}, torch::kLong));
   Sample f = run1(*st, flat, 1);
@@ -233,7 +240,8 @@ std::array<double, 3> centroid_xyz(const at::Tensor& t) {
 
 // A smooth blob centred at index (x, y, z) on a (1, 24, 26, 28) grid.
 at::Tensor gaussian_blob(double x, double y, double z) {
-  auto zz = torch::arange(24, torch::kFloat64).view({24, 1, 1}), yy = torch::arange(26, torch::kFloat64).view({1, 26, 1}),
+  auto zz = torch::arange(24, torch::kFloat64).view({24, 1, 1}),
+       yy = torch::arange(26, torch::kFloat64).view({1, 26, 1}),
        xx = torch::arange(28, torch::kFloat64).view({1, 1, 28});
   auto r2 = (xx - x).pow(2) + (yy - y).pow(2) + (zz - z).pow(2);
   return torch::exp(-r2 / 8.0).to(torch::kFloat32).unsqueeze(0);

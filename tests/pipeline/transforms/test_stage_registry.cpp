@@ -10,11 +10,22 @@ using segflow::testing::registry;
 
 namespace {
 
-const std::vector<std::string> kBuiltins{
-    "crop_foreground", "fg_bg_indices",     "load",         "medsam_box",          "normalize_intensity",
-    "rand_affine",     "rand_crop_pos_neg", "rand_flip",    "rand_gamma",          "rand_gaussian_noise",
-    "rand_rotate90",   "rand_scale_intensity", "rand_shift_intensity", "reorient", "resample",
-    "scale_intensity_range"};
+const std::vector<std::string> kBuiltins{"crop_foreground",
+                                         "fg_bg_indices",
+                                         "load",
+                                         "medsam_box",
+                                         "normalize_intensity",
+                                         "rand_affine",
+                                         "rand_crop_pos_neg",
+                                         "rand_flip",
+                                         "rand_gamma",
+                                         "rand_gaussian_noise",
+                                         "rand_rotate90",
+                                         "rand_scale_intensity",
+                                         "rand_shift_intensity",
+                                         "reorient",
+                                         "resample",
+                                         "scale_intensity_range"};
 
 Status build_error(const std::string& yaml) {
   auto r = build_pipeline(YAML::Load(yaml)["stages"], registry(), "configs/job.yaml");
@@ -36,14 +47,16 @@ TEST_CASE("a duplicate stage name is an error listing the known stages") {
   Status st = register_builtin_stages(r);
   REQUIRE_FALSE(st.is_ok());
   CHECK(st.code() == ErrorCode::invalid_argument);
-  CHECK(st.message().find("stage 'load' is already registered (by builtin); known stages: crop_foreground, ") == 0);
+  CHECK(st.message().find(
+            "stage 'load' is already registered (by builtin); known stages: crop_foreground, ") == 0);
   for (const auto& n : kBuiltins) CHECK(st.message().find(n) != std::string::npos);
 }
 
 TEST_CASE("an unknown stage name is an error listing the known stages") {
   auto r = registry().make("resampel", nlohmann::json::object(), "job.yaml: stages[1].options");
   REQUIRE_FALSE(r.is_ok());
-  CHECK(r.status().message().find("job.yaml: stages[1].options: unknown stage 'resampel'; known stages: crop_foreground, fg_bg_indices, load") == 0);
+  CHECK(r.status().message().find("job.yaml: stages[1].options: unknown stage 'resampel'; known stages: "
+                                  "crop_foreground, fg_bg_indices, load") == 0);
 }
 
 TEST_CASE("every built-in stage builds with its default options and describes them") {
@@ -121,14 +134,18 @@ stages:
   CHECK(p->to_json()[1]["options"]["mode"] == "nearest");
   CHECK(p->to_json()[3]["options"]["spatial_size"] == nlohmann::json({8, 8, 8}));
   CHECK(p->check_device(c10::Device("cuda:0")).is_ok());
-  CHECK(yaml_to_json(YAML::Load("[\"12\", 12, 1.5, true, ~, abc]")) == nlohmann::json::parse(R"(["12", 12, 1.5, true, null, "abc"])"));
+  CHECK(yaml_to_json(YAML::Load("[\"12\", 12, 1.5, true, ~, abc]")) ==
+        nlohmann::json::parse(R"(["12", 12, 1.5, true, null, "abc"])"));
 }
 
 TEST_CASE("stage config errors name the file, the path, what was expected and what was got") {
   SUBCASE("unknown stage") {
     Status st = build_error("stages: [load, {name: resampel}]");
     CHECK(st.code() == ErrorCode::invalid_config);
-    CHECK(st.message().find("configs/job.yaml: stages[1].name: unknown stage 'resampel'; known stages: crop_foreground, ") == 0);
+    CHECK(
+        st.message().find(
+            "configs/job.yaml: stages[1].name: unknown stage 'resampel'; known stages: crop_foreground, ") ==
+        0);
   }
   SUBCASE("unknown option key") {
     Status st = build_error("stages: [load, {name: resample, options: {spacing: 1, sigma: 2}}]");
@@ -136,7 +153,8 @@ TEST_CASE("stage config errors name the file, the path, what was expected and wh
     CHECK(st.message() == "configs/job.yaml: stages[1].options.spacing: expected 3 positive numbers, got 1");
     st = build_error("stages: [load, {name: resample, options: {sigma: 2}}]");
     CHECK(st.message() ==
-          "configs/job.yaml: stages[1].options.sigma: unknown option for stage 'resample'; known options: keys, spacing, mode, allow_missing_keys");
+          "configs/job.yaml: stages[1].options.sigma: unknown option for stage 'resample'; known options: "
+          "keys, spacing, mode, allow_missing_keys");
   }
   SUBCASE("wrong type") {
     CHECK(build_error("stages: [{name: resample, options: {mode: 3}}]").message() ==
@@ -155,21 +173,25 @@ TEST_CASE("stage config errors name the file, the path, what was expected and wh
   SUBCASE("out of range") {
     CHECK(build_error("stages: [load, reorient, {name: resample, options: {spacing: [1.5, 0]}}]").message() ==
           "configs/job.yaml: stages[2].options.spacing: expected 3 positive numbers, got [1.5, 0]");
-    CHECK(build_error("stages: [load, reorient, {name: resample, options: {spacing: [1.5, 1.5, -2.0]}}]").message() ==
+    CHECK(build_error("stages: [load, reorient, {name: resample, options: {spacing: [1.5, 1.5, -2.0]}}]")
+              .message() ==
           "configs/job.yaml: stages[2].options.spacing: expected 3 positive numbers, got [1.5, 1.5, -2.0]");
     CHECK(build_error("stages: [{name: rand_flip, options: {prob: 1.5}}]").message() ==
           "configs/job.yaml: stages[0].options.prob: expected a number in [0, 1], got 1.5");
     CHECK(build_error("stages: [{name: crop_foreground, options: {margin: [1, -1, 0]}}]").message() ==
-          "configs/job.yaml: stages[0].options.margin: expected a non-negative integer or 3 non-negative integers, got [1, -1, 0]");
+          "configs/job.yaml: stages[0].options.margin: expected a non-negative integer or 3 non-negative "
+          "integers, got [1, -1, 0]");
     CHECK(build_error("stages: [{name: scale_intensity_range, options: {a_min: 5, a_max: 5}}]").message() ==
           "configs/job.yaml: stages[0].options.a_max: expected a value different from a_min (5.0)");
     CHECK(build_error("stages: [{name: rand_gamma, options: {gamma: [2, 1]}}]").message() ==
           "configs/job.yaml: stages[0].options.gamma: expected [lo, hi] with lo <= hi, got [2.0, 1.0]");
     CHECK(build_error("stages: [{name: reorient, options: {axcodes: RAR}}]").message() ==
-          "configs/job.yaml: stages[0].options.axcodes: expected 3 letters, one of L/R, one of P/A and one of I/S (e.g. \"RAS\", \"LPS\"), got \"RAR\"");
+          "configs/job.yaml: stages[0].options.axcodes: expected 3 letters, one of L/R, one of P/A and one "
+          "of I/S (e.g. \"RAS\", \"LPS\"), got \"RAR\"");
   }
   SUBCASE("malformed entries") {
-    CHECK(build_error("stages: {load: 1}").message() == "configs/job.yaml: stages: expected a list of stages, got {load: 1}");
+    CHECK(build_error("stages: {load: 1}").message() ==
+          "configs/job.yaml: stages: expected a list of stages, got {load: 1}");
     CHECK(build_error("stages: [load, {name: resample, opts: {}}]").message() ==
           "configs/job.yaml: stages[1]: unknown key 'opts'; expected name, options");
     CHECK(build_error("stages: [load, 3]").message() ==
