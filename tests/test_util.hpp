@@ -76,6 +76,24 @@ inline std::filesystem::path source_path(const std::string& rel) {
   return std::filesystem::path(SEGFLOW_SOURCE_DIR) / rel;
 }
 
+/// The folder scripts/fetch-test-data.sh fills with real third-party files (PyPI source
+/// archives, never committed): $SEGFLOW_TESTDATA, else ~/.cache/segflow-testdata.
+inline std::filesystem::path testdata_dir() {
+  if (const char* d = std::getenv("SEGFLOW_TESTDATA"); d && *d) return d;
+  const char* home = std::getenv("HOME");
+  return std::filesystem::path(home ? home : "/tmp") / ".cache" / "segflow-testdata";
+}
+
+/// A real test file under testdata_dir(); throws (the test fails, it is not skipped) with the
+/// command that fetches it when it is missing.
+inline std::filesystem::path testdata_path(const std::string& rel) {
+  auto p = testdata_dir() / rel;
+  if (!std::filesystem::exists(p))
+    throw std::runtime_error("missing real test data " + p.string() +
+                             ": run scripts/fetch-test-data.sh (scripts/setup.sh does)");
+  return p;
+}
+
 /// The built `segflow` binary (from SEGFLOW_BIN, set by CTest).
 inline std::string segflow_bin() {
   const char* d = std::getenv("SEGFLOW_BIN");
