@@ -33,3 +33,5 @@ find_package(SQLite3 REQUIRED)
 find_package(CAF REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)
+# JPEG 2000 pixel data in DICOM (pipeline/io/detail/dicom_j2k.cpp): Debian's libopenjp2-7-dev.
+pkg_check_modules(OPENJP2 REQUIRED IMPORTED_TARGET libopenjp2)

@@ -15,6 +15,7 @@ debs=(
   libzmq3-dev cppzmq-dev libspdlog-dev libfmt-dev doctest-dev libyaml-cpp-dev
   nlohmann-json3-dev libsqlite3-dev libgloo-dev sqlite3 zlib1g-dev libssl-dev libsodium-dev
   python3-pydicom python3-venv clang-format
+  libopenjp2-7-dev
 )
 missing=()
 for p in "${debs[@]}"; do
@@ -43,6 +44,10 @@ fi
 # without dependencies: segment_anything imports it, and its own pin would replace torch.
 .venv/bin/python -m pip install -q "monai==1.4.0" "segment-anything==1.0"
 .venv/bin/python -m pip install -q --no-deps "torchvision==0.26.0"
+# pydicom's JPEG 2000 decoder (OpenJPEG through pylibjpeg): the independent reference for
+# segflow's JPEG 2000 DICOM reads. pylibjpeg-openjpeg 2.4+ needs numpy 2, which MONAI 1.4
+# does not accept.
+.venv/bin/python -m pip install -q "pylibjpeg>=2.0" "pylibjpeg-openjpeg>=2.1,<2.4"
 # MONAI's surface metrics (HD95, ASSD, surface Dice) need scipy's EDT and erosion: the
 # reference `segflow eval` is checked against (tests/tools/monai_metrics.py).
 .venv/bin/python -m pip install -q "scipy>=1.11"

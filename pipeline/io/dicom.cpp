@@ -16,6 +16,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "messages/log.hpp"
 #include "pipeline/io/detail/dicom_common.hpp"
 
 namespace segflow::pipeline {
@@ -294,12 +295,14 @@ Result<Geometry> assemble_geometry(const std::vector<Header>& hs, std::vector<Sl
   Geometry g;
   const FrameInfo& first = *slices.front().info;
   if (first.pixel_spacing) {
-    if ((*first.pixel_spacing)[0] <= 0 || (*first.pixel_spacing)[1] <= 0)
-      return corrupt_data(hs[slices.front().file].file.string() + ": " + tag_name(DCM_PixelSpacing) +
-                          ": expected 2 positive numbers, got " +
-                          format_numbers(first.pixel_spacing->data(), 2));
-    g.spacing[0] = (*first.pixel_spacing)[1];  // column spacing: x
-    g.spacing[1] = (*first.pixel_spacing)[0];  // row spacing: y
+    if ((*first.pixel_spacing)[0] <= 0 || (*first.pixel_spacing)[1] <= 0) {
+      // Radiographs write 0\0 (RG1_*.dcm); GDCM and SimpleITK then use 1 mm, as segflow does.
+      log::warn(hs[slices.front().file].file.string() + ": " + tag_name(DCM_PixelSpacing) + ": " +
+                format_numbers(first.pixel_spacing->data(), 2) + " is not a spacing; using 1 mm");
+    } else {
+      g.spacing[0] = (*first.pixel_spacing)[1];  // column spacing: x
+      g.spacing[1] = (*first.pixel_spacing)[0];  // row spacing: y
+    }
   }
   for (const Slice& s : slices) {
     const auto& ps = s.info->pixel_spacing;

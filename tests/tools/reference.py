@@ -6,6 +6,11 @@ usage: reference.py {sitk|nibabel|pydicom|pydicom_czyx|pydicom_czyx_list|pydicom
 (pydicom_czyx_list: PATH is a text file naming one DICOM file a line; prints one object
 mapping each name to its pydicom_czyx result, so a test pays for one Python start-up.)
        reference.py many {sitk|nibabel|pydicom|npy} PATH... (one object keyed by path)
+       reference.py arrays {pydicom_czyx|sitk} LIST OUTDIR
+(for every path named in the text file LIST, line i, writes OUTDIR/i.npy with the whole
+float32 (C, Z, Y, X) array as that reader decodes it, rescaled in float64 like segflow, and
+prints {path: {"npy": file, "shape": [...]} or {"error": message}}, so a test can compare
+every voxel, not only samples.)
 
 Prints one JSON object: size (x, y, z), spacing, origin, direction (row-major, LPS),
 dtype, min, max, mean, sum, and `checksum` values at a few voxels, as read by SimpleITK,
@@ -189,6 +194,59 @@ def read_npy(path):
     return res
 
 
+def pydicom_czyx_array(path):
+    """The (C, Z, Y, X) float32 array behind read_pydicom_czyx: frames are slices, colour
+    samples are channels, RescaleSlope/Intercept applied in float64 (monochrome only)."""
+    import pydicom
+    ds = pydicom.dcmread(path)
+    a = ds.pixel_array.astype(np.float64)
+    spp = int(getattr(ds, "SamplesPerPixel", 1))
+    frames = int(getattr(ds, "NumberOfFrames", 1) or 1)
+    if frames == 1:
+        a = a[None]
+    if spp > 1:
+        return np.moveaxis(a, -1, 0).astype(np.float32)
+    a = a * float(getattr(ds, "RescaleSlope", 1.0)) + float(getattr(ds, "RescaleIntercept", 0.0))
+    return a[None].astype(np.float32)
+
+
+def sitk_czyx_array(path):
+    """SimpleITK's (GDCM's) reading of a file or a series folder as a (C, Z, Y, X) float32
+    array (GDCM applies the rescale)."""
+    import SimpleITK as sitk
+    import os
+    if os.path.isdir(path):
+        reader = sitk.ImageSeriesReader()
+        reader.SetFileNames(reader.GetGDCMSeriesFileNames(path))
+        img = reader.Execute()
+    else:
+        img = sitk.ReadImage(path)
+    a = sitk.GetArrayFromImage(img).astype(np.float64)  # (Z, Y, X[, C]) or (Y, X[, C])
+    comps = img.GetNumberOfComponentsPerPixel()
+    if img.GetDimension() == 2:
+        a = a[None]
+    if comps > 1:
+        return np.moveaxis(a, -1, 0).astype(np.float32)
+    return a[None].astype(np.float32)
+
+
+def write_arrays(kind, list_path, out_dir):
+    import os
+    fn = {"pydicom_czyx": pydicom_czyx_array, "sitk": sitk_czyx_array}[kind]
+    with open(list_path) as f:
+        names = [line.strip() for line in f if line.strip()]
+    out = {}
+    for i, name in enumerate(names):
+        try:
+            a = np.ascontiguousarray(fn(name))
+            npy = os.path.join(out_dir, "%d.npy" % i)
+            np.save(npy, a)
+            out[name] = {"npy": npy, "shape": list(a.shape)}
+        except Exception as e:  # one undecodable file does not hide the others
+            out[name] = {"error": "%s: %s" % (type(e).__name__, e)}
+    return out
+
+
 def read_many(kind, paths):
     """`many READER PATH...`: {PATH: READER's object, or {"error": message}} in one process."""
     fn = {"sitk": read_sitk, "nibabel": read_nibabel, "pydicom": read_pydicom, "npy": read_npy,
@@ -206,6 +264,9 @@ def read_many(kind, paths):
 def main():
     if sys.argv[1] == "many":
         print(json.dumps(read_many(sys.argv[2], sys.argv[3:])))
+        return
+    if sys.argv[1] == "arrays":
+        print(json.dumps(write_arrays(sys.argv[2], sys.argv[3], sys.argv[4])))
         return
     kind, path = sys.argv[1], sys.argv[2]
     fn = {"sitk": read_sitk, "nibabel": read_nibabel, "pydicom": read_pydicom, "npy": read_npy,

@@ -40,6 +40,7 @@ void register_dicom_codecs() {
     DJEncoderRegistration::registerCodecs();
     DJLSDecoderRegistration::registerCodecs();
     DJLSEncoderRegistration::registerCodecs();
+    detail::register_j2k_decoder();  // JPEG 2000 (.90, .91) through OpenJPEG
   });
 }
 
@@ -114,10 +115,11 @@ constexpr XferName kXferNames[] = {
 // Why DCMTK 3.6.7 (with the codecs segflow registers) cannot decode a syntax.
 std::string unsupported_reason(const std::string& uid) {
   auto starts = [&](const char* p) { return uid.rfind(p, 0) == 0; };
+  if (starts("1.2.840.10008.1.2.4.94") || starts("1.2.840.10008.1.2.4.95"))
+    return "JPIP references pixel data on a server, which segflow does not fetch";
   if (starts("1.2.840.10008.1.2.4.9") || starts("1.2.840.10008.1.2.4.20"))
-    return uid.rfind("1.2.840.10008.1.2.4.94", 0) == 0 || uid.rfind("1.2.840.10008.1.2.4.95", 0) == 0
-               ? "JPIP references pixel data on a server, which segflow does not fetch"
-               : "DCMTK has no JPEG 2000 codec";
+    return "segflow decodes JPEG 2000 Part 1 only (1.2.840.10008.1.2.4.90 and .91), not Part 2 "
+           "multi-component or High-Throughput JPEG 2000";
   if (starts("1.2.840.10008.1.2.4.10"))
     return "video transfer syntaxes (MPEG, H.264, HEVC) are not supported";
   if (starts("1.2.840.10008.1.2.4.11")) return "DCMTK has no JPEG XL codec";
@@ -192,7 +194,8 @@ Result<std::unique_ptr<DcmFileFormat>> load_file(const std::filesystem::path& fi
       ff->loadFile(OFFilename(file.c_str()), EXS_Unknown, EGL_noChange, max_read_length, ERM_autoDetect);
   if (c.bad()) {
     std::string msg = file.string() + ": cannot parse DICOM: " + condition_text(c);
-    if (c == EC_StreamNotifyClient || c == EC_InvalidStream || c == EC_PrematureSequDelimitationItem)
+    if (c == EC_StreamNotifyClient || c == EC_InvalidStream || c == EC_PrematureSequDelimitationItem ||
+        c == EC_SequDelimitationItemMissing || c == EC_ItemDelimitationItemMissing)
       msg += " (file truncated?)";
     return corrupt_data(msg);
   }

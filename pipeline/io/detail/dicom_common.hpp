@@ -42,6 +42,11 @@ inline Vec3 normalized(const Vec3& a) {
 /// Column `c` of a row-major 3x3 matrix.
 inline Vec3 column(const std::array<double, 9>& m, int c) { return {m[c], m[3 + c], m[6 + c]}; }
 
+/// Registers segflow's JPEG 2000 decoder (OpenJPEG, detail/dicom_j2k.cpp) with DCMTK for
+/// transfer syntaxes 1.2.840.10008.1.2.4.90 (lossless) and .91 (lossy). Idempotent,
+/// thread-safe; register_dicom_codecs() calls it.
+void register_j2k_decoder();
+
 /// Registers the codecs (once) and turns DCMTK's own logging down to fatal errors: every
 /// problem DCMTK reports comes back to callers as a Status instead (unless the environment
 /// sets SEGFLOW_DCMTK_LOG). Thread-safe.
@@ -61,7 +66,8 @@ std::string describe_transfer_syntax(const std::string& uid);
 std::string transfer_syntax_uid(DcmFileFormat& ff);
 
 /// Ok when segflow can decode pixel data in this transfer syntax (native, deflated, RLE,
-/// JPEG baseline/extended/lossless, JPEG-LS); else `unsupported` naming the syntax.
+/// JPEG baseline/extended/lossless, JPEG-LS, JPEG 2000 Part 1); else `unsupported` naming
+/// the syntax.
 Status check_transfer_syntax(const std::filesystem::path& file, DcmFileFormat& ff);
 
 /// How a file starts: with the 128-byte preamble and "DICM", with what may be a dataset

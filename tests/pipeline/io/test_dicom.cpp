@@ -445,27 +445,6 @@ TEST_CASE("a real DICOM CT series is ordered along the slice normal like SimpleI
   check_against_reference(img, st::reference_read("sitk", dir), /*geometry=*/true);
 }
 
-TEST_CASE("JPEG 2000 DICOM files are rejected with an error naming JPEG 2000") {
-  if (!have_pydicom_data()) return;
-  {
-    auto r = sp::read_dicom(kPydicomData / "MR_small_jp2klossless.dcm");
-    REQUIRE_FALSE(r.is_ok());
-    CHECK(r.status().code() == segflow::ErrorCode::unsupported);
-    const std::string m = r.status().message();
-    CHECK(contains(m, "MR_small_jp2klossless.dcm"));
-    CHECK(contains(m,
-                   "JPEG 2000 Image Compression (Lossless Only) (1.2.840.10008.1.2.4.90) is not supported: "
-                   "DCMTK has no JPEG 2000 codec"));
-  }
-  {
-    auto r = sp::read_dicom(kPydicomData / "JPEG2000.dcm");
-    REQUIRE_FALSE(r.is_ok());
-    CHECK(r.status().code() == segflow::ErrorCode::unsupported);
-    CHECK(contains(r.status().message(), "JPEG2000.dcm"));
-    CHECK(contains(r.status().message(), "JPEG 2000 Image Compression (1.2.840.10008.1.2.4.91)"));
-  }
-}
-
 TEST_CASE("a truncated, empty or non-DICOM file gives an error naming the file") {
   st::TempDir dir("dicom_bad");
   st::write_file(dir / "empty.dcm", "");
