@@ -54,7 +54,25 @@ Status write_split(const fs::path& run_dir, const Split& split) {
 
 Status ensure_dataset(const models::JobConfig& cfg) {
   std::error_code ec;
+namespace {
+
+Status ensure_dataset_locked(const models::JobConfig& cfg);
+
+}  // namespace
+
   // A dataset that segflow synthesised records its recipe; when the config now asks for
+  // Several ranks (torchrun) or jobs may ask for the same dataset at once: the first to take
+  // the lock makes it, the others wait and then find it there.
+  const fs::path root = cfg.data.root;
+  const fs::path lock_file = (root.has_parent_path() ? root.parent_path() : fs::path(".")) /
+                             ("." + root.filename().string() + ".lock");
+  SEGFLOW_ASSIGN_OR_RETURN(auto lock, FileLock::acquire(lock_file));
+  return ensure_dataset_locked(cfg);
+}
+
+namespace {
+
+Status ensure_dataset_locked(const models::JobConfig& cfg) {
   // another one, that folder (and only such a folder) is made again.
   const fs::path marker = fs::path(cfg.data.root) / ".segflow-synth.json";
   if (fs::exists(cfg.data.root, ec)) {
@@ -94,6 +112,8 @@ Status ensure_dataset(const models::JobConfig& cfg) {
   log::info("making dataset " + cfg.data.root + " (" + std::to_string(o.cases) + " " + o.format +
             " cases of size " + std::to_string(o.size) + ")");
   // Write next to the target and rename, so a half-written dataset never looks complete.
+}  // namespace
+
   const fs::path final_root = cfg.data.root;
   o.out = final_root.string() + ".partial";
   fs::remove_all(o.out, ec);

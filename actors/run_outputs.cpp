@@ -233,20 +233,6 @@ std::string read_all(const fs::path& f) {
 
 }  // namespace
 
-Status write_file_atomically(const fs::path& f, const std::string& content) {
-  const fs::path tmp = f.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(content.data(), static_cast<std::streamsize>(content.size()));
-    out.flush();
-    if (!out) return io_error(tmp.string() + ": cannot write: " + std::strerror(errno));
-  }
-  std::error_code ec;
-  fs::rename(tmp, f, ec);
-  if (ec) return io_error(f.string() + ": cannot replace with the trimmed copy: " + ec.message());
-  return Status::ok();
-}
-
 void trim_for_resume(const fs::path& run_dir, const models::TrainState& at) {
   auto dropped = trim_run_outputs(run_dir, at);
   if (!dropped.is_ok())

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "messages/file_util.hpp"
 #include "messages/status.hpp"
 #include "models/trainer.hpp"
 
@@ -67,10 +68,6 @@ class TensorBoardObserver : public models::TrainObserver {
 /// (temp file + rename; files with nothing to drop are left untouched). Returns the number
 /// of records dropped.
 Result<std::int64_t> trim_run_outputs(const std::filesystem::path& run_dir, const models::TrainState& at);
-
-/// Writes `content` to `file` through a temp file and a rename (readers see the old file or
-/// the new one, never half of it).
-Status write_file_atomically(const std::filesystem::path& file, const std::string& content);
 
 /// trim_run_outputs for a run resumed at `at`, with the outcome logged (a failure to trim is
 /// a warning: training goes on, the files keep the duplicates).

@@ -2,6 +2,8 @@
 // Helpers shared by the test suites: temporary folders, running commands (the segflow
 // binary, the Python reference readers) and reading their output.
 
+#include <doctest/doctest.h>
+#include <torch/cuda.h>
 #include <nlohmann/json.hpp>
 
 #include <array>
@@ -9,11 +11,39 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <random>
 #include <stdexcept>
 #include <string>
 
 namespace segflow::testing {
+
+/// Entry points a test can start as a child process (see tests/doctest_main.cpp): the
+/// suite's own executable run with SEGFLOW_TEST_CHILD=<name> calls the entry and exits.
+inline std::map<std::string, std::function<int()>>& child_entries() {
+  static std::map<std::string, std::function<int()>> entries;
+  return entries;
+}
+
+/// Registers a child entry at static-initialisation time (one per name and suite).
+struct ChildEntry {
+  ChildEntry(const std::string& name, std::function<int()> fn) { child_entries()[name] = std::move(fn); }
+};
+
+/// Set by skip_case() while a case runs; the suites' main (tests/doctest_main.cpp) lets a
+/// case that skipped itself make no assertion, and fails any other such case.
+inline bool& case_skipped_flag() {
+  static thread_local bool skipped = false;
+  return skipped;
+}
+
+/// Marks the running case as skipped at run time (a missing GPU, say) with the reason in
+/// the output. The caller returns right after.
+inline void skip_case(const std::string& reason) {
+  case_skipped_flag() = true;
+  MESSAGE("skipped: " << reason);
+}
 
 /// A fresh folder under the system temp dir, removed when the object dies.
 class TempDir {
@@ -68,12 +98,18 @@ inline std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-/// The project venv's Python (has numpy, pydicom, nibabel, SimpleITK).
-inline std::string python() { return SEGFLOW_PYTHON_EXE; }
+/// The project venv's Python (has numpy, pydicom, nibabel, SimpleITK); $SEGFLOW_PYTHON
+/// overrides it (the GPU bundle runs where the build's venv does not exist).
+inline std::string python() {
+  const char* p = std::getenv("SEGFLOW_PYTHON");
+  return p && *p ? std::string(p) : std::string(SEGFLOW_PYTHON_EXE);
+}
 
-/// Path of a file in the source tree.
+/// Path of a file in the source tree; $SEGFLOW_SOURCE_DIR overrides the build's (the GPU
+/// bundle runs from another checkout).
 inline std::filesystem::path source_path(const std::string& rel) {
-  return std::filesystem::path(SEGFLOW_SOURCE_DIR) / rel;
+  const char* d = std::getenv("SEGFLOW_SOURCE_DIR");
+  return std::filesystem::path(d && *d ? d : SEGFLOW_SOURCE_DIR) / rel;
 }
 
 /// The folder scripts/fetch-test-data.sh fills with real third-party files (PyPI source
@@ -120,6 +156,22 @@ inline void write_file(const std::filesystem::path& p, const std::string& bytes)
 inline std::string read_file(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+/// First statement of every test case that needs CUDA: `if (!cuda_or_skip()) return;`.
+/// True when a CUDA device is visible. Without one the case is skipped with a message, or,
+/// when SEGFLOW_REQUIRE_CUDA is set (to anything but 0; scripts/gpu-check.sh sets it),
+/// fails, so a GPU check cannot pass by skipping. CUDA cases have "CUDA" in their names:
+/// that is how the GPU check selects them.
+inline bool cuda_or_skip() {
+  if (torch::cuda::is_available()) return true;
+  const char* req = std::getenv("SEGFLOW_REQUIRE_CUDA");
+  if (req && *req && std::string(req) != "0") {
+    FAIL_CHECK("SEGFLOW_REQUIRE_CUDA is set but no CUDA device is visible: this CUDA case may not skip");
+    return false;
+  }
+  skip_case("no CUDA device is visible");
+  return false;
 }
 
 }  // namespace segflow::testing

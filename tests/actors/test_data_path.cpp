@@ -444,10 +444,7 @@ TEST_CASE("the actor pipeline matches SimpleLoader on a synthesized NIfTI datase
   so.format = "nifti";
   so.out = dir.path() / "data";
   Status made = synthesize_dataset(so);
-  if (!made.is_ok()) {
-    MESSAGE("skipped: synthesize_dataset failed: " << made.to_string());
-    return;
-  }
+  REQUIRE_MESSAGE(made.is_ok(), made.to_string());
   auto index = scan_dataset(so.out);
   REQUIRE_MESSAGE(index.is_ok(), index.status().to_string());
   REQUIRE(index->cases.size() == 4);
@@ -477,10 +474,7 @@ TEST_CASE("the actor pipeline matches SimpleLoader on a synthesized NIfTI datase
 }
 
 TEST_CASE("on a CUDA device the actor pipeline matches SimpleLoader (skipped without CUDA)") {
-  if (!torch::cuda::is_available()) {
-    MESSAGE("skipped: CUDA is not available");
-    return;
-  }
+  if (!segflow::testing::cuda_or_skip()) return;
   TempDir dir("segflow_actors");
   const auto cases = testing::write_cases(dir.path(), testing::good_contents(7));
   const Pipeline p = crop_pipeline();

@@ -25,6 +25,7 @@
 #include "models/job_config.hpp"
 #include "models/parallel/collective.hpp"
 #include "models/parallel/ddp_sync.hpp"
+#include "pipeline/io/dataset.hpp"
 #include "test_util.hpp"
 
 extern char** environ;
@@ -197,7 +198,7 @@ void check_local_equivalence(const StepPlan& plan) {
 
 // ---- two processes: this executable again, as workers -----------------------------------
 
-const char* kWorkerCase = "parallel worker process (does nothing unless spawned by a test)";
+const char* kWorkerEntry = "parallel_worker";
 
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -217,12 +218,12 @@ pid_t spawn_worker(const std::map<std::string, std::string>& extra) {
   std::vector<std::string> env_s;
   for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
   for (auto& [k, v] : extra) env_s.push_back(k + "=" + v);
+  env_s.push_back(std::string("SEGFLOW_TEST_CHILD=") + kWorkerEntry);
   std::vector<char*> envp;
   for (auto& s : env_s) envp.push_back(s.data());
   envp.push_back(nullptr);
   std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::string filter = std::string("--test-case=") + kWorkerCase;
-  std::vector<char*> argv{exe.data(), filter.data(), nullptr};
+  std::vector<char*> argv{exe.data(), nullptr};
   pid_t pid = 0;
   REQUIRE(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), envp.data()) == 0);
   return pid;
@@ -250,9 +251,14 @@ std::string slurp(const std::filesystem::path& p) {
 
 }  // namespace
 
-TEST_CASE("parallel worker process (does nothing unless spawned by a test)") {
+/// A data-parallel rank in its own process, started by spawn_worker: trains the reference
+/// model on its shard and writes "ok <weights>" or "error <message>" to SEGFLOW_PARALLEL_OUT.
+int parallel_worker() {
   const char* out = std::getenv("SEGFLOW_PARALLEL_OUT");
-  if (!out) return;
+  if (!out) {
+    std::fprintf(stderr, "parallel_worker: SEGFLOW_PARALLEL_OUT is not set\n");
+    return 2;
+  }
   const std::string mode =
       std::getenv("SEGFLOW_PARALLEL_MODE") ? std::getenv("SEGFLOW_PARALLEL_MODE") : "train";
   StepPlan plan;
@@ -284,7 +290,10 @@ TEST_CASE("parallel worker process (does nothing unless spawned by a test)") {
     result = std::string("error ") + e.what();
   }
   std::ofstream(out) << result;
+  return 0;
 }
+
+const segflow::testing::ChildEntry kParallelWorker(kWorkerEntry, parallel_worker);
 
 TEST_CASE("parallel: 2 Gloo ranks in one process match 1 rank with the whole batch") {
   check_local_equivalence({.accumulate = 1});
@@ -485,10 +494,7 @@ TEST_CASE("parallel: rendezvous at a port nobody serves fails within the timeout
 }
 
 TEST_CASE("parallel: NCCL ranks on CUDA devices match 1 rank (GPU only)") {
-  if (!torch::cuda::is_available()) {
-    MESSAGE("skipped: CUDA is not available (NCCL needs GPUs)");
-    return;
-  }
+  if (!segflow::testing::cuda_or_skip()) return;
   // Two NCCL ranks cannot share one GPU: use as many devices as there are, up to 2. With
   // one GPU this still runs the whole NCCL path (broadcast, reducer, all-reduce) on 1 rank.
   const int world = std::min<int>(2, static_cast<int>(torch::cuda::device_count()));
@@ -506,10 +512,7 @@ TEST_CASE("parallel: NCCL ranks on CUDA devices match 1 rank (GPU only)") {
 }
 
 TEST_CASE("parallel: NCCL collective allreduce_mean and broadcast on CUDA (GPU only)") {
-  if (!torch::cuda::is_available()) {
-    MESSAGE("skipped: CUDA is not available (NCCL needs GPUs)");
-    return;
-  }
+  if (!segflow::testing::cuda_or_skip()) return;
   const int world = std::min<int>(2, static_cast<int>(torch::cuda::device_count()));
   LocalRendezvous rv(world, CollectiveOptions{.timeout = std::chrono::seconds(60), .bucket_bytes = 64});
   std::vector<std::string> errors(world);
@@ -614,4 +617,44 @@ TEST_CASE("parallel: a stop request on rank 0 stops every rank at the same step 
   REQUIRE_MESSAGE(run.is_ok(), run.status().message());
   CHECK(obs.steps == 1);
   CHECK(std::filesystem::exists(*run / "last.pt"));
+}
+
+TEST_CASE("parallel: torchrun starts 2 processes on a fresh data root; one makes the dataset, both train" *
+          doctest::test_suite("serial")) {
+  namespace st = segflow::testing;
+  st::TempDir dir("segflow_torchrun");
+  // A data root inside a folder that does not exist yet: the first use of the job.
+  const auto root = dir.path() / "fresh";
+  // Cases big enough that making them takes a while: both ranks are in ensure_dataset at once.
+  std::string job = tiny_job(root);
+  const std::string small = "synth: {cases: 5, size: 24,", big = "synth: {cases: 5, size: 96,";
+  REQUIRE(job.find(small) != std::string::npos);
+  job.replace(job.find(small), small.size(), big);
+  st::write_file(dir / "job.yaml", job);
+  const auto torchrun = std::filesystem::path(st::python()).parent_path() / "torchrun";
+  REQUIRE_MESSAGE(std::filesystem::exists(torchrun), torchrun.string()
+                                                         << " is missing: run scripts/setup.sh");
+  const int port = free_port();
+  auto r = st::run_command(
+      "cd " + st::shell_quote(dir.path().string()) + " && OMP_NUM_THREADS=1 " +
+      st::shell_quote(torchrun.string()) + " --nproc-per-node 2 --master-addr 127.0.0.1 --master-port " +
+      std::to_string(port) + " --no-python " + st::shell_quote(st::segflow_bin()) + " train job.yaml 2>&1");
+  INFO(r.out.substr(r.out.size() > 4000 ? r.out.size() - 4000 : 0));
+  REQUIRE(r.exit_code == 0);
+  // One dataset, complete, and nothing half-made left behind.
+  auto scan =
+      segflow::pipeline::scan_dataset(root / "data", segflow::pipeline::ScanOptions{.validate = false});
+  REQUIRE_MESSAGE(scan.is_ok(), scan.status().message());
+  CHECK(scan->cases.size() == 5);
+  CHECK_FALSE(std::filesystem::exists(root / "data.partial"));
+  // One run folder, written by rank 0, holding the whole 2-epoch run.
+  std::vector<std::filesystem::path> runs;
+  for (auto& e : std::filesystem::directory_iterator(root / "runs")) runs.push_back(e.path());
+  REQUIRE(runs.size() == 1);
+  CHECK(std::filesystem::exists(runs[0] / "last.pt"));
+  std::ifstream metrics(runs[0] / "metrics.jsonl");
+  int epochs = 0;
+  for (std::string line; std::getline(metrics, line);)
+    if (nlohmann::json::parse(line).value("type", "") == "epoch") ++epochs;
+  CHECK(epochs == 2);
 }

@@ -1,0 +1,55 @@
+# Run after a suite is built (cmake -P): lists its doctest cases and writes the CTest script
+# that registers each one. Cases in the doctest test suite "serial" (heavy training, several
+# processes) run alone (RUN_SERIAL) with two intra-op threads; every other case runs beside
+# one more test with one intra-op thread, so `ctest -j2` never puts more than two busy
+# threads on two cores.
+#
+# Inputs (-D): EXE, SUITE (test names are "SUITE: case"), OUT, WORKDIR, TIMEOUT, ENV (a ;-list of VAR=VALUE).
+cmake_minimum_required(VERSION 3.25)
+foreach(var EXE SUITE OUT WORKDIR TIMEOUT)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "discover_tests.cmake: ${var} is not set")
+  endif()
+endforeach()
+
+function(list_cases out)
+  execute_process(COMMAND "${EXE}" --list-test-cases ${ARGN}
+                  OUTPUT_VARIABLE text RESULT_VARIABLE rc WORKING_DIRECTORY "${WORKDIR}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${EXE} --list-test-cases ${ARGN} failed (${rc}):\n${text}")
+  endif()
+  # Semicolons in case names would split CMake lists: carried as a placeholder until written.
+  string(REPLACE ";" "<semicolon>" text "${text}")
+  string(REPLACE "\n" ";" lines "${text}")
+  set(cases "")
+  foreach(line IN LISTS lines)
+    if(line STREQUAL "" OR line MATCHES "^=+$" OR line MATCHES "^\\[doctest\\] ")
+      continue()
+    endif()
+    list(APPEND cases "${line}")
+  endforeach()
+  set(${out} "${cases}" PARENT_SCOPE)
+endfunction()
+
+set(PREFIX "${SUITE}: ")
+list_cases(all)
+list_cases(serial --test-suite=serial)
+
+set(script "")
+foreach(coded IN LISTS all)
+  string(REPLACE "<semicolon>" ";" name "${coded}")
+  string(REPLACE "," "\\," filter "${name}")
+  set(env ${ENV})
+  if(coded IN_LIST serial)
+    set(extra "RUN_SERIAL TRUE")
+    list(APPEND env OMP_NUM_THREADS=2)
+  else()
+    set(extra "")
+    list(APPEND env OMP_NUM_THREADS=1)
+  endif()
+  string(APPEND script
+    "add_test([==[${PREFIX}${name}]==] \"${EXE}\" [==[--test-case=${filter}]==])\n"
+    "set_tests_properties([==[${PREFIX}${name}]==] PROPERTIES WORKING_DIRECTORY \"${WORKDIR}\""
+    " TIMEOUT ${TIMEOUT} ${extra} ENVIRONMENT [==[${env}]==])\n")
+endforeach()
+file(WRITE "${OUT}" "${script}")
