@@ -134,10 +134,15 @@ Result<nlohmann::json> inspect_path(const fs::path& path) {
       for (const auto& e : fs::directory_iterator(path, ec)) has_subdirs |= e.is_directory();
       if (has_subdirs && (!series.is_ok() || series->empty())) return inspect_dataset(path);
     }
-    SEGFLOW_ASSIGN_OR_RETURN(Image img, read_image(path));
+    // DICOM: also what the series read decided (stack, spacing evenness, skipped stacks).
+    const ImageFormat format = detect_format(path);
+    const bool dicom = format == ImageFormat::dicom_file || format == ImageFormat::dicom_folder;
+    DicomReadReport dicom_report;
+    SEGFLOW_ASSIGN_OR_RETURN(Image img, dicom ? read_dicom(path, &dicom_report) : read_image(path));
     nlohmann::json j = describe_image(img);
     j["path"] = path.string();
-    j["format"] = to_string(detect_format(path));
+    j["format"] = to_string(format);
+    if (dicom && dicom_report.slices > 0) j.update(nlohmann::json(dicom_report));
     if (looks_like_label(img, path)) j["labels"] = distinct_values(img.voxels);
     return j;
   } catch (const std::exception& e) {

@@ -1,6 +1,9 @@
 #pragma once
 // DICOM series reader and writer on DCMTK, and DICOM SEG label maps (dcmseg).
 
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstddef>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -12,7 +15,9 @@ namespace segflow::pipeline {
 
 /// One series found in a folder.
 struct DicomSeriesInfo {
-  std::string series_uid;                    ///< SeriesInstanceUID
+  std::string series_uid;                    ///< SeriesInstanceUID; empty when the files have none
+  std::string identity;                      ///< how it was told apart: "SeriesInstanceUID x", or
+                                             ///< "FrameOfReferenceUID x + orientation + geometry ..."
   std::string modality;                      ///< Modality (CT, MR, SEG, ...)
   std::string sop_class_uid;                 ///< SOPClassUID of the first file
   std::vector<std::filesystem::path> files;  ///< files of the series (unordered)
@@ -24,23 +29,58 @@ struct SkippedFile {
   std::string reason;
 };
 
-/// Registers DCMTK's decoders and encoders (RLE, JPEG, JPEG-LS). Idempotent, thread-safe.
+/// A stack of slices a read did not use, and why.
+struct DicomSkippedStack {
+  std::string stack;                         ///< series identity, orientation, size (and split tag)
+  std::vector<std::filesystem::path> files;  ///< its files, sorted
+  std::size_t slices = 0;
+  std::string reason;
+};
+
+/// What read_dicom decided: the stack it read, how even its slices are, what it skipped.
+/// The rules are in README.md ("DICOM series: tolerance rules and JPEG 2000").
+struct DicomReadReport {
+  std::string series;                         ///< SeriesInstanceUID, else the fallback identity
+  std::string identity;                       ///< "SeriesInstanceUID", "FrameOfReferenceUID + ..."
+  std::size_t slices = 0;                     ///< slices read
+  double slice_spacing_mm = 0;                ///< the z spacing used (mean step)
+  double slice_spacing_max_deviation_mm = 0;  ///< largest |step - mean step|, mm
+  std::string split_tag;                      ///< tag repeats were split by (empty: none)
+  double split_value = 0;                     ///< its value in the stack read
+  std::vector<DicomSkippedStack> skipped_stacks;
+  std::vector<SkippedFile> skipped_files;  ///< unreadable files, copies of one instance
+  std::vector<std::string> warnings;       ///< also logged (warn)
+};
+
+/// The report as inspect prints it: dicom_series, dicom_series_identity, slices,
+/// slice_spacing_mm, slice_spacing_max_deviation_mm, split_by, skipped_stacks, skipped,
+/// warnings.
+void to_json(nlohmann::json& j, const DicomReadReport& r);
+
+/// Registers DCMTK's decoders and encoders (RLE, JPEG, JPEG-LS) and segflow's JPEG 2000
+/// decoder (OpenJPEG). Idempotent, thread-safe.
 void register_dicom_codecs();
 
-/// Groups the DICOM files of a folder (not recursive) by SeriesInstanceUID. Files that are
-/// not DICOM or cannot be parsed go to `skipped` when given.
+/// Groups the DICOM files of a folder (not recursive) by SeriesInstanceUID; files without
+/// one by FrameOfReferenceUID, modality, orientation and geometry. Files that are not DICOM
+/// or cannot be parsed (and DICOMDIRs) go to `skipped` when given.
 Result<std::vector<DicomSeriesInfo>> scan_dicom_folder(const std::filesystem::path& dir,
                                                        std::vector<SkippedFile>* skipped = nullptr);
 
-/// Reads one image series: slices ordered along the slice normal from
-/// ImagePositionPatient/ImageOrientationPatient, RescaleSlope/Intercept applied (float32),
-/// spacing from positions, LPS geometry. Multi-frame files are supported (one file).
-/// Errors on gaps, mixed orientation, duplicate positions, missing tags, unsupported
-/// transfer syntaxes (naming the syntax, e.g. JPEG 2000).
-Result<Image> read_dicom_series(const std::vector<std::filesystem::path>& files);
+/// Reads the volume of a set of files: slices are grouped into stacks (series identity,
+/// orientation, size, pixel spacing; repeats at one position split by echo, b-value,
+/// temporal position or acquisition), the largest stack is read, ordered along the slice
+/// normal from ImagePositionPatient/ImageOrientationPatient, RescaleSlope/Intercept applied
+/// (float32), spacing the mean step, LPS geometry. Multi-frame files are supported. Errors
+/// on gaps, uneven spacing beyond the tolerance, gantry tilt, repeats no tag tells apart,
+/// missing tags, unsupported transfer syntaxes (naming the syntax). `report`, when given,
+/// says what was read and skipped.
+Result<Image> read_dicom_series(const std::vector<std::filesystem::path>& files,
+                                DicomReadReport* report = nullptr);
 
-/// Reads a DICOM file or a folder holding exactly one image series (SEG files ignored).
-Result<Image> read_dicom(const std::filesystem::path& file_or_dir);
+/// Reads a DICOM file or the volume of a folder (all image series of the folder compete as
+/// stacks, see read_dicom_series; SEG, RTSTRUCT, SR and other non-image series ignored).
+Result<Image> read_dicom(const std::filesystem::path& file_or_dir, DicomReadReport* report = nullptr);
 
 /// Reads a DICOM SEG file as a label map (1, Z, Y, X) uint8 on the grid of `reference`
 /// (segment number = label value). Errors when frames do not fit the reference grid.

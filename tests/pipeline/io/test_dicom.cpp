@@ -372,15 +372,30 @@ TEST_CASE("a multi-frame DICOM file with functional groups orders its frames by 
   CHECK(segflow::geometry_close(back.geometry, img.geometry, 1e-4));
 }
 
-TEST_CASE("DICOM slices of different sizes in one series are rejected") {
+TEST_CASE("a DICOM slice of another size leaves its stack, and the gap it leaves is refused") {
   st::TempDir dir("dicom_size");
-  auto info = sp::write_dicom_series(dir.path(), phantom(3, 8, 8));
+  auto info = sp::write_dicom_series(dir.path(), phantom(4, 8, 8));
   REQUIRE(info.is_ok());
   edit_file(info->files[1], [](DcmDataset& ds) { ds.putAndInsertUint16(DCM_Columns, 10); });
   const std::string m = read_error(dir.path());
-  CHECK(contains(m, info->files[1].string()));
-  CHECK(contains(m, "Rows x Columns: expected 8 x 8"));
-  CHECK(contains(m, "got 8 x 10"));
+  CHECK(contains(m, info->files[2].string()));
+  CHECK(contains(m, info->files[0].string()));
+  CHECK(contains(m, "a slice is missing: gap in the series"));
+  // An extra image of another size (a screen capture in the series) is skipped instead.
+  edit_file(info->files[1], [](DcmDataset& ds) { ds.putAndInsertUint16(DCM_Columns, 8); });
+  fs::copy_file(info->files[1], dir / "capture.dcm");
+  edit_file(dir / "capture.dcm", [](DcmDataset& ds) {
+    ds.putAndInsertString(DCM_SOPInstanceUID, "1.2.3.4.5.6");
+    ds.putAndInsertUint16(DCM_Rows, 4);
+    ds.putAndInsertUint16(DCM_Columns, 4);
+  });
+  sp::DicomReadReport report;
+  auto r = sp::read_dicom(dir.path(), &report);
+  REQUIRE_MESSAGE(r.is_ok(), r.status().to_string());
+  CHECK(r->size() == segflow::Size3{8, 8, 4});
+  REQUIRE(report.skipped_stacks.size() == 1);
+  CHECK(report.skipped_stacks.front().files == std::vector<fs::path>{dir / "capture.dcm"});
+  CHECK(contains(report.skipped_stacks.front().stack, "4 x 4"));
 }
 
 TEST_CASE("a single DICOM file without position tags gets identity geometry with its PixelSpacing") {
@@ -505,7 +520,7 @@ TEST_CASE("a DICOM series with a missing slice is rejected as a gap") {
   }
 }
 
-TEST_CASE("DICOM slices with duplicate positions are rejected") {
+TEST_CASE("DICOM slices with duplicate positions and nothing to tell them apart are rejected") {
   st::TempDir dir("dicom_dup");
   auto info = sp::write_dicom_series(dir.path(), phantom(4, 8, 8));
   REQUIRE(info.is_ok());
@@ -515,22 +530,24 @@ TEST_CASE("DICOM slices with duplicate positions are rejected") {
   CHECK(contains(m, "duplicate"));
   CHECK(contains(m, "copy.dcm"));
   CHECK(contains(m, "IM_0001.dcm"));
+  CHECK(contains(m, "no tag tells the repeats apart"));
 }
 
-TEST_CASE("DICOM slices with mixed orientations are rejected") {
+TEST_CASE("a DICOM slice in another orientation leaves its stack, and the gap it leaves is refused") {
   st::TempDir dir("dicom_orient");
   auto info = sp::write_dicom_series(dir.path(), phantom(4, 8, 8));
   REQUIRE(info.is_ok());
   edit_file(info->files[2],
             [](DcmDataset& ds) { ds.putAndInsertString(DCM_ImageOrientationPatient, "1\\0\\0\\0\\0\\-1"); });
   const std::string m = read_error(dir.path());
-  CHECK(contains(m, info->files[2].string()));
-  CHECK(contains(m, "ImageOrientationPatient"));
-  CHECK(contains(m, "mixed orientations"));
+  CHECK(contains(m, info->files[3].string()));
+  CHECK(contains(m, info->files[1].string()));
+  CHECK(contains(m, "gap in the series"));
   if (have_pydicom_data()) {
-    // A real localizer series whose slices all have different orientations.
+    // A real radial localizer series: seven slices, seven orientations, no stack to read.
     const std::string real = read_error(kPydicomData / "dicomdirtests/98892003/MR700");
-    CHECK(contains(real, "mixed orientations"));
+    CHECK(contains(real, "no stack of 2 or more parallel slices"));
+    CHECK(contains(real, "7 single slices"));
   }
 }
 
@@ -559,15 +576,20 @@ TEST_CASE("scanning a DICOM folder groups series and lists bad files without fai
   Image img = read_ok(dir.path());
   CHECK(img.size() == segflow::Size3{8, 8, 3});
 
-  // A second series: read_dicom wants exactly one and lists the UIDs.
+  // A second series: the larger one is read, the other is listed as skipped.
   if (have_pydicom_data()) {
     fs::copy_file(kPydicomData / "MR_small.dcm", dir / "mr.dcm");
     auto two = sp::scan_dicom_folder(dir.path());
     REQUIRE(two.is_ok());
     CHECK(two->size() == 2);
-    const std::string m = read_error(dir.path());
-    CHECK(contains(m, a->series_uid));
-    CHECK(contains(m, meta_string(dir / "mr.dcm", DCM_SeriesInstanceUID)));
+    sp::DicomReadReport report;
+    auto r = sp::read_dicom(dir.path(), &report);
+    REQUIRE(r.is_ok());
+    CHECK(r->size() == segflow::Size3{8, 8, 3});
+    CHECK(report.series == a->series_uid);
+    REQUIRE(report.skipped_stacks.size() == 1);
+    CHECK(contains(report.skipped_stacks.front().stack, meta_string(dir / "mr.dcm", DCM_SeriesInstanceUID)));
+    CHECK(report.skipped_files.size() == 3);  // empty.dcm, x.dcm, trunc.dcm
   }
   CHECK_FALSE(sp::scan_dicom_folder(dir / "nope").is_ok());
 }
