@@ -14,6 +14,7 @@
 #include "actors/run_outputs.hpp"
 #include "messages/log.hpp"
 #include "models/device_memory.hpp"
+#include "pipeline/options.hpp"
 #include "pipeline/pipeline_spec.hpp"
 #include "pipeline/plugin.hpp"
 #include "pipeline/stage.hpp"
@@ -52,15 +53,13 @@ Status write_split(const fs::path& run_dir, const Split& split) {
   return write_file_atomically(run_dir / "split.json", j.dump(2) + '\n');
 }
 
-Status ensure_dataset(const models::JobConfig& cfg) {
-  std::error_code ec;
 namespace {
 
 Status ensure_dataset_locked(const models::JobConfig& cfg);
 
 }  // namespace
 
-  // A dataset that segflow synthesised records its recipe; when the config now asks for
+Status ensure_dataset(const models::JobConfig& cfg) {
   // Several ranks (torchrun) or jobs may ask for the same dataset at once: the first to take
   // the lock makes it, the others wait and then find it there.
   const fs::path root = cfg.data.root;
@@ -73,47 +72,30 @@ Status ensure_dataset_locked(const models::JobConfig& cfg);
 namespace {
 
 Status ensure_dataset_locked(const models::JobConfig& cfg) {
+  std::error_code ec;
+  // A dataset that segflow synthesised records its recipe; when the config now asks for
   // another one, that folder (and only such a folder) is made again.
   const fs::path marker = fs::path(cfg.data.root) / ".segflow-synth.json";
   if (fs::exists(cfg.data.root, ec)) {
-    if (cfg.data.synth.is_null() || !fs::exists(marker, ec)) return Status::ok();
+    if (!cfg.data.synth || !fs::exists(marker, ec)) return Status::ok();
     std::ifstream f(marker);
     std::stringstream ss;
     ss << f.rdbuf();
-    if (ss.str() == cfg.data.synth.dump()) return Status::ok();
+    // The marker holds the options as written then (older segflow: only the keys given).
+    const json made = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+    auto was = pipeline::parse_options<pipeline::SynthOptions>(made, marker.string());
+    if (was.is_ok() && *was == *cfg.data.synth) return Status::ok();
     log::info(cfg.data.root + ": synthesised with other settings than data.synth asks for; making it again");
     fs::remove_all(cfg.data.root, ec);
     if (ec) return io_error(cfg.data.root + ": cannot remove the old synthetic dataset: " + ec.message());
   }
-  if (cfg.data.synth.is_null())
+  if (!cfg.data.synth)
     return not_found(cfg.file + ": data.root: " + cfg.data.root +
                      " does not exist (and no data.synth to make it)");
-  pipeline::SynthOptions o;
-  o.out = cfg.data.root;
-  const json& s = cfg.data.synth;
-  for (auto it = s.begin(); it != s.end(); ++it) {
-    const std::string& k = it.key();
-    const json& v = it.value();
-    const bool is_int = v.is_number_integer();
-    if (k == "cases" && is_int)
-      o.cases = v.get<int>();
-    else if (k == "size" && is_int)
-      o.size = v.get<int>();
-    else if (k == "seed" && is_int)
-      o.seed = v.get<std::uint64_t>();
-    else if (k == "format" && v.is_string())
-      o.format = v.get<std::string>();
-    else if (k == "compress" && v.is_string())
-      o.compress = v.get<std::string>();
-    else
-      return invalid_config(cfg.file + ": data.synth." + k + ": unknown key or wrong type " +
-                            "(expected cases, size, seed: integers; format, compress: strings)");
-  }
+  pipeline::SynthOptions o = *cfg.data.synth;  // checked when the config was read
   log::info("making dataset " + cfg.data.root + " (" + std::to_string(o.cases) + " " + o.format +
             " cases of size " + std::to_string(o.size) + ")");
   // Write next to the target and rename, so a half-written dataset never looks complete.
-}  // namespace
-
   const fs::path final_root = cfg.data.root;
   o.out = final_root.string() + ".partial";
   fs::remove_all(o.out, ec);
@@ -121,13 +103,15 @@ Status ensure_dataset_locked(const models::JobConfig& cfg) {
   fs::create_directories(final_root.parent_path().empty() ? "." : final_root.parent_path(), ec);
   {
     std::ofstream f(fs::path(o.out) / ".segflow-synth.json");
-    f << cfg.data.synth.dump();
+    f << pipeline::resolved_options(*cfg.data.synth).dump();
   }
   fs::rename(o.out, final_root, ec);
   if (ec)
     return io_error(final_root.string() + ": rename of the synthesised dataset failed: " + ec.message());
   return Status::ok();
 }
+
+}  // namespace
 
 namespace {
 
@@ -172,6 +156,11 @@ PreparedJob::~PreparedJob() {
 Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& opts,
                                 models::TrainObserver& observer) {
   PreparedJob job;
+  // The whole config (stages, model, loss, optimizer) before any data is read or made.
+  pipeline::StageRegistry registry = pipeline::builtin_registry();
+  if (!opts.plugin_dir.empty())
+    SEGFLOW_RETURN_IF_ERROR(pipeline::load_plugins(opts.plugin_dir, registry).status());
+  SEGFLOW_RETURN_IF_ERROR(models::validate_job_config(cfg, registry));
   SEGFLOW_RETURN_IF_ERROR(ensure_dataset(cfg));
   SEGFLOW_ASSIGN_OR_RETURN(auto index,
                            pipeline::scan_dataset(cfg.data.root, pipeline::ScanOptions{.validate = false}));
@@ -180,9 +169,6 @@ Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& 
   job.split = split_cases(index.cases, cfg);
   if (job.split.train.empty()) return invalid_argument(cfg.data.root + ": no training cases after the split");
 
-  pipeline::StageRegistry registry = pipeline::builtin_registry();
-  if (!opts.plugin_dir.empty())
-    SEGFLOW_RETURN_IF_ERROR(pipeline::load_plugins(opts.plugin_dir, registry).status());
   SEGFLOW_ASSIGN_OR_RETURN(pipeline::Pipeline pipe, pipeline::build_pipeline(cfg.stages, registry, cfg.file));
   job.pipeline = std::make_unique<pipeline::Pipeline>(std::move(pipe));
 

@@ -8,6 +8,7 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "models/job_config.hpp"
+#include "pipeline/stage_registry.hpp"
 
 namespace segflow::apps {
 
@@ -19,6 +20,8 @@ int cmd_bench(int argc, char** argv) {
                 invalid_argument("expected one CONFIG file, got " + std::to_string(a->positional.size())));
   auto cfg = models::load_job_config(a->positional[0], a->all("set"));
   if (!cfg.is_ok()) return fail("bench", cfg.status());
+  if (Status st = models::validate_job_config(*cfg, pipeline::builtin_registry()); !st.is_ok())
+    return fail("bench", st);
   actors::BenchOptions o;
   if (a->has("seconds")) {
     auto s = parse_int("--seconds", a->get("seconds"));

@@ -14,7 +14,8 @@ namespace segflow::apps {
 /// Prints "segflow CMD: message" on stderr and returns the exit code for `st`.
 int fail(const std::string& cmd, const Status& st) {
   std::fprintf(stderr, "segflow %s: %s\n", cmd.c_str(), st.message().c_str());
-  return st.code() == segflow::ErrorCode::invalid_argument ? 2 : 1;
+  const auto code = st.code();
+  return code == segflow::ErrorCode::invalid_argument || code == segflow::ErrorCode::invalid_config ? 2 : 1;
 }
 
 int cmd_synth(int argc, char** argv) {

@@ -152,6 +152,16 @@ int cmd_train(int argc, char** argv) {
     dp.devices = cfg->train.devices;
     dp.world_size = static_cast<std::int64_t>(dp.devices.size());
   }
+  // The whole config (stages, model, loss, optimizer), built without data, before any data
+  // or run folder is made.
+  {
+    pipeline::StageRegistry registry = pipeline::builtin_registry();
+    if (!ro.plugin_dir.empty()) {
+      auto p = pipeline::load_plugins(ro.plugin_dir, registry);
+      if (!p.is_ok()) return fail("train", p.status());
+    }
+    if (Status st = models::validate_job_config(*cfg, registry); !st.is_ok()) return fail("train", st);
+  }
   auto env_world = [](const char* name) {
     const char* v = std::getenv(name);
     return v ? std::atoll(v) : 0LL;

@@ -16,7 +16,8 @@ int cmd_infer(int argc, char** argv);
 int cmd_bench(int argc, char** argv);  ///< apps/cmd_bench.cpp
 int cmd_ctl(int argc, char** argv);    ///< apps/cmd_ctl.cpp: the daemon client
 
-/// Prints "segflow CMD: message" on stderr; returns 2 for invalid_argument, else 1.
+/// Prints "segflow CMD: message" on stderr; returns 2 for invalid_argument and
+/// invalid_config (bad usage: a bad flag, a bad config), else 1.
 int fail(const std::string& cmd, const Status& st);
 
 }  // namespace segflow::apps

@@ -126,9 +126,7 @@ Result<std::vector<std::int64_t>> patch_xyz(const models::JobConfig& cfg, const 
   const auto dims = static_cast<std::size_t>(info.spatial_dims);
   if (info.fixed_size > 0) return std::vector<std::int64_t>(dims, info.fixed_size);
   std::int64_t fallback = 32;
-  if (cfg.data.synth.is_object() && cfg.data.synth.contains("size") &&
-      cfg.data.synth["size"].is_number_integer())
-    fallback = cfg.data.synth["size"].get<std::int64_t>();
+  if (cfg.data.synth) fallback = cfg.data.synth->size;
   std::vector<std::int64_t> xyz;
   for (const auto& st : cfg.stages.stages) {
     const auto it = st.options.find("spatial_size");
@@ -311,7 +309,7 @@ Result<std::optional<double>> run_world(const models::JobConfig& base, int world
          {"device", o.cuda ? "cuda" : "cpu"},
          {"devices", devices},
          {"config", cfg.file},
-         {"model", cfg.model_name},
+         {"model", cfg.model.name()},
          {"per_rank_batch", b},
          {"global_batch", b * world},
          {"accumulate", acc},

@@ -9,112 +9,91 @@
 #include <sstream>
 
 #include "pipeline/options.hpp"
+#include "pipeline/stage_registry.hpp"
 
 namespace segflow::models {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 using pipeline::format_value;
+using pipeline::OptionParser;
+using pipeline::Range;
+
+void DataSettings::bind(OptionParser& p) {
+  p.string("root", root, "dataset folder (MSD, DICOM cases or MedSAM npy)");
+  if (p.given("synth")) {
+    pipeline::SynthOptions o = synth.value_or(pipeline::SynthOptions{});
+    p.section("synth", o, "when root is missing: make it with these `segflow synth` options");
+    synth = o;
+  } else {
+    p.mapping("synth", "when root is missing: make it with these `segflow synth` options");
+    p.set_resolved("synth", synth ? pipeline::resolved_options(*synth) : json(nullptr));
+  }
+  p.number("val_fraction", val_fraction, Range{0.0, 1.0, false, true}, "",
+           "fraction of cases held out for validation");
+  p.integer("val_cases", val_cases, Range::at_least(-1), "cases",
+            "cases held out for validation; -1 = use val_fraction");
+  p.integer("num_classes", num_classes, Range::non_negative(), "",
+            "label values 0..n-1 incl. background; 0 = the model's out_channels");
+}
+
+void TrainSettings::bind(OptionParser& p) {
+  p.integer("epochs", epochs, Range::at_least(1), "epochs", "passes over the training cases");
+  p.integer("batch_size", batch_size, Range::at_least(1), "samples", "samples per micro-batch (after crops)");
+  p.integer("accumulate", accumulate, Range::at_least(1), "micro-batches",
+            "micro-batches per optimizer step");
+  p.number("grad_clip", grad_clip, Range::non_negative(), "", "max global gradient norm; 0 = off");
+  p.choice("amp", amp, {"none", "bf16", "fp16"}, "mixed precision (fp16: CUDA only, dynamic loss scaling)");
+  p.string("device", device, "auto, cpu, cuda or cuda:N");
+  if (p.ok() && !std::regex_match(device, std::regex("auto|cpu|cuda(:[0-9]+)?")))
+    p.fail("device", "expected auto, cpu, cuda or cuda:N, got \"" + device + "\"");
+  p.string_list("devices", devices, false,
+                "data-parallel ranks, one device each; [] = one trainer on device");
+  if (const json* x = p.given("devices"); p.ok() && x) {
+    for (const auto& d : devices)
+      if (!std::regex_match(d, std::regex("cpu|cuda(:[0-9]+)?")))
+        return p.fail(
+            "devices",
+            "expected a list of cpu, cuda or cuda:N (one data-parallel rank each), got " + format_value(*x));
+    // Two ranks on one GPU would share its memory and NCCL refuses such a communicator
+    // ("cuda" is cuda:0). CPU ranks may repeat: Gloo runs any number on one host.
+    auto norm = [](const std::string& d) { return d == "cuda" ? std::string("cuda:0") : d; };
+    for (std::size_t i = 0; i < devices.size(); ++i)
+      for (std::size_t k = 0; k < i; ++k)
+        if (norm(devices[i]) != "cpu" && norm(devices[i]) == norm(devices[k]))
+          return p.fail("devices", "expected each CUDA device at most once, got " + format_value(*x) + " (" +
+                                       devices[k] + " and " + devices[i] + " are the same device)");
+  }
+  p.integer("val_interval", val_interval, Range::non_negative(), "epochs",
+            "validate every N epochs (and at the end); 0 = never");
+  p.integer("checkpoint_interval", checkpoint_interval, Range::at_least(1), "epochs",
+            "write last.pt every N epochs (and at the end)");
+  p.integer("steps_per_epoch", steps_per_epoch, Range::non_negative(), "steps",
+            "cap on the optimizer steps per epoch; 0 = all batches");
+  p.choice("loader", loader, {"actors", "simple"},
+           "actors (the CAF pipeline) or simple (synchronous baseline)");
+  p.integer("decode_workers", decode_workers, Range::closed(1, 256), "workers", "decode pool size");
+  p.integer("prefetch", prefetch, Range::closed(1, 1024), "batches", "batches prepared ahead per trainer");
+  p.number("cache_rate", cache_rate, Range::closed(0, 1), "", "fraction of cases cached in memory");
+  p.integer("cache_bytes", cache_bytes, Range::non_negative(), "bytes", "memory cache budget");
+  p.string("disk_cache", disk_cache, "persistent cache folder; \"\" = none");
+  p.integer("threads", threads, Range::closed(0, 1024), "threads",
+            "intra-op threads; 0 = LibTorch's default");
+  p.boolean("cudnn_benchmark", cudnn_benchmark, "cuDNN autotuner on CUDA");
+  p.boolean("channels_last", channels_last, "channels-last memory format on CUDA");
+  p.integer("log_every", log_every, Range::at_least(1), "steps", "metrics.jsonl step records every N steps");
+}
+
+void ValidationSettings::bind(OptionParser& p) {
+  p.integer_list("roi_size", roi_size, Range::at_least(1), false,
+                 "sliding window (x, y, z) or (x, y) in voxels; [] = whole volume");
+  p.number("overlap", overlap, Range{0.0, 1.0, false, true}, "",
+           "fraction of the window shared by neighbours");
+  p.choice("mode", mode, {"gaussian", "constant"}, "blending of overlapping windows");
+  p.integer("sw_batch_size", sw_batch_size, Range::at_least(1), "windows", "windows per forward pass");
+}
 
 namespace {
-
-/// Reads the keys of one section, remembering which were used, so leftovers are errors.
-class Section {
- public:
-  Section(const json& j, std::string file, std::string path)
-      : j_(j), file_(std::move(file)), path_(std::move(path)) {}
-
-  Status status() const { return st_; }
-  bool ok() const { return st_.is_ok(); }
-  std::string where(const std::string& key) const {
-    return (file_.empty() ? std::string("config") : file_) + ": " + (path_.empty() ? key : path_ + "." + key);
-  }
-  void fail(const std::string& key, const std::string& msg) {
-    if (st_.is_ok()) st_ = invalid_config(where(key) + ": " + msg);
-  }
-  const json* get(const std::string& key) {
-    used_.push_back(key);
-    if (!j_.is_object() || !j_.contains(key) || j_.at(key).is_null()) return nullptr;
-    return &j_.at(key);
-  }
-  void integer(const std::string& key, std::int64_t& v, std::int64_t lo, std::int64_t hi = INT64_MAX) {
-    if (auto* x = get(key)) {
-      if (!x->is_number_integer() || x->get<std::int64_t>() < lo || x->get<std::int64_t>() > hi)
-        fail(key, "expected an integer " + range_text(lo, hi) + ", got " + format_value(*x));
-      else
-        v = x->get<std::int64_t>();
-    }
-  }
-  void number(const std::string& key, double& v, double lo, double hi, bool hi_open = false) {
-    if (auto* x = get(key)) {
-      if (!x->is_number() || x->get<double>() < lo ||
-          (hi_open ? x->get<double>() >= hi : x->get<double>() > hi))
-        fail(key, "expected a number in [" + fmt(lo) + ", " + fmt(hi) + (hi_open ? ")" : "]") + ", got " +
-                      format_value(*x));
-      else
-        v = x->get<double>();
-    }
-  }
-  void boolean(const std::string& key, bool& v) {
-    if (auto* x = get(key)) {
-      if (!x->is_boolean())
-        fail(key, "expected true or false, got " + format_value(*x));
-      else
-        v = x->get<bool>();
-    }
-  }
-  void string(const std::string& key, std::string& v) {
-    if (auto* x = get(key)) {
-      if (!x->is_string())
-        fail(key, "expected a string, got " + format_value(*x));
-      else
-        v = x->get<std::string>();
-    }
-  }
-  void choice(const std::string& key, std::string& v, const std::vector<std::string>& allowed) {
-    std::string s = v;
-    string(key, s);
-    if (std::find(allowed.begin(), allowed.end(), s) == allowed.end())
-      fail(key, "expected one of " + pipeline::join(allowed) + ", got \"" + s + "\"");
-    else
-      v = s;
-  }
-  void int_list(const std::string& key, std::vector<std::int64_t>& v, std::int64_t lo) {
-    if (auto* x = get(key)) {
-      bool good = x->is_array();
-      if (good)
-        for (auto& e : *x) good &= e.is_number_integer() && e.get<std::int64_t>() >= lo;
-      if (!good)
-        fail(key, "expected a list of integers >= " + std::to_string(lo) + ", got " + format_value(*x));
-      else
-        v = x->get<std::vector<std::int64_t>>();
-    }
-  }
-  /// Errors for keys nobody asked for.
-  void finish() {
-    if (!st_.is_ok() || !j_.is_object()) return;
-    for (auto it = j_.begin(); it != j_.end(); ++it)
-      if (std::find(used_.begin(), used_.end(), it.key()) == used_.end()) {
-        fail(it.key(), "unknown key; expected one of " + pipeline::join(used_));
-        return;
-      }
-  }
-
- private:
-  static std::string fmt(double d) {
-    std::ostringstream os;
-    os << d;
-    return os.str();
-  }
-  static std::string range_text(std::int64_t lo, std::int64_t hi) {
-    return hi == INT64_MAX ? ">= " + std::to_string(lo)
-                           : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-  }
-  const json& j_;
-  std::string file_, path_;
-  std::vector<std::string> used_;
-  Status st_;
-};
 
 /// Applies "a.b.2.c=value" to a YAML tree (value parsed as YAML).
 Status apply_override(YAML::Node root, const std::string& ov, const std::string& file) {
@@ -170,158 +149,64 @@ Status apply_override(YAML::Node root, const std::string& ov, const std::string&
   return Status::ok();
 }
 
+/// A typed section read by its parse function; its resolved value (defaults filled in)
+/// becomes the top parser's. Absent keeps `field` (the job's default).
+template <class T, class Parse>
+void typed_section(OptionParser& top, const char* key, const char* doc, T& field, Parse parse) {
+  const bool given = top.given(key) != nullptr;
+  const json v = top.mapping(key, doc);
+  if (!top.ok()) return;
+  if (given) {
+    auto r = parse(v, top.path_of(key));
+    if (!r.is_ok()) return top.add_error(r.status());
+    field = std::move(*r);
+  }
+  json resolved;
+  to_json(resolved, field);
+  top.set_resolved(key, std::move(resolved));
+}
+
+/// The runs_dir of `output`.
+struct OutputSettings {
+  std::string& runs_dir;
+  void bind(OptionParser& p) { p.string("runs_dir", runs_dir, "parent of the run folders"); }
+};
+
 Status parse_into(const json& j, const std::string& file, JobConfig& c) {
-  if (!j.is_object())
-    return invalid_config((file.empty() ? "config" : file) + ": expected a mapping at the top level");
-  Section top(j, file, "");
-  top.string("name", c.name);
-  if (!std::regex_match(c.name, std::regex("[A-Za-z0-9._-]+")))
-    top.fail("name", "expected letters, digits, '.', '_' or '-', got \"" + c.name + "\"");
-  std::int64_t seed = static_cast<std::int64_t>(c.seed);
-  top.integer("seed", seed, 0);
-  c.seed = static_cast<std::uint64_t>(seed);
-  SEGFLOW_RETURN_IF_ERROR(top.status());
+  const std::string label = file.empty() ? std::string("config") : file;
+  if (!j.is_object()) return invalid_config(label + ": expected a mapping at the top level");
+  OptionParser p(j, label + ": ");
+  p.name_keys("key");
+  p.string("name", c.name, "run folder prefix");
+  if (p.ok() && !std::regex_match(c.name, std::regex("[A-Za-z0-9._-]+")))
+    p.fail("name", "expected letters, digits, '.', '_' or '-', got \"" + c.name + "\"");
+  p.integer("seed", c.seed, Range::non_negative(), "", "seed of model init, data order and augmentation");
+  p.section("data", c.data, "where the data comes from", "key");
+  SEGFLOW_RETURN_IF_ERROR(p.status());
 
-  if (auto* d = top.get("data")) {
-    Section s(*d, file, "data");
-    s.string("root", c.data.root);
-    if (auto* syn = s.get("synth")) {
-      if (!syn->is_object())
-        s.fail("synth", "expected a mapping of synth options, got " + format_value(*syn));
-      else
-        c.data.synth = *syn;
-    }
-    s.number("val_fraction", c.data.val_fraction, 0.0, 1.0, true);
-    s.integer("val_cases", c.data.val_cases, 0);
-    s.integer("num_classes", c.data.num_classes, 0);
-    s.finish();
-    SEGFLOW_RETURN_IF_ERROR(s.status());
-  }
-  const json* stages = top.get("stages");
-  if (!stages)
-    return invalid_config((file.empty() ? "config" : file) +
-                          ": stages: expected a list of stages, got nothing");
-  SEGFLOW_ASSIGN_OR_RETURN(c.stages, pipeline::parse_pipeline_spec(*stages, file, "stages"));
+  json stages;
+  p.json_value("stages", stages, "list of stages", "the pipeline: stage names with options");
+  if (stages.is_null()) return invalid_config(label + ": stages: expected a list of stages, got nothing");
+  SEGFLOW_ASSIGN_OR_RETURN(c.stages, pipeline::parse_pipeline_spec(stages, file, "stages"));
+  p.set_resolved("stages", pipeline::to_json(c.stages));
 
-  const json* model = top.get("model");
-  if (!model || !model->is_object() || !model->contains("name") || !(*model)["name"].is_string())
-    return invalid_config((file.empty() ? "config" : file) +
-                          ": model.name: expected a model name (unet, plain_unet, sam)");
-  c.model_name = (*model)["name"].get<std::string>();
-  c.model_options = *model;
-  c.model_options.erase("name");
-  for (const char* key : {"loss", "optimizer", "schedule"}) {
-    if (auto* x = top.get(key)) {
-      if (!x->is_object())
-        return invalid_config(top.where(key) + ": expected a mapping, got " + format_value(*x));
-      json& dst =
-          std::string(key) == "loss" ? c.loss : (std::string(key) == "optimizer" ? c.optimizer : c.schedule);
-      dst = *x;
-    }
-  }
-  if (auto* t = top.get("train")) {
-    Section s(*t, file, "train");
-    auto& tr = c.train;
-    s.integer("epochs", tr.epochs, 1);
-    s.integer("batch_size", tr.batch_size, 1);
-    s.integer("accumulate", tr.accumulate, 1);
-    s.number("grad_clip", tr.grad_clip, 0.0, 1e12);
-    s.choice("amp", tr.amp, {"none", "bf16", "fp16"});
-    s.string("device", tr.device);
-    if (!std::regex_match(tr.device, std::regex("auto|cpu|cuda(:[0-9]+)?")))
-      s.fail("device", "expected auto, cpu, cuda or cuda:N, got \"" + tr.device + "\"");
-    if (auto* x = s.get("devices")) {
-      bool good = x->is_array();  // [] (the resolved default) = one trainer on train.device
-      if (good)
-        for (auto& e : *x)
-          good &= e.is_string() && std::regex_match(e.get<std::string>(), std::regex("cpu|cuda(:[0-9]+)?"));
-      if (!good)
-        s.fail("devices", "expected a list of cpu, cuda or cuda:N (one data-parallel rank each), got " +
-                              format_value(*x));
-      else
-        tr.devices = x->get<std::vector<std::string>>();
-    }
-    s.integer("val_interval", tr.val_interval, 0);
-    s.integer("checkpoint_interval", tr.checkpoint_interval, 1);
-    s.integer("steps_per_epoch", tr.steps_per_epoch, 0);
-    s.choice("loader", tr.loader, {"actors", "simple"});
-    s.integer("decode_workers", tr.decode_workers, 1, 256);
-    s.integer("prefetch", tr.prefetch, 1, 1024);
-    s.number("cache_rate", tr.cache_rate, 0.0, 1.0);
-    s.integer("cache_bytes", tr.cache_bytes, 0);
-    s.string("disk_cache", tr.disk_cache);
-    s.integer("threads", tr.threads, 0, 1024);
-    s.boolean("cudnn_benchmark", tr.cudnn_benchmark);
-    s.boolean("channels_last", tr.channels_last);
-    s.integer("log_every", tr.log_every, 1);
-    s.finish();
-    SEGFLOW_RETURN_IF_ERROR(s.status());
-  }
-  if (auto* v = top.get("validation")) {
-    Section s(*v, file, "validation");
-    s.int_list("roi_size", c.validation.roi_size, 1);
-    s.number("overlap", c.validation.overlap, 0.0, 1.0, true);
-    s.choice("mode", c.validation.mode, {"gaussian", "constant"});
-    s.integer("sw_batch_size", c.validation.sw_batch_size, 1);
-    s.finish();
-    SEGFLOW_RETURN_IF_ERROR(s.status());
-  }
-  if (auto* o = top.get("output")) {
-    Section s(*o, file, "output");
-    s.string("runs_dir", c.runs_dir);
-    s.finish();
-    SEGFLOW_RETURN_IF_ERROR(s.status());
-  }
-  top.finish();
-  SEGFLOW_RETURN_IF_ERROR(top.status());
-
-  c.resolved = {
-      {"name", c.name},
-      {"seed", c.seed},
-      {"data",
-       {{"root", c.data.root},
-        {"synth", c.data.synth},
-        {"val_fraction", c.data.val_fraction},
-        {"val_cases", c.data.val_cases},
-        {"num_classes", c.data.num_classes}}},
-      {"stages", pipeline::to_json(c.stages)},
-      {"model",
-       [&] {
-         json m = c.model_options;
-         m["name"] = c.model_name;
-         return m;
-       }()},
-      {"loss", c.loss},
-      {"optimizer", c.optimizer},
-      {"schedule", c.schedule},
-      {"train",
-       {{"epochs", c.train.epochs},
-        {"batch_size", c.train.batch_size},
-        {"accumulate", c.train.accumulate},
-        {"grad_clip", c.train.grad_clip},
-        {"amp", c.train.amp},
-        {"device", c.train.device},
-        {"devices", c.train.devices},
-        {"val_interval", c.train.val_interval},
-        {"checkpoint_interval", c.train.checkpoint_interval},
-        {"steps_per_epoch", c.train.steps_per_epoch},
-        {"loader", c.train.loader},
-        {"decode_workers", c.train.decode_workers},
-        {"prefetch", c.train.prefetch},
-        {"cache_rate", c.train.cache_rate},
-        {"cache_bytes", c.train.cache_bytes},
-        {"disk_cache", c.train.disk_cache},
-        {"threads", c.train.threads},
-        {"cudnn_benchmark", c.train.cudnn_benchmark},
-        {"channels_last", c.train.channels_last},
-        {"log_every", c.train.log_every}}},
-      {"validation",
-       {{"roi_size", c.validation.roi_size},
-        {"overlap", c.validation.overlap},
-        {"mode", c.validation.mode},
-        {"sw_batch_size", c.validation.sw_batch_size}}},
-      {"output", {{"runs_dir", c.runs_dir}}},
-  };
+  if (!p.given("model"))
+    return invalid_config(label + ": model.name: expected a model name (unet, plain_unet, sam), got nothing");
+  typed_section(p, "model", "the network (models/registry.hpp)", c.model,
+                [](const json& v, const std::string& w) { return parse_model_options(v, w); });
+  typed_section(p, "loss", "the loss (models/losses.hpp)", c.loss,
+                [](const json& v, const std::string& w) { return parse_loss_options(v, w); });
+  typed_section(p, "optimizer", "the optimizer (models/optim.hpp)", c.optimizer,
+                [](const json& v, const std::string& w) { return parse_optimizer_options(v, w); });
+  typed_section(p, "schedule", "the learning-rate schedule (models/optim.hpp)", c.schedule,
+                [](const json& v, const std::string& w) { return parse_schedule_options(v, w); });
+  SEGFLOW_RETURN_IF_ERROR(p.status());
+  p.section("train", c.train, "how to train", "key");
+  p.section("validation", c.validation, "sliding-window validation", "key");
+  OutputSettings output{c.runs_dir};
+  p.section("output", output, "where run folders go", "key");
+  SEGFLOW_RETURN_IF_ERROR(p.finish());
+  c.resolved = p.resolved();
   return Status::ok();
 }
 
@@ -358,6 +243,36 @@ Result<JobConfig> job_config_from_json(const json& j, const std::string& file) {
   c.file = file;
   SEGFLOW_RETURN_IF_ERROR(parse_into(j, file, c));
   return c;
+}
+
+Status validate_job_config(const JobConfig& cfg, const pipeline::StageRegistry& registry) {
+  const std::string label = cfg.file.empty() ? std::string("config") : cfg.file;
+  SEGFLOW_RETURN_IF_ERROR(pipeline::build_pipeline(cfg.stages, registry, cfg.file).status());
+  if (cfg.train.amp == "fp16" && cfg.train.device == "cpu")
+    return invalid_config(label +
+                          ": train.amp: fp16 needs a CUDA device (use bf16 on the CPU), got device cpu");
+  if (!cfg.model.weights.empty()) {
+    std::error_code ec;
+    if (!fs::is_regular_file(cfg.model.weights, ec))
+      return invalid_config(label + ": model.weights: expected a tensor archive, got \"" + cfg.model.weights +
+                            "\" (no such file)");
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    ModelOptions m = cfg.model;
+    m.weights.clear();  // exists (checked above); read when the job builds its trainer
+    auto model = create_model(m);
+    if (!model.is_ok()) return model.status().with_context(label + ": model");
+    auto loss = make_loss(cfg.loss);
+    if (!loss.is_ok()) return loss.status().with_context(label + ": loss");
+    auto opt = make_optimizer(cfg.optimizer, model->trainable_parameters());
+    if (!opt.is_ok()) return opt.status().with_context(label + ": optimizer");
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+    return invalid_config(label + ": model: cannot be built: " + what);
+  }
+  return Status::ok();
 }
 
 std::string run_name(const JobConfig& cfg) {

@@ -1,96 +1,128 @@
 #pragma once
-// A training job's configuration (YAML), parsed and validated in one place before any
-// data is read. Every section's keys are checked: unknown keys and bad values are errors
-// naming the file, the path and what was expected:
+// A training job's configuration (YAML), read into typed option structs in one place, by the
+// one option reader (pipeline/options.hpp), before any data is read. Every section has a
+// struct with documented in-place defaults, units and ranges: the model (UNetOptions,
+// PlainConvUNetOptions or SAM's, as ModelOptions), LossOptions, OptimizerOptions,
+// ScheduleOptions, pipeline::SynthOptions (data.synth), TrainSettings, ValidationSettings.
+// Unknown keys and bad values are errors naming the file, the key and what was expected:
 //   "configs/job.yaml: train.epochs: expected an integer >= 1, got 0"
+//   "configs/job.yaml: optimizer.lrr: unknown option; expected name, lr, momentum, ..."
+// validate_job_config then builds what parsing cannot check alone (every stage factory, and
+// the model, loss and optimizer on the CPU, constructed but not run); `segflow train`,
+// `segflow bench` and the daemon's `start` call both before any data is read or made.
 //
-// Layout (every key optional except stages and model; see configs/*.yaml):
+// Layout (every key optional except stages and model.name; see configs/*.yaml):
 //   name: spleen-ct-unet3d        # run folder prefix
 //   seed: 0                       # model init, data order, augmentation
-//   data:   {root, synth: {cases, size, format, seed}, val_fraction, val_cases, num_classes}
+//   data:   {root, synth: {cases, size, format, compress, seed}, val_fraction, val_cases,
+//            num_classes}
 //   stages: [...]                 # pipeline (pipeline/pipeline_spec.hpp)
-//   model:  {name: unet, ...options}
+//   model:  {name: unet|plain_unet|sam, ...options}   # models/registry.hpp
 //   loss:   {name: dice_ce, ...}  # models/losses.hpp
-//   optimizer: {name: sgd, lr: 0.2, ...}
-//   schedule:  {name: constant|poly|cosine, warmup_steps, ...}
-//   train:  {epochs, batch_size, accumulate, grad_clip, amp, device, val_interval,
+//   optimizer: {name: sgd|adam|adamw, lr, ...}        # models/optim.hpp
+//   schedule:  {name: constant|poly|cosine, warmup_steps, poly_exponent, min_lr}
+//   train:  {epochs, batch_size, accumulate, grad_clip, amp, device, devices, val_interval,
 //            checkpoint_interval, steps_per_epoch, loader, decode_workers, prefetch,
-//            cache_rate, cache_bytes, disk_cache, threads, cudnn_benchmark, channels_last}
+//            cache_rate, cache_bytes, disk_cache, threads, cudnn_benchmark, channels_last,
+//            log_every}
 //   validation: {roi_size, overlap, mode, sw_batch_size}
 //   output: {runs_dir}
+//
+// JobConfig::resolved is the whole config after overrides with every default filled in: run
+// folders keep it as config.json and checkpoints hold it; job_config_from_json reads it back
+// (and the shorter configs that older checkpoints hold).
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "messages/status.hpp"
+#include "models/losses.hpp"
+#include "models/optim.hpp"
+#include "models/registry.hpp"
 #include "pipeline/pipeline_spec.hpp"
+#include "pipeline/synth.hpp"
+
+namespace segflow::pipeline {
+class OptionParser;
+class StageRegistry;
+}  // namespace segflow::pipeline
 
 namespace segflow::models {
 
-/// Where the data comes from.
+/// Where the data comes from (`data`).
 struct DataSettings {
   std::string root = "data/phantoms";  ///< dataset folder (MSD, DICOM cases or MedSAM npy)
-  nlohmann::json synth;                ///< when set and root is missing: `segflow synth` options
-  double val_fraction = 0.2;           ///< fraction of cases held out for validation, [0, 1)
-  std::int64_t val_cases = -1;         ///< >= 0 overrides val_fraction (count of cases)
-  std::int64_t num_classes = 0;        ///< label values 0..n-1 incl. background; 0 = model out_channels
+  /// When set and root is missing: the dataset `segflow synth` makes with these options
+  /// (its `out` is root). Unset (null) = root must exist.
+  std::optional<pipeline::SynthOptions> synth;
+  double val_fraction = 0.2;     ///< fraction of cases held out for validation, [0, 1)
+  std::int64_t val_cases = -1;   ///< >= 0 overrides val_fraction (count of cases); -1 = unset
+  std::int64_t num_classes = 0;  ///< label values 0..n-1 incl. background, >= 0; 0 = model out_channels
+
+  void bind(pipeline::OptionParser& p);
 };
 
-/// How to train.
+/// How to train (`train`).
 struct TrainSettings {
   std::int64_t epochs = 10;     ///< >= 1
   std::int64_t batch_size = 2;  ///< samples per micro-batch (after crops), >= 1
   std::int64_t accumulate = 1;  ///< micro-batches per optimizer step, >= 1
-  double grad_clip = 0.0;       ///< max global grad norm; 0 = off
+  double grad_clip = 0.0;       ///< max global grad norm, >= 0; 0 = off
   std::string amp = "none";     ///< none | bf16 | fp16 (fp16: CUDA only, dynamic loss scaling)
   std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
   /// Data parallel in one process: one rank per entry ([cuda:0, cuda:1], or [cpu, cpu] for
-  /// CPU ranks); empty or one entry = a single trainer on `device`. `segflow train
-  /// --devices/--ranks` override it.
+  /// CPU ranks; each CUDA device at most once); empty or one entry = a single trainer on
+  /// `device`. `segflow train --devices/--ranks` override it.
   std::vector<std::string> devices;
-  std::int64_t val_interval = 1;         ///< validate every N epochs (and at the end); 0 = never
+  std::int64_t val_interval = 1;         ///< validate every N epochs (and at the end), >= 0; 0 = never
   std::int64_t checkpoint_interval = 1;  ///< write last.pt every N epochs (and at the end), >= 1
-  std::int64_t steps_per_epoch = 0;      ///< > 0 caps the batches per epoch
+  std::int64_t steps_per_epoch = 0;      ///< > 0 caps the batches per epoch; 0 = all
   std::string loader = "actors";         ///< actors (CAF pipeline) | simple (synchronous baseline)
-  std::int64_t decode_workers = 2;       ///< decode pool size, >= 1
-  std::int64_t prefetch = 2;             ///< batches prepared ahead per trainer, >= 1
+  std::int64_t decode_workers = 2;       ///< decode pool size, [1, 256]
+  std::int64_t prefetch = 2;             ///< batches prepared ahead per trainer, [1, 1024]
   double cache_rate = 1.0;               ///< fraction of cases cached in memory, [0, 1]
-  std::int64_t cache_bytes = 8LL << 30;  ///< memory cache budget in bytes
+  std::int64_t cache_bytes = 8LL << 30;  ///< memory cache budget in bytes, >= 0
   std::string disk_cache;                ///< persistent cache folder ("" = none)
-  std::int64_t threads = 0;              ///< intra-op threads; 0 = LibTorch's default
+  std::int64_t threads = 0;              ///< intra-op threads, [0, 1024]; 0 = LibTorch's default
   bool cudnn_benchmark = true;           ///< cuDNN autotuner on CUDA
   bool channels_last = false;            ///< channels-last memory format on CUDA
-  std::int64_t log_every = 10;           ///< metrics.jsonl step records every N steps
+  std::int64_t log_every = 10;           ///< metrics.jsonl step records every N steps, >= 1
+
+  void bind(pipeline::OptionParser& p);
 };
 
-/// Sliding-window validation and inference.
+/// Sliding-window validation and inference (`validation`).
 struct ValidationSettings {
-  std::vector<std::int64_t> roi_size;  ///< window (x, y, z) or (x, y) in voxels; empty = whole volume
-  double overlap = 0.25;               ///< [0, 1)
-  std::string mode = "gaussian";       ///< gaussian | constant
-  std::int64_t sw_batch_size = 1;      ///< >= 1
+  /// Window (x, y, z) or (x, y) in voxels, each >= 1; empty = the whole volume.
+  std::vector<std::int64_t> roi_size;
+  double overlap = 0.25;           ///< fraction of the window shared by neighbours, [0, 1)
+  std::string mode = "gaussian";   ///< blending: gaussian | constant
+  std::int64_t sw_batch_size = 1;  ///< windows per forward pass, >= 1
+
+  void bind(pipeline::OptionParser& p);
 };
 
 /// A whole job.
 struct JobConfig {
   std::string file;          ///< where it came from ("" for inline configs)
   std::string name = "job";  ///< [A-Za-z0-9._-]+
-  std::uint64_t seed = 0;
+  std::uint64_t seed = 0;    ///< >= 0
   DataSettings data;
-  pipeline::PipelineSpec stages;
-  std::string model_name = "unet";
-  nlohmann::json model_options = nlohmann::json::object();
-  nlohmann::json loss = {{"name", "dice_ce"}};
-  nlohmann::json optimizer = {{"name", "adamw"}};
-  nlohmann::json schedule = {{"name", "constant"}};
+  pipeline::PipelineSpec stages;  ///< validated by building it (validate_job_config)
+  ModelOptions model;             ///< `model` (name required)
+  LossOptions loss;               ///< `loss`; default dice_ce with softmax
+  OptimizerOptions optimizer;     ///< `optimizer`; default adamw, lr 1e-3
+  /// `schedule`; default constant (a section without a name is poly, as parse_schedule_options)
+  ScheduleOptions schedule{ScheduleKind::constant};
   TrainSettings train;
   ValidationSettings validation;
-  std::string runs_dir = "runs";
-  nlohmann::json resolved;  ///< the whole config as JSON after overrides and defaults
+  std::string runs_dir = "runs";  ///< `output.runs_dir`: parent of the run folders
+  nlohmann::json resolved;        ///< the whole config as JSON after overrides, defaults filled in
 };
 
 /// Reads a YAML job config from a file, applying `--set key=value` overrides first
@@ -102,6 +134,14 @@ Result<JobConfig> parse_job_config(const std::string& yaml_text, const std::stri
                                    const std::vector<std::string>& overrides = {});
 /// From JSON (a checkpoint's resolved config).
 Result<JobConfig> job_config_from_json(const nlohmann::json& j, const std::string& file);
+
+/// The checks parsing cannot make alone, without reading data: builds every stage of the
+/// pipeline through `registry` (factories validate their options), the model on the CPU
+/// (constructed, not run; `model.weights` must exist but is not read), the loss, and the
+/// optimizer over the model's parameters; refuses train.amp fp16 with a CPU train.device.
+/// Errors name the file and the key ("configs/job.yaml: model: ..."). Model construction
+/// draws from LibTorch's default CPU generator (the trainer seeds it again before its own).
+Status validate_job_config(const JobConfig& cfg, const pipeline::StageRegistry& registry);
 
 /// Deterministic run folder name: "<name>-s<seed>-<8 hex of the resolved config's hash>".
 std::string run_name(const JobConfig& cfg);

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "models/detail/json_options.hpp"
+#include "pipeline/options.hpp"
 
 namespace segflow::models {
 namespace F = torch::nn::functional;
@@ -198,51 +198,50 @@ std::vector<std::string> loss_names() {
   return {"dice", "ce", "bce", "dice_ce", "dice_bce", "focal", "dice_focal"};
 }
 
-Result<LossOptions> parse_loss_options(const nlohmann::json& j) {
-  detail::OptionReader r(j, "loss",
-                         {"name", "softmax", "sigmoid", "include_background", "to_onehot_y", "squared_pred",
-                          "jaccard", "smooth_nr", "smooth_dr", "batch", "ce_weight", "lambda_dice",
-                          "lambda_ce", "lambda_focal", "gamma", "alpha", "focal_softmax"});
-  SEGFLOW_RETURN_IF_ERROR(r.check_keys());
-  LossOptions o;
-  std::string name = "dice_ce";
-  SEGFLOW_RETURN_IF_ERROR(r.get("name", name));
+void LossOptions::bind(pipeline::OptionParser& p) {
+  using pipeline::Range;
   const auto names = loss_names();
-  size_t k = 0;
-  while (k < names.size() && names[k] != name) ++k;
-  if (k == names.size()) {
-    std::string known;
-    for (size_t i = 0; i < names.size(); ++i) known += (i ? ", " : "") + names[i];
-    return invalid_argument("loss: name: expected one of " + known + ", got '" + name + "'");
+  std::string name = names.at(static_cast<size_t>(kind));
+  p.choice("name", name, names, "Dice, cross entropy, BCE, focal or a sum of two (MONAI's losses)");
+  for (size_t k = 0; k < names.size(); ++k)
+    if (names[k] == name) kind = static_cast<LossKind>(k);
+  // A given name brings its default activation (sigmoid for bce and dice_bce, softmax
+  // otherwise); setting one of softmax and sigmoid true turns the other off unless it is
+  // set as well.
+  bool softmax = dice.act == LossActivation::softmax, sigmoid = dice.act == LossActivation::sigmoid;
+  if (p.given("name")) {
+    sigmoid = kind == LossKind::dice_bce || kind == LossKind::bce;
+    softmax = !sigmoid;
   }
-  o.kind = static_cast<LossKind>(k);
-  // Default activation: sigmoid for bce / dice_bce, softmax otherwise; setting one of the
-  // two flags true turns the other off unless it is set as well.
-  const bool default_sigmoid = o.kind == LossKind::dice_bce || o.kind == LossKind::bce;
-  bool softmax = !default_sigmoid, sigmoid = default_sigmoid;
-  SEGFLOW_RETURN_IF_ERROR(r.get("softmax", softmax));
-  SEGFLOW_RETURN_IF_ERROR(r.get("sigmoid", sigmoid));
-  if (r.has("sigmoid") && sigmoid && !r.has("softmax")) softmax = false;
-  if (r.has("softmax") && softmax && !r.has("sigmoid")) sigmoid = false;
-  if (softmax && sigmoid)
-    return invalid_argument("loss: softmax and sigmoid: expected at most one true, got both");
-  o.dice.act = softmax ? LossActivation::softmax : sigmoid ? LossActivation::sigmoid : LossActivation::none;
-  SEGFLOW_RETURN_IF_ERROR(r.get("include_background", o.dice.include_background));
-  SEGFLOW_RETURN_IF_ERROR(r.get("to_onehot_y", o.dice.to_onehot_y));
-  SEGFLOW_RETURN_IF_ERROR(r.get("squared_pred", o.dice.squared_pred));
-  SEGFLOW_RETURN_IF_ERROR(r.get("jaccard", o.dice.jaccard));
-  SEGFLOW_RETURN_IF_ERROR(r.get("smooth_nr", o.dice.smooth_nr));
-  SEGFLOW_RETURN_IF_ERROR(r.get("smooth_dr", o.dice.smooth_dr));
-  SEGFLOW_RETURN_IF_ERROR(r.get("batch", o.dice.batch));
-  SEGFLOW_RETURN_IF_ERROR(r.get("ce_weight", o.ce_weight));
-  SEGFLOW_RETURN_IF_ERROR(r.get("lambda_dice", o.lambda_dice));
-  SEGFLOW_RETURN_IF_ERROR(r.get("lambda_ce", o.lambda_ce));
-  SEGFLOW_RETURN_IF_ERROR(r.get("lambda_focal", o.lambda_focal));
-  SEGFLOW_RETURN_IF_ERROR(r.get("gamma", o.gamma));
-  SEGFLOW_RETURN_IF_ERROR(r.get("alpha", o.alpha));
-  SEGFLOW_RETURN_IF_ERROR(r.get("focal_softmax", o.focal_softmax));
-  SEGFLOW_RETURN_IF_ERROR(o.validate());
-  return o;
+  p.boolean("softmax", softmax, "softmax over channels before the Dice term (needs >= 2 channels)");
+  p.boolean("sigmoid", sigmoid, "sigmoid per channel before the Dice term");
+  if (p.given("sigmoid") && sigmoid && !p.given("softmax")) softmax = false;
+  if (p.given("softmax") && softmax && !p.given("sigmoid")) sigmoid = false;
+  if (softmax && sigmoid) p.fail("sigmoid", "expected at most one of softmax and sigmoid true, got both");
+  p.set_resolved("softmax", softmax);
+  p.set_resolved("sigmoid", sigmoid);
+  dice.act = softmax ? LossActivation::softmax : sigmoid ? LossActivation::sigmoid : LossActivation::none;
+  p.boolean("include_background", dice.include_background, "score channel 0 too");
+  p.boolean("to_onehot_y", dice.to_onehot_y, "the target is a label map: one-hot it to the channels");
+  p.boolean("squared_pred", dice.squared_pred, "squares in the Dice denominator (V-Net)");
+  p.boolean("jaccard", dice.jaccard, "Jaccard (IoU) form instead of Dice");
+  p.number("smooth_nr", dice.smooth_nr, Range::non_negative(), "", "added to the Dice numerator");
+  p.number("smooth_dr", dice.smooth_dr, Range::positive(), "", "added to the Dice denominator");
+  p.boolean("batch", dice.batch, "sum over the batch before the ratio (one score per class)");
+  p.number_list("ce_weight", ce_weight, Range::non_negative(), "", "class weights of the CE term; [] = none");
+  p.number("lambda_dice", lambda_dice, Range::non_negative(), "", "weight of the Dice term");
+  p.number("lambda_ce", lambda_ce, Range::non_negative(), "", "weight of the CE / BCE term");
+  p.number("lambda_focal", lambda_focal, Range::non_negative(), "", "weight of the focal term");
+  p.number("gamma", gamma, Range::non_negative(), "", "focal exponent");
+  p.number("alpha", alpha, Range::closed(0, 1), "", "focal alpha; null = none");
+  p.boolean("focal_softmax", focal_softmax, "softmax focal term (MONAI FocalLoss use_softmax)");
+  if (p.ok()) p.check(validate(), "loss");
+}
+
+void to_json(nlohmann::json& j, const LossOptions& options) { j = pipeline::resolved_options(options); }
+
+Result<LossOptions> parse_loss_options(const nlohmann::json& j, const std::string& where) {
+  return pipeline::parse_options<LossOptions>(j, where);
 }
 
 // ---------------------------------------------------------------------- DeepSupervisionLoss

@@ -22,6 +22,10 @@
 
 #include "messages/status.hpp"
 
+namespace segflow::pipeline {
+class OptionParser;
+}
+
 namespace segflow::models {
 
 /// How logits become probabilities before the Dice (and focal) terms.
@@ -86,7 +90,12 @@ struct LossOptions {
   bool focal_softmax = false;     ///< softmax focal term (MONAI FocalLoss use_softmax)
 
   Status validate() const;
+  /// Reads a job config's `loss` section (keys in parse_loss_options), then validate().
+  void bind(pipeline::OptionParser& p);
 };
+
+/// Every option, defaults included (what a run folder's config.json holds).
+void to_json(nlohmann::json& j, const LossOptions& options);
 
 /// A loss: (logits, target) -> scalar (or per-element with reduction none for dice).
 using LossFn = std::function<at::Tensor(const at::Tensor& input, const at::Tensor& target)>;
@@ -101,8 +110,10 @@ Result<LossFn> make_loss(const LossOptions& options);
 /// false, "squared_pred": false, "jaccard": false, "smooth_nr": 1e-5, "smooth_dr": 1e-5,
 /// "batch": false, "sigmoid": false, "ce_weight": [..], "lambda_dice": 1, "lambda_ce": 1,
 /// "lambda_focal": 1, "gamma": 2, "alpha": null, "focal_softmax": false}. Unknown keys and bad values are
-/// errors. "softmax"/"sigmoid" pick act (at most one true; neither = none; default softmax).
-Result<LossOptions> parse_loss_options(const nlohmann::json& j);
+/// errors naming `where` and the key ("loss.smoth_nr: unknown option; expected name, ...").
+/// "softmax"/"sigmoid" pick act (at most one true; neither = none); a given name brings its
+/// default (sigmoid for bce and dice_bce, softmax otherwise).
+Result<LossOptions> parse_loss_options(const nlohmann::json& j, const std::string& where = "loss");
 /// Names accepted by parse_loss_options' "name".
 std::vector<std::string> loss_names();
 

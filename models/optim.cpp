@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "models/detail/json_options.hpp"
+#include "pipeline/options.hpp"
 
 namespace segflow::models {
 
@@ -51,25 +51,23 @@ Result<std::unique_ptr<torch::optim::Optimizer>> make_optimizer(const OptimizerO
   return opt;
 }
 
-Result<OptimizerOptions> parse_optimizer_options(const nlohmann::json& j) {
-  detail::OptionReader r(j, "optimizer",
-                         {"name", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps"});
-  SEGFLOW_RETURN_IF_ERROR(r.check_keys());
-  OptimizerOptions o;
-  SEGFLOW_RETURN_IF_ERROR(r.get("name", o.name));
-  SEGFLOW_RETURN_IF_ERROR(r.get("lr", o.lr));
-  SEGFLOW_RETURN_IF_ERROR(r.get("momentum", o.momentum));
-  SEGFLOW_RETURN_IF_ERROR(r.get("nesterov", o.nesterov));
-  SEGFLOW_RETURN_IF_ERROR(r.get("weight_decay", o.weight_decay));
-  SEGFLOW_RETURN_IF_ERROR(r.get("eps", o.eps));
-  if (r.has("betas")) {
-    std::vector<double> b;
-    SEGFLOW_RETURN_IF_ERROR(r.get("betas", b));
-    if (b.size() != 2) return r.bad("betas", "two numbers", j["betas"]);
-    o.betas = {b[0], b[1]};
-  }
-  SEGFLOW_RETURN_IF_ERROR(o.validate());
-  return o;
+void OptimizerOptions::bind(pipeline::OptionParser& p) {
+  using pipeline::Range;
+  p.choice("name", name, {"sgd", "adam", "adamw"}, "SGD, Adam or AdamW (torch.optim's)");
+  p.number("lr", lr, Range::positive(), "", "base learning rate (the schedule scales it)");
+  p.number("momentum", momentum, Range{0.0, 1.0, false, true}, "", "SGD momentum (nnU-Net: 0.99)");
+  p.boolean("nesterov", nesterov, "SGD Nesterov momentum (needs momentum > 0)");
+  p.number("weight_decay", weight_decay, Range::non_negative(), "",
+           "L2 penalty for sgd and adam, decoupled decay for adamw");
+  p.numbers("betas", betas, Range{0.0, 1.0, false, true}, false, "", "Adam's moment decay rates");
+  p.number("eps", eps, Range::positive(), "", "Adam's denominator term");
+  if (p.ok()) p.check(validate(), "optimizer");
+}
+
+void to_json(nlohmann::json& j, const OptimizerOptions& options) { j = pipeline::resolved_options(options); }
+
+Result<OptimizerOptions> parse_optimizer_options(const nlohmann::json& j, const std::string& where) {
+  return pipeline::parse_options<OptimizerOptions>(j, where);
 }
 
 Status ScheduleOptions::validate() const {
@@ -82,25 +80,25 @@ Status ScheduleOptions::validate() const {
   return Status::ok();
 }
 
-Result<ScheduleOptions> parse_schedule_options(const nlohmann::json& j) {
-  detail::OptionReader r(j, "schedule", {"name", "warmup_steps", "poly_exponent", "min_lr"});
-  SEGFLOW_RETURN_IF_ERROR(r.check_keys());
-  ScheduleOptions o;
-  std::string name = "poly";
-  SEGFLOW_RETURN_IF_ERROR(r.get("name", name));
-  if (name == "constant")
-    o.kind = ScheduleKind::constant;
-  else if (name == "poly")
-    o.kind = ScheduleKind::poly;
-  else if (name == "cosine")
-    o.kind = ScheduleKind::cosine;
-  else
-    return invalid_argument("schedule: name: expected one of constant, poly, cosine, got '" + name + "'");
-  SEGFLOW_RETURN_IF_ERROR(r.get("warmup_steps", o.warmup_steps));
-  SEGFLOW_RETURN_IF_ERROR(r.get("poly_exponent", o.poly_exponent));
-  SEGFLOW_RETURN_IF_ERROR(r.get("min_lr", o.min_lr));
-  SEGFLOW_RETURN_IF_ERROR(o.validate());
-  return o;
+void ScheduleOptions::bind(pipeline::OptionParser& p) {
+  using pipeline::Range;
+  const char* names[] = {"constant", "poly", "cosine"};
+  std::string name = names[static_cast<int>(kind)];
+  p.choice("name", name, {"constant", "poly", "cosine"},
+           "learning rate after warmup: constant, poly (1 - progress)^exponent, or cosine to min_lr");
+  for (int k = 0; k < 3; ++k)
+    if (name == names[k]) kind = static_cast<ScheduleKind>(k);
+  p.integer("warmup_steps", warmup_steps, Range::non_negative(), "steps",
+            "linear warmup: lr = base (step + 1) / warmup_steps");
+  p.number("poly_exponent", poly_exponent, Range::positive(), "", "poly: base (1 - progress)^exponent");
+  p.number("min_lr", min_lr, Range::non_negative(), "", "floor reached at the end of poly and cosine");
+  if (p.ok()) p.check(validate(), "schedule");
+}
+
+void to_json(nlohmann::json& j, const ScheduleOptions& options) { j = pipeline::resolved_options(options); }
+
+Result<ScheduleOptions> parse_schedule_options(const nlohmann::json& j, const std::string& where) {
+  return pipeline::parse_options<ScheduleOptions>(j, where);
 }
 
 LrSchedule::LrSchedule(ScheduleOptions options, double base_lr) : options_(options), base_lr_(base_lr) {}

@@ -15,6 +15,10 @@
 
 #include "messages/status.hpp"
 
+namespace segflow::pipeline {
+class OptionParser;
+}
+
 namespace segflow::models {
 
 struct OptimizerOptions {
@@ -27,16 +31,22 @@ struct OptimizerOptions {
   double eps = 1e-8;                           ///< adam/adamw, > 0
 
   Status validate() const;
+  /// Reads a job config's `optimizer` section (pipeline/options.hpp), then validate().
+  void bind(pipeline::OptionParser& p);
 };
+/// Every option, defaults included (what a run folder's config.json holds).
+void to_json(nlohmann::json& j, const OptimizerOptions& options);
 
 /// Builds the optimizer over the parameters that require grad. invalid_argument for a bad
 /// name (listing sgd, adam, adamw) or value, or when no parameter requires grad.
 Result<std::unique_ptr<torch::optim::Optimizer>> make_optimizer(const OptimizerOptions& options,
                                                                 const std::vector<at::Tensor>& parameters);
 
-/// {"name", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps"}; unknown keys are
-/// errors.
-Result<OptimizerOptions> parse_optimizer_options(const nlohmann::json& j);
+/// {"name", "lr", "momentum", "nesterov", "weight_decay", "betas", "eps"}; unknown keys and
+/// bad values are errors naming `where` and the key ("optimizer.lrr: unknown option;
+/// expected name, lr, ...").
+Result<OptimizerOptions> parse_optimizer_options(const nlohmann::json& j,
+                                                 const std::string& where = "optimizer");
 
 enum class ScheduleKind { constant, poly, cosine };
 
@@ -47,10 +57,16 @@ struct ScheduleOptions {
   double min_lr = 0.0;         ///< floor reached at the end of poly and cosine, >= 0
 
   Status validate() const;
+  /// Reads a `schedule` section; "name" sets kind (pipeline/options.hpp).
+  void bind(pipeline::OptionParser& p);
 };
+/// Every option, defaults included; kind as "name".
+void to_json(nlohmann::json& j, const ScheduleOptions& options);
 
-/// {"name": "constant"|"poly"|"cosine", "warmup_steps", "poly_exponent", "min_lr"}.
-Result<ScheduleOptions> parse_schedule_options(const nlohmann::json& j);
+/// {"name": "constant"|"poly"|"cosine" (default poly), "warmup_steps", "poly_exponent",
+/// "min_lr"}; errors name `where` and the key.
+Result<ScheduleOptions> parse_schedule_options(const nlohmann::json& j,
+                                               const std::string& where = "schedule");
 
 /// Learning rate as a function of the step. After warmup, progress p = (step - warmup) /
 /// (total - warmup) in [0, 1]: constant base; poly min + (base - min)(1 - p)^exponent;

@@ -2,54 +2,132 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/detail/json_options.hpp"
-#include "models/sam.hpp"
-#include "models/unet.hpp"
+#include <algorithm>
+
 #include "models/weights.hpp"
+#include "pipeline/options.hpp"
 
 namespace segflow::models {
 namespace {
 
-const std::vector<std::string> kCommonKeys = {"spatial_dims", "in_channels", "out_channels", "weights",
-                                              "weights_strict"};
+using pipeline::OptionParser;
+using pipeline::Range;
 
-std::vector<std::string> with_common(std::vector<std::string> keys) {
-  keys.insert(keys.begin(), kCommonKeys.begin(), kCommonKeys.end());
-  return keys;
+void bind_norm(OptionParser& p, NormKind& norm, const char* doc) {
+  std::string s = to_string(norm);
+  p.choice("norm", s, {"batch", "instance", "none"}, doc);
+  if (auto n = parse_norm(s); n.is_ok()) norm = *n;
 }
 
-Status read_norm(const detail::OptionReader& r, NormKind& out) {
-  std::string s = to_string(out);
-  SEGFLOW_RETURN_IF_ERROR(r.get("norm", s));
-  auto n = parse_norm(s);
-  if (!n.is_ok()) return n.status().with_context(r.where());
-  out = *n;
-  return Status::ok();
-}
-
-Result<ModelHandle> make_unet(const nlohmann::json& j) {
-  detail::OptionReader r(j, "unet",
-                         with_common({"channels", "strides", "kernel_size", "up_kernel_size", "num_res_units",
-                                      "norm", "act", "dropout", "bias"}));
-  SEGFLOW_RETURN_IF_ERROR(r.check_keys());
-  UNetOptions o;
-  SEGFLOW_RETURN_IF_ERROR(r.get("spatial_dims", o.spatial_dims));
-  SEGFLOW_RETURN_IF_ERROR(r.get("in_channels", o.in_channels));
-  SEGFLOW_RETURN_IF_ERROR(r.get("out_channels", o.out_channels));
-  SEGFLOW_RETURN_IF_ERROR(r.get("channels", o.channels));
-  SEGFLOW_RETURN_IF_ERROR(r.get("strides", o.strides));
-  SEGFLOW_RETURN_IF_ERROR(r.get("kernel_size", o.kernel_size));
-  SEGFLOW_RETURN_IF_ERROR(r.get("up_kernel_size", o.up_kernel_size));
-  SEGFLOW_RETURN_IF_ERROR(r.get("num_res_units", o.num_res_units));
-  SEGFLOW_RETURN_IF_ERROR(read_norm(r, o.norm));
+void bind(OptionParser& p, UNetOptions& o) {
+  p.integer("spatial_dims", o.spatial_dims, Range::closed(2, 3), "", "2D (Y, X) or 3D (Z, Y, X) inputs");
+  p.integer("in_channels", o.in_channels, Range::at_least(1), "channels", "input image channels");
+  p.integer("out_channels", o.out_channels, Range::at_least(1), "channels",
+            "output logit channels (classes incl. background)");
+  p.integer_list("channels", o.channels, Range::at_least(1), false, "features per level, >= 2 levels");
+  p.integer_list("strides", o.strides, Range::at_least(1), false,
+                 "downsampling factor between levels (len(channels) - 1 entries)");
+  p.integer("kernel_size", o.kernel_size, Range::at_least(1), "voxels", "conv kernel size (odd)");
+  p.integer("up_kernel_size", o.up_kernel_size, Range::at_least(1), "voxels",
+            "transposed-conv kernel size (odd)");
+  p.integer("num_res_units", o.num_res_units, Range::non_negative(), "",
+            "residual units per block; 0 = plain conv blocks");
+  bind_norm(p, o.norm, "normalisation: batch, instance (affine) or none");
   std::string act = to_string(o.act);
-  SEGFLOW_RETURN_IF_ERROR(r.get("act", act));
-  auto a = parse_act(act);
-  if (!a.is_ok()) return a.status().with_context("unet");
-  o.act = *a;
-  SEGFLOW_RETURN_IF_ERROR(r.get("dropout", o.dropout));
-  SEGFLOW_RETURN_IF_ERROR(r.get("bias", o.bias));
-  SEGFLOW_RETURN_IF_ERROR(o.validate());
+  p.choice("act", act, {"relu", "prelu", "leakyrelu", "none"}, "activation");
+  if (auto a = parse_act(act); a.is_ok()) o.act = *a;
+  p.number("dropout", o.dropout, Range{0.0, 1.0, false, true}, "", "dropout probability");
+  p.boolean("bias", o.bias, "conv biases");
+  if (p.ok()) p.check(o.validate(), "unet");
+}
+
+void bind(OptionParser& p, PlainConvUNetOptions& o) {
+  p.integer("spatial_dims", o.spatial_dims, Range::closed(2, 3), "", "2D (Y, X) or 3D (Z, Y, X) inputs");
+  p.integer("in_channels", o.in_channels, Range::at_least(1), "channels", "input image channels");
+  p.integer("out_channels", o.num_classes, Range::at_least(1), "channels", "classes incl. background");
+  p.integer("n_stages", o.n_stages, Range::at_least(2), "", "encoder stages");
+  p.integer("base_features", o.base_features, Range::at_least(1), "channels",
+            "features of stage 0, doubled per stage");
+  p.integer("max_features", o.max_features, Range::at_least(1), "channels",
+            "cap on the features per stage (>= base_features)");
+  p.integer("n_conv_per_stage", o.n_conv_per_stage, Range::at_least(1), "", "encoder convs per stage");
+  p.integer("n_conv_per_stage_decoder", o.n_conv_per_stage_decoder, Range::at_least(1), "",
+            "decoder convs per stage");
+  p.integer("kernel_size", o.kernel_size, Range::at_least(1), "voxels", "conv kernel size (odd)");
+  p.integer_list("strides", o.strides, Range::at_least(1), false,
+                 "stride per stage (n_stages entries); [] = 1, 2, 2, ...");
+  p.boolean("deep_supervision", o.deep_supervision, "one output per decoder stage");
+  p.boolean("conv_bias", o.conv_bias, "conv biases");
+  p.number("negative_slope", o.negative_slope, Range::non_negative(), "", "LeakyReLU slope");
+  bind_norm(p, o.norm, "normalisation: instance (affine, nnU-Net's), batch or none");
+  if (p.ok()) p.check(o.validate(), "plain_unet");
+}
+
+void bind(OptionParser& p, SamModelOptions& m) {
+  p.choice("preset", m.preset, SamOptions::preset_names(),
+           "the base every other key overrides: tiny, small or vit_b (SAM ViT-B)");
+  if (p.given("preset") && p.ok()) m.sam = SamOptions::preset(m.preset).value();
+  int dims = 2;
+  std::int64_t out = 1;
+  p.integer("spatial_dims", dims, Range::any(), "", "2 (sam is a 2D model)");
+  if (dims != 2) p.fail("spatial_dims", "expected 2 (sam is a 2D model), got " + std::to_string(dims));
+  p.integer("out_channels", out, Range::any(), "channels", "1 (one mask per box, sigmoid logits)");
+  if (out != 1)
+    p.fail("out_channels", "expected 1 (one mask per box, sigmoid logits), got " + std::to_string(out));
+  auto& e = m.sam.image_encoder;
+  auto& d = m.sam.mask_decoder;
+  p.integer("in_channels", e.in_chans, Range::at_least(1), "channels", "image channels");
+  p.integer("img_size", e.img_size, Range::at_least(1), "pixels",
+            "input height = width (a multiple of patch_size)");
+  p.integer("patch_size", e.patch_size, Range::at_least(1), "pixels", "patch side");
+  p.integer("embed_dim", e.embed_dim, Range::at_least(1), "channels",
+            "token width (a multiple of num_heads)");
+  p.integer("depth", e.depth, Range::at_least(1), "", "transformer blocks of the image encoder");
+  p.integer("num_heads", e.num_heads, Range::at_least(1), "", "attention heads of the image encoder");
+  p.number("mlp_ratio", e.mlp_ratio, Range::positive(), "", "MLP hidden width / embed_dim");
+  p.integer("out_chans", e.out_chans, Range::at_least(8), "channels",
+            "neck output channels (a multiple of 8)");
+  p.boolean("use_rel_pos", e.use_rel_pos, "SAM's decomposed relative positions");
+  p.integer("window_size", e.window_size, Range::non_negative(), "patches",
+            "windowed attention window; 0 = global attention everywhere");
+  p.integer_list("global_attn_indexes", e.global_attn_indexes, Range::non_negative(), true,
+                 "blocks with global attention when windowed (each < depth)");
+  p.integer("decoder_depth", d.depth, Range::at_least(1), "", "two-way attention blocks of the mask decoder");
+  p.integer("decoder_heads", d.num_heads, Range::at_least(1), "", "attention heads of the mask decoder");
+  p.integer("decoder_mlp_dim", d.mlp_dim, Range::at_least(1), "channels", "mask decoder MLP width");
+  p.integer("num_multimask_outputs", d.num_multimask_outputs, Range::non_negative(), "",
+            "extra mask tokens (the output uses token 0)");
+  p.boolean("iou_head", d.iou_head, "IoU prediction head (needed to load SAM weights)");
+  p.boolean("freeze_image_encoder", e.frozen, "no gradients for the image encoder");
+  p.boolean("freeze_prompt_encoder", m.sam.prompt_encoder.frozen,
+            "no gradients for the prompt encoder (MedSAM)");
+  p.boolean("freeze_mask_decoder", d.frozen, "no gradients for the mask decoder");
+  m.sam.resolve();
+  if (p.ok()) p.check(m.sam.validate(), "sam");
+}
+
+/// The network's keys, then the keys every model has.
+template <class Net>
+void bind_model(OptionParser& p, Net& net, ModelOptions& m) {
+  bind(p, net);
+  p.string("weights", m.weights, "segflow tensor archive loaded after construction; \"\" = none");
+  p.boolean("weights_strict", m.weights_strict, "every archive tensor must match a parameter or buffer");
+}
+
+/// Reads the keys of network `name` (a known model) and the common keys into `m`; the
+/// parser's first error or unknown key.
+Status read_model(const std::string& name, OptionParser& p, ModelOptions& m) {
+  if (name == "unet")
+    m.net = UNetOptions{};
+  else if (name == "plain_unet")
+    m.net = PlainConvUNetOptions{};
+  else
+    m.net = SamModelOptions{};
+  std::visit([&](auto& net) { bind_model(p, net, m); }, m.net);
+  return p.finish();
+}
+
+Result<ModelHandle> build(const UNetOptions& o) {
   ModelInfo info{"unet", o.spatial_dims, o.in_channels, o.out_channels, false, false, o.size_divisor(), 0};
   auto m = UNet(o).ptr();
   return ModelHandle(info, m, [](torch::nn::Module& mod, const at::Tensor& x, const at::Tensor&) {
@@ -57,28 +135,7 @@ Result<ModelHandle> make_unet(const nlohmann::json& j) {
   });
 }
 
-Result<ModelHandle> make_plain_unet(const nlohmann::json& j) {
-  detail::OptionReader r(j, "plain_unet",
-                         with_common({"n_stages", "base_features", "max_features", "n_conv_per_stage",
-                                      "n_conv_per_stage_decoder", "kernel_size", "strides",
-                                      "deep_supervision", "conv_bias", "negative_slope", "norm"}));
-  SEGFLOW_RETURN_IF_ERROR(r.check_keys());
-  PlainConvUNetOptions o;
-  SEGFLOW_RETURN_IF_ERROR(r.get("spatial_dims", o.spatial_dims));
-  SEGFLOW_RETURN_IF_ERROR(r.get("in_channels", o.in_channels));
-  SEGFLOW_RETURN_IF_ERROR(r.get("out_channels", o.num_classes));
-  SEGFLOW_RETURN_IF_ERROR(r.get("n_stages", o.n_stages));
-  SEGFLOW_RETURN_IF_ERROR(r.get("base_features", o.base_features));
-  SEGFLOW_RETURN_IF_ERROR(r.get("max_features", o.max_features));
-  SEGFLOW_RETURN_IF_ERROR(r.get("n_conv_per_stage", o.n_conv_per_stage));
-  SEGFLOW_RETURN_IF_ERROR(r.get("n_conv_per_stage_decoder", o.n_conv_per_stage_decoder));
-  SEGFLOW_RETURN_IF_ERROR(r.get("kernel_size", o.kernel_size));
-  SEGFLOW_RETURN_IF_ERROR(r.get("strides", o.strides));
-  SEGFLOW_RETURN_IF_ERROR(r.get("deep_supervision", o.deep_supervision));
-  SEGFLOW_RETURN_IF_ERROR(r.get("conv_bias", o.conv_bias));
-  SEGFLOW_RETURN_IF_ERROR(r.get("negative_slope", o.negative_slope));
-  SEGFLOW_RETURN_IF_ERROR(read_norm(r, o.norm));
-  SEGFLOW_RETURN_IF_ERROR(o.validate());
+Result<ModelHandle> build(const PlainConvUNetOptions& o) {
   ModelInfo info{"plain_unet", o.spatial_dims,     o.in_channels,    o.num_classes,
                  false,        o.deep_supervision, o.size_divisor(), 0};
   auto m = PlainConvUNet(o).ptr();
@@ -87,46 +144,11 @@ Result<ModelHandle> make_plain_unet(const nlohmann::json& j) {
   });
 }
 
-Result<ModelHandle> make_sam(const nlohmann::json& j) {
-  detail::OptionReader r(
-      j, "sam",
-      with_common({"preset", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio",
-                   "out_chans", "use_rel_pos", "window_size", "global_attn_indexes", "decoder_depth",
-                   "decoder_heads", "decoder_mlp_dim", "num_multimask_outputs", "iou_head",
-                   "freeze_image_encoder", "freeze_prompt_encoder", "freeze_mask_decoder"}));
-  SEGFLOW_RETURN_IF_ERROR(r.check_keys());
-  std::string preset = "tiny";
-  SEGFLOW_RETURN_IF_ERROR(r.get("preset", preset));
-  SEGFLOW_ASSIGN_OR_RETURN(SamOptions o, SamOptions::preset(preset));
-  int spatial_dims = 2;
-  int64_t out_channels = 1;
-  SEGFLOW_RETURN_IF_ERROR(r.get("spatial_dims", spatial_dims));
-  SEGFLOW_RETURN_IF_ERROR(r.get("out_channels", out_channels));
-  if (spatial_dims != 2) return r.bad("spatial_dims", "2 (sam is a 2D model)", spatial_dims);
-  if (out_channels != 1) return r.bad("out_channels", "1 (one mask per box, sigmoid logits)", out_channels);
-  auto& e = o.image_encoder;
-  auto& d = o.mask_decoder;
-  SEGFLOW_RETURN_IF_ERROR(r.get("in_channels", e.in_chans));
-  SEGFLOW_RETURN_IF_ERROR(r.get("img_size", e.img_size));
-  SEGFLOW_RETURN_IF_ERROR(r.get("patch_size", e.patch_size));
-  SEGFLOW_RETURN_IF_ERROR(r.get("embed_dim", e.embed_dim));
-  SEGFLOW_RETURN_IF_ERROR(r.get("depth", e.depth));
-  SEGFLOW_RETURN_IF_ERROR(r.get("num_heads", e.num_heads));
-  SEGFLOW_RETURN_IF_ERROR(r.get("mlp_ratio", e.mlp_ratio));
-  SEGFLOW_RETURN_IF_ERROR(r.get("out_chans", e.out_chans));
-  SEGFLOW_RETURN_IF_ERROR(r.get("use_rel_pos", e.use_rel_pos));
-  SEGFLOW_RETURN_IF_ERROR(r.get("window_size", e.window_size));
-  SEGFLOW_RETURN_IF_ERROR(r.get("global_attn_indexes", e.global_attn_indexes));
-  SEGFLOW_RETURN_IF_ERROR(r.get("decoder_depth", d.depth));
-  SEGFLOW_RETURN_IF_ERROR(r.get("decoder_heads", d.num_heads));
-  SEGFLOW_RETURN_IF_ERROR(r.get("decoder_mlp_dim", d.mlp_dim));
-  SEGFLOW_RETURN_IF_ERROR(r.get("num_multimask_outputs", d.num_multimask_outputs));
-  SEGFLOW_RETURN_IF_ERROR(r.get("iou_head", d.iou_head));
-  SEGFLOW_RETURN_IF_ERROR(r.get("freeze_image_encoder", e.frozen));
-  SEGFLOW_RETURN_IF_ERROR(r.get("freeze_prompt_encoder", o.prompt_encoder.frozen));
-  SEGFLOW_RETURN_IF_ERROR(r.get("freeze_mask_decoder", d.frozen));
+Result<ModelHandle> build(const SamModelOptions& so) {
+  SamOptions o = so.sam;
   o.resolve();
   SEGFLOW_RETURN_IF_ERROR(o.validate());
+  const auto& e = o.image_encoder;
   ModelInfo info{"sam", 2, e.in_chans, 1, true, false, e.patch_size, e.img_size};
   auto m = Sam(o).ptr();
   return ModelHandle(info, m, [](torch::nn::Module& mod, const at::Tensor& x, const at::Tensor& box) {
@@ -161,33 +183,65 @@ std::vector<at::Tensor> ModelHandle::trainable_parameters() const {
 
 std::vector<std::string> known_models() { return {"unet", "plain_unet", "sam"}; }
 
-Result<ModelHandle> create_model(const std::string& name, const nlohmann::json& options) {
-  if (!options.is_null() && !options.is_object())
-    return invalid_argument("model options: expected an object, got " + options.dump());
+std::string ModelOptions::name() const {
+  switch (net.index()) {
+    case 0:
+      return "unet";
+    case 1:
+      return "plain_unet";
+    default:
+      return "sam";
+  }
+}
+
+Result<ModelOptions> parse_model_options(const nlohmann::json& j, const std::string& where) {
+  OptionParser p(j, where);
+  std::string name;
+  p.choice("name", name, known_models(),
+           "the network: unet (MONAI's), plain_unet (nnU-Net's) or sam (box-prompted SAM)");
+  if (p.ok() && !p.given("name"))
+    p.fail("name", "expected a model name (unet, plain_unet, sam), got nothing");
+  if (!p.ok()) return p.finish();  // which keys are known depends on the name
+  ModelOptions m;
+  SEGFLOW_RETURN_IF_ERROR(read_model(name, p, m));
+  return m;
+}
+
+void to_json(nlohmann::json& j, const ModelOptions& options) {
+  ModelOptions m = options;
+  OptionParser p(nlohmann::json::object(), "");
+  std::string name = m.name();
+  p.choice("name", name, known_models(), "the network");
+  std::visit([&](auto& net) { bind_model(p, net, m); }, m.net);
+  j = p.resolved();
+}
+
+Result<ModelHandle> create_model(const ModelOptions& options) {
   Result<ModelHandle> made = invalid_argument("");
   try {
-    if (name == "unet")
-      made = make_unet(options);
-    else if (name == "plain_unet")
-      made = make_plain_unet(options);
-    else if (name == "sam")
-      made = make_sam(options);
-    else
-      return invalid_argument("model: unknown name '" + name + "'; known models: unet, plain_unet, sam");
+    made = std::visit([](const auto& net) { return build(net); }, options.net);
   } catch (const std::exception& e) {
-    return invalid_argument(name + ": " + e.what());
+    std::string what = e.what();  // LibTorch appends a backtrace after the first line
+    if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+    return invalid_argument(options.name() + ": " + what);
   }
   if (!made.is_ok()) return made;
-  detail::OptionReader r(options, name, {});
-  std::string weights;
-  bool strict = true;
-  SEGFLOW_RETURN_IF_ERROR(r.get("weights", weights));
-  SEGFLOW_RETURN_IF_ERROR(r.get("weights_strict", strict));
-  if (!weights.empty()) {
-    SEGFLOW_ASSIGN_OR_RETURN(auto tensors, read_tensor_archive(weights));
-    SEGFLOW_RETURN_IF_ERROR(load_into(made->module(), tensors, strict).with_context(weights));
+  if (!options.weights.empty()) {
+    SEGFLOW_ASSIGN_OR_RETURN(auto tensors, read_tensor_archive(options.weights));
+    SEGFLOW_RETURN_IF_ERROR(
+        load_into(made->module(), tensors, options.weights_strict).with_context(options.weights));
   }
   return made;
+}
+
+Result<ModelHandle> create_model(const std::string& name, const nlohmann::json& options) {
+  const auto known = known_models();
+  if (std::find(known.begin(), known.end(), name) == known.end())
+    return invalid_argument("model: unknown name '" + name + "'; known models: unet, plain_unet, sam");
+  ModelOptions m;
+  OptionParser p(options, name);
+  SEGFLOW_RETURN_IF_ERROR(read_model(name, p, m));
+  return create_model(m);
 }
 
 }  // namespace segflow::models

@@ -16,7 +16,9 @@
 //                num_multimask_outputs, iou_head, freeze_image_encoder,
 //                freeze_prompt_encoder (default true), freeze_mask_decoder
 //                (spatial_dims must be 2, out_channels 1; in_channels maps to in_chans)
-// Defaults are those of the option structs (UNetOptions, PlainConvUNetOptions, SamOptions).
+// Defaults are those of the option structs (UNetOptions, PlainConvUNetOptions, SamOptions);
+// a job config's `model` section is read into ModelOptions by parse_model_options (the one
+// option reader, pipeline/options.hpp), and create_model builds the network from it.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -26,9 +28,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "messages/status.hpp"
+#include "models/sam.hpp"
+#include "models/unet.hpp"
 
 namespace torch::nn {
 class Module;
@@ -75,9 +80,38 @@ class ModelHandle {
   ForwardFn forward_;
 };
 
-/// Builds a model. invalid_argument for an unknown name (listing the known ones), an unknown
-/// option key (listing the known keys) or a bad value; errors of `weights` loading pass
-/// through with the path.
+/// SAM as a config names it: a preset and the options it resolved to after the keys that
+/// override it field by field.
+struct SamModelOptions {
+  std::string preset = "tiny";                          ///< tiny | small | vit_b
+  SamOptions sam = SamOptions::preset("tiny").value();  ///< the preset with overrides, resolved
+};
+
+/// A job config's `model` section, typed: which network (the alternative held), its options,
+/// and the weights loaded after construction.
+struct ModelOptions {
+  std::variant<UNetOptions, PlainConvUNetOptions, SamModelOptions> net;  ///< unet | plain_unet | sam
+  std::string weights;  ///< segflow tensor archive (models/weights.hpp) loaded after construction; "" = none
+  bool weights_strict = true;  ///< every tensor of the archive must match a parameter or buffer
+
+  /// "unet", "plain_unet" or "sam".
+  std::string name() const;
+};
+
+/// Reads a `model` section: "name" (unet | plain_unet | sam; required) and that network's
+/// keys. Unknown keys and bad values are invalid_config errors naming `where` and the key:
+/// "configs/job.yaml: model.channelz: unknown option; expected name, spatial_dims, ...".
+Result<ModelOptions> parse_model_options(const nlohmann::json& j, const std::string& where = "model");
+/// Every option with "name", defaults included (what a run folder's config.json holds).
+void to_json(nlohmann::json& j, const ModelOptions& options);
+
+/// Builds a model from its options (on the CPU), then loads `weights` when set. Errors of
+/// weights loading pass through with the path.
+Result<ModelHandle> create_model(const ModelOptions& options);
+
+/// The same from a name and a JSON object of that network's options (no "name" key).
+/// invalid_argument for an unknown name (listing the known ones); unknown option keys (listing
+/// the known keys) and bad values are errors naming "<name>.<key>".
 Result<ModelHandle> create_model(const std::string& name, const nlohmann::json& options);
 
 /// "unet", "plain_unet", "sam".

@@ -113,7 +113,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
     if (device.is_cuda()) {
       at::globalContext().setBenchmarkCuDNN(cfg.train.cudnn_benchmark);
     }
-    auto model = create_model(cfg.model_name, cfg.model_options);
+    auto model = create_model(cfg.model);
     if (!model.is_ok()) return model.status().with_context(cfg.file + ": model");
     std::unique_ptr<Trainer> t(new Trainer(cfg, device, *model));
     t->model_.module().to(device);
@@ -122,23 +122,17 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
     t->num_classes_ = cfg.data.num_classes > 0 ? cfg.data.num_classes
                                                : std::max<std::int64_t>(2, t->model_.info().out_channels);
 
-    auto lo = parse_loss_options(cfg.loss);
-    if (!lo.is_ok()) return lo.status().with_context(cfg.file + ": loss");
-    auto loss = make_loss(*lo);
+    auto loss = make_loss(cfg.loss);
     if (!loss.is_ok()) return loss.status().with_context(cfg.file + ": loss");
     t->impl_->loss = *loss;
     if (t->model_.info().deep_supervision) t->impl_->ds_loss.emplace(*loss);
 
-    auto oo = parse_optimizer_options(cfg.optimizer);
-    if (!oo.is_ok()) return oo.status().with_context(cfg.file + ": optimizer");
     t->impl_->params = t->model_.trainable_parameters();
-    auto opt = make_optimizer(*oo, t->impl_->params);
+    auto opt = make_optimizer(cfg.optimizer, t->impl_->params);
     if (!opt.is_ok()) return opt.status().with_context(cfg.file + ": optimizer");
     t->impl_->optimizer = std::move(*opt);
-    t->impl_->base_lr = oo->lr;
-    auto so = parse_schedule_options(cfg.schedule);
-    if (!so.is_ok()) return so.status().with_context(cfg.file + ": schedule");
-    t->impl_->schedule = std::make_unique<LrSchedule>(*so, oo->lr);
+    t->impl_->base_lr = cfg.optimizer.lr;
+    t->impl_->schedule = std::make_unique<LrSchedule>(cfg.schedule, cfg.optimizer.lr);
     return t;
   } catch (const std::exception& e) {
     return internal_error(cfg.file + ": building the trainer: " + e.what());
@@ -249,7 +243,7 @@ Result<std::unique_ptr<Trainer>> load_for_inference(const fs::path& checkpoint, 
   SEGFLOW_ASSIGN_OR_RETURN(json meta, read_meta(root, checkpoint));
   SEGFLOW_ASSIGN_OR_RETURN(JobConfig cfg,
                            job_config_from_json(meta.at("config"), checkpoint.string() + " (config)"));
-  cfg.model_options.erase("weights");  // the checkpoint holds the weights
+  cfg.model.weights.clear();  // the checkpoint holds the weights
   SEGFLOW_ASSIGN_OR_RETURN(c10::Device dev, resolve_device(device));
   if (cfg.train.amp == "fp16" && !dev.is_cuda()) cfg.train.amp = "none";
   SEGFLOW_ASSIGN_OR_RETURN(auto t, Trainer::create(cfg, dev));

@@ -1,8 +1,13 @@
 #pragma once
-// Option parsing for stages: one `bind(OptionParser&)` per options struct reads every field
-// (or keeps its in-place default), checks type and range, and describes the field for
-// `segflow stages`. Errors name the place in the config, what was expected and what was got:
+// The one option reader of segflow: stage options, every section of a job config (model,
+// loss, optimizer, schedule, data.synth, train, validation, ...), the daemon config and the
+// control requests. One `bind(OptionParser&)` per options struct reads every field (or keeps
+// its in-place default), checks type and range, records the resolved value (defaults filled
+// in) and describes the field (type, default, range, unit, doc) for `segflow stages`. Errors
+// name the place in the config, what was expected and what was got:
 //   "configs/job.yaml: stages[2].options.spacing: expected 3 positive numbers, got [1.5, 0]"
+//   "configs/job.yaml: optimizer.lrr: unknown option; expected name, lr, momentum, ..."
+// A key given as null (YAML `key:` or `~`) counts as not given: the field keeps its default.
 //
 // Header-only on purpose: plugins use it without linking segflow's static libraries.
 
@@ -13,6 +18,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -119,26 +125,38 @@ inline nlohmann::json to_json(const OptionInfo& o) {
           {"range", o.range}, {"unit", o.unit}, {"doc", o.doc}};
 }
 
-/// Reads the options of one stage from a JSON object. Each reader call takes the key, the
+/// Reads the options of one struct from a JSON object. Each reader call takes the key, the
 /// field (holding its default), constraints and a doc line: it records the description,
 /// overwrites the field when the key is present and valid, and otherwise records the first
 /// error. `finish()` adds the unknown-key check and returns the first error.
 ///
 /// `where` is the place of the options object, e.g. "configs/job.yaml: stages[2].options";
-/// errors read "<where>.<key>: expected ..., got ...".
+/// errors read "<where>.<key>: expected ..., got ...". A `where` ending in ": " is the top
+/// of a file ("configs/job.yaml: "): errors read "configs/job.yaml: <key>: ...".
+/// Not thread-safe; one parser per object read.
 class OptionParser {
  public:
+  /// `stage`: the stage whose options these are (named in unknown-option errors).
   OptionParser(const nlohmann::json& options, std::string where, std::string stage = {})
-      : where_(std::move(where)), stage_(std::move(stage)) {
+      : where_(std::move(where)), owner_(stage.empty() ? std::string() : "stage '" + stage + "'") {
     if (options.is_null()) {
       options_ = nlohmann::json::object();
     } else if (!options.is_object()) {
       options_ = nlohmann::json::object();
-      set_error(where_ + (where_.empty() ? "" : ": ") + "expected a map of options, got " +
+      set_error(label() + (label().empty() ? "" : ": ") + "expected a map of options, got " +
                 format_value(options));
     } else {
       options_ = options;
     }
+  }
+
+  /// How unknown-key errors call the keys: `noun` "option" (the default), "key" (sections of
+  /// a config file) or "field" (control requests); `owner` whose they are ("status" gives
+  /// "bogus: unknown field for status; expected job").
+  OptionParser& name_keys(std::string noun, std::string owner = {}) {
+    noun_ = std::move(noun);
+    owner_ = std::move(owner);
+    return *this;
   }
 
   /// A real number.
@@ -185,10 +203,22 @@ class OptionParser {
     resolve(key, field);
   }
 
+  /// Any JSON value, checked by the caller (a map, a mixed list): `type` is what `segflow
+  /// stages` shows ("map of integers"). Null or absent keeps the default.
+  void json_value(const char* key, nlohmann::json& field, const char* type, const char* doc) {
+    add_info(key, type, field, "", "", doc);
+    const nlohmann::json* v = find(key);
+    if (v && !v->is_null()) field = *v;
+    resolve(key, field);
+  }
+
   /// One string of a fixed set.
   void choice(const char* key, std::string& field, std::initializer_list<const char*> choices,
               const char* doc) {
-    std::vector<std::string> names(choices.begin(), choices.end());
+    choice(key, field, std::vector<std::string>(choices.begin(), choices.end()), doc);
+  }
+  /// The same with the set computed at run time (registries, presets).
+  void choice(const char* key, std::string& field, const std::vector<std::string>& names, const char* doc) {
     add_info(key, "string", field, "one of: " + join(names), "", doc);
     const nlohmann::json* v = find(key);
     if (!v) return resolve(key, field);
@@ -265,8 +295,123 @@ class OptionParser {
     resolve(key, field);
   }
 
+  /// A real number or null (unset): `field` stays unset unless a number is given.
+  void number(const char* key, std::optional<double>& field, Range range, const char* unit, const char* doc) {
+    auto as_json = [&] { return field ? nlohmann::json(*field) : nlohmann::json(nullptr); };
+    add_info(key, "number or null", as_json(), range.text(), unit, doc);
+    const nlohmann::json* v = find(key);
+    if (v) {
+      if (!v->is_number() || !range.contains(v->get<double>()))
+        return fail_expected(key, with_article(range.noun(false, false)) + " or null", *v);
+      field = v->get<double>();
+    }
+    resolve(key, as_json());
+  }
+
+  /// A list of real numbers of any length, each in `range`.
+  void number_list(const char* key, std::vector<double>& field, Range range, const char* unit,
+                   const char* doc) {
+    add_info(key, "list of numbers", field, range.text(), unit, doc);
+    const nlohmann::json* v = find(key);
+    if (!v) return resolve(key, field);
+    std::vector<double> out;
+    bool ok = v->is_array();
+    if (ok)
+      for (const auto& e : *v) {
+        if (!e.is_number() || !range.contains(e.get<double>()))
+          ok = false;
+        else
+          out.push_back(e.get<double>());
+      }
+    if (!ok) return fail_expected(key, "a list of " + range.noun(false, true), *v);
+    field = std::move(out);
+    resolve(key, field);
+  }
+
+  /// A list of strings, strictly (a single string is an error, unlike strings()); a bad
+  /// element is named: "<where>.set[1]: expected a string, got 3". `non_empty`: at least one.
+  void string_list(const char* key, std::vector<std::string>& field, bool non_empty, const char* doc) {
+    add_info(key, "list of strings", field, non_empty ? "non-empty" : "", "", doc);
+    const nlohmann::json* v = find(key);
+    if (!v) return resolve(key, field);
+    if (!v->is_array() || (non_empty && v->empty()))
+      return fail_expected(key, non_empty ? "a non-empty list of strings" : "a list of strings", *v);
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      if (!(*v)[i].is_string())
+        return set_error(path(std::string(key) + "[" + std::to_string(i) + "]") +
+                         ": expected a string, got " + format_value((*v)[i]));
+      out.push_back((*v)[i].get<std::string>());
+    }
+    field = std::move(out);
+    resolve(key, field);
+  }
+
+  /// A nested mapping (a section such as `train` or `data.synth`): returns it for a parser
+  /// of its own at path_of(key) (an empty object when absent or null; an error for anything
+  /// but a mapping). Its resolved value is the nested parser's: pass it to set_resolved.
+  nlohmann::json mapping(const char* key, const char* doc) {
+    add_info(key, "mapping", nlohmann::json::object(), "", "", doc);
+    const nlohmann::json* v = find(key);
+    if (!v) return nlohmann::json::object();
+    if (!v->is_object()) {
+      fail_expected(key, "a mapping", *v);
+      return nlohmann::json::object();
+    }
+    return *v;
+  }
+
+  /// The value given for `key` (nullptr when absent or null); does not mark it as read.
+  /// For rules that depend on what was written (a preset overridden field by field).
+  const nlohmann::json* given(const std::string& key) const {
+    auto it = options_.find(key);
+    return it == options_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  /// Overrides the resolved value of `key` (when a cross-field rule changed the field, or
+  /// for a nested section).
+  void set_resolved(const std::string& key, nlohmann::json value) { resolved_[key] = std::move(value); }
+
   /// Records a cross-field error on `key`: "<where>.<key>: <message>".
-  void fail(const char* key, const std::string& message) { set_error(path(key) + ": " + message); }
+  void fail(const std::string& key, const std::string& message) { set_error(path(key) + ": " + message); }
+
+  /// Records the error of a struct's own validate(), whose messages read "<prefix>: <field>:
+  /// <text>" ("unet: strides: expected 3 entries ..."), as "<where>.<field>: <text>".
+  void check(const Status& status, const std::string& prefix) {
+    if (status.is_ok()) return;
+    std::string m = status.message();
+    if (!prefix.empty() && m.rfind(prefix + ": ", 0) == 0) m = m.substr(prefix.size() + 2);
+    const auto colon = m.find(": ");
+    if (colon == std::string::npos || m.find(' ') < colon)
+      set_error(label() + (label().empty() ? "" : ": ") + m);
+    else
+      fail(m.substr(0, colon), m.substr(colon + 2));
+  }
+
+  /// A nested section read by `section.bind(OptionParser&)` (e.g. `train`, `data.synth`):
+  /// absent or null keeps `section` as it is; its errors and resolved value become this
+  /// parser's. `noun` names its keys in unknown-key errors ("option" or "key").
+  template <class Section>
+  void section(const char* key, Section& section, const char* doc, const char* noun = "option") {
+    nlohmann::json v = mapping(key, doc);
+    if (!ok()) return;
+    OptionParser nested(v, path(key));
+    nested.name_keys(noun);
+    section.bind(nested);
+    add_error(nested.finish());
+    set_resolved(key, nested.resolved());
+  }
+
+  /// Records an error found elsewhere (a nested section's parser) as it is.
+  void add_error(const Status& status) {
+    if (!status.is_ok()) set_error(status.message());
+  }
+
+  /// The first error so far (invalid_config), without the unknown-key check of finish().
+  Status status() const { return error_.empty() ? Status::ok() : Status(ErrorCode::invalid_config, error_); }
+
+  /// "<where>.<key>" (or "<file>: <key>" at the top of a file): the `where` of a nested parser.
+  std::string path_of(const std::string& key) const { return path(key); }
 
   /// True when no error so far.
   bool ok() const { return error_.empty(); }
@@ -278,9 +423,9 @@ class OptionParser {
         if (seen_.count(it.key())) continue;
         std::vector<std::string> known;
         for (const auto& i : infos_) known.push_back(i.name);
-        set_error(path(it.key().c_str()) + ": unknown option" +
-                  (stage_.empty() ? std::string() : " for stage '" + stage_ + "'") +
-                  "; known options: " + (known.empty() ? std::string("(none)") : join(known)));
+        set_error(path(it.key()) + ": unknown " + noun_ +
+                  (owner_.empty() ? std::string() : " for " + owner_) +
+                  (known.empty() ? std::string("; it takes none") : "; expected " + join(known)));
         break;
       }
     }
@@ -347,8 +492,7 @@ class OptionParser {
 
   const nlohmann::json* find(const char* key) {
     seen_.insert(key);
-    auto it = options_.find(key);
-    return it == options_.end() ? nullptr : &*it;
+    return given(key);
   }
   template <class T>
   void resolve(const char* key, const T& value) {
@@ -360,7 +504,15 @@ class OptionParser {
     infos_.push_back(
         {key, std::move(type), nlohmann::json(def), std::move(range), unit ? unit : "", doc ? doc : ""});
   }
-  std::string path(const char* key) const { return where_.empty() ? std::string(key) : where_ + "." + key; }
+  static bool ends_file(const std::string& w) {
+    return w.size() >= 2 && w.compare(w.size() - 2, 2, ": ") == 0;
+  }
+  std::string path(const std::string& key) const {
+    if (where_.empty()) return key;
+    return ends_file(where_) ? where_ + key : where_ + "." + key;
+  }
+  /// `where` without the ": " of a file top.
+  std::string label() const { return ends_file(where_) ? where_.substr(0, where_.size() - 2) : where_; }
   void fail_expected(const char* key, const std::string& expected, const nlohmann::json& got) {
     set_error(path(key) + ": expected " + expected + ", got " + format_value(got));
   }
@@ -370,11 +522,32 @@ class OptionParser {
 
   nlohmann::json options_;
   std::string where_;
-  std::string stage_;
+  std::string owner_;
+  std::string noun_ = "option";
   std::set<std::string> seen_;
   std::vector<OptionInfo> infos_;
   nlohmann::json resolved_ = nlohmann::json::object();
   std::string error_;
 };
+
+/// Every option of `options` (a struct with `void bind(OptionParser&)`) as JSON, defaults
+/// included: what a parser resolves it to when nothing overrides a field.
+template <class Options>
+nlohmann::json resolved_options(Options options) {
+  OptionParser p(nlohmann::json::object(), "");
+  options.bind(p);
+  return p.resolved();
+}
+
+/// Reads an Options struct (in-place defaults, `void bind(OptionParser&)`) from `json`;
+/// errors name `where` ("configs/job.yaml: data.synth.cases: expected ...").
+template <class Options>
+Result<Options> parse_options(const nlohmann::json& json, const std::string& where) {
+  Options options;
+  OptionParser p(json, where);
+  options.bind(p);
+  SEGFLOW_RETURN_IF_ERROR(p.finish());
+  return options;
+}
 
 }  // namespace segflow::pipeline

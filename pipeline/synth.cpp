@@ -14,6 +14,7 @@
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/nifti.hpp"
 #include "pipeline/io/npy.hpp"
+#include "pipeline/options.hpp"
 
 namespace segflow::pipeline {
 
@@ -224,6 +225,22 @@ Status write_json(const fs::path& p, const nlohmann::json& j) {
 }
 
 }  // namespace
+
+void SynthOptions::bind(OptionParser& p) {
+  p.integer("cases", cases, Range::closed(1, 100000), "cases", "number of cases");
+  p.integer("size", size, Range::closed(16, 512), "voxels", "in-plane size (x = y = size)");
+  p.choice("format", format, {"dicom", "nifti", "npy"},
+           "dataset layout: DICOM case folders, MSD NIfTI, MedSAM npy");
+  p.string("compress", compress, "DICOM transfer syntax: none, rle, jpeg-ls, jpeg-lossless");
+  if (auto c = parse_dicom_compression(compress); !c.is_ok()) {
+    const std::string m = c.status().message();  // "compression: expected one of ..., got ..."
+    const auto at = m.find("expected");
+    p.fail("compress", at == std::string::npos ? m : m.substr(at));
+  } else if (compress != "none" && format != "dicom")
+    p.fail("compress",
+           "expected none unless format is dicom, got \"" + compress + "\" with format " + format);
+  p.integer("seed", seed, Range::non_negative(), "", "dataset seed; case i uses (seed, i)");
+}
 
 Status synthesize_dataset(const SynthOptions& o) {
   SEGFLOW_RETURN_IF_ERROR(validate(o));

@@ -10,14 +10,21 @@
 
 namespace segflow::pipeline {
 
-/// Options of `segflow synth`.
+class OptionParser;
+
+/// Options of `segflow synth` and of a job config's `data.synth` section.
 struct SynthOptions {
-  int cases = 24;                 ///< number of cases, >= 1
-  int size = 96;                  ///< in-plane size in voxels (x = y = size), 16..512
+  int cases = 24;                 ///< number of cases, [1, 100000]
+  int size = 96;                  ///< in-plane size in voxels (x = y = size), [16, 512]
   std::string format = "nifti";   ///< dicom | nifti | npy
   std::string compress = "none";  ///< DICOM only: none | rle | jpeg-ls | jpeg-lossless
-  std::filesystem::path out;      ///< output folder (created)
-  std::uint64_t seed = 0;         ///< dataset seed; case i uses (seed, i)
+  std::filesystem::path out;      ///< output folder (created); not a data.synth key
+  std::uint64_t seed = 0;         ///< dataset seed, >= 0; case i uses (seed, i)
+
+  /// Reads cases, size, format, compress and seed (pipeline/options.hpp); `out` is the
+  /// caller's (a job's data.root).
+  void bind(OptionParser& p);
+  bool operator==(const SynthOptions&) const = default;
 };
 
 /// One phantom: HU image (1, Z, Y, X) float32 with integer values and its label map

@@ -11,6 +11,7 @@
 #include "actors/daemon/job_manager.hpp"
 #include "actors/daemon/state_db.hpp"
 #include "messages/log.hpp"
+#include "pipeline/options.hpp"
 #include "pipeline/stage_registry.hpp"
 
 namespace segflow::actors::daemon {
@@ -26,75 +27,53 @@ namespace {
 constexpr const char* kCommands =
     "start, stop, pause, resume, status, list, datasets, stages, ping, shutdown";
 
-/// A value as it appears in an error message (shortened).
-std::string shown(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s + " (" + v.type_name() + ")";
-}
-
-/// Typed access to a request's fields; every error names the field.
+/// The fields of one request (all but "cmd"), read by the option reader: errors name the
+/// field ("job: expected an integer >= 1, got -1", "bogus: unknown field for status; expected
+/// job").
 class Fields {
  public:
-  Fields(const json& req, std::string cmd) : req_(req), cmd_(std::move(cmd)) {}
+  Fields(const json& req, const std::string& cmd) : p_(without_cmd(req), "") { p_.name_keys("field", cmd); }
 
-  Status only(std::initializer_list<const char*> allowed) const {
-    for (auto it = req_.begin(); it != req_.end(); ++it) {
-      if (it.key() == "cmd") continue;
-      bool ok = false;
-      for (const char* a : allowed) ok = ok || it.key() == a;
-      if (ok) continue;
-      std::string list;
-      for (const char* a : allowed) list += std::string(list.empty() ? "" : ", ") + a;
-      return invalid_argument(it.key() + ": unknown field for " + cmd_ +
-                              (list.empty() ? " (it takes no fields)" : " (fields: " + list + ")"));
-    }
-    return Status::ok();
+  /// The job id: required, an integer >= 1.
+  Result<std::int64_t> job(const std::string& cmd) {
+    std::int64_t id = 0;
+    if (!p_.given("job")) return invalid_argument("job: missing (" + cmd + " needs a job id)");
+    p_.integer("job", id, pipeline::Range::at_least(1), "", "the job id");
+    SEGFLOW_RETURN_IF_ERROR(status());
+    return id;
   }
-
-  bool has(const char* k) const { return req_.contains(k); }
-
-  Result<std::int64_t> job() const {
-    if (!has("job")) return invalid_argument("job: missing (" + cmd_ + " needs a job id)");
-    const json& v = req_["job"];
-    if (!v.is_number_integer() || v.get<std::int64_t>() < 1)
-      return invalid_argument("job: expected a job id (an integer >= 1), got " + shown(v));
-    return v.get<std::int64_t>();
+  /// An optional string ("" when absent).
+  Result<std::string> string(const char* key, const char* doc) {
+    std::string v;
+    p_.string(key, v, doc);
+    SEGFLOW_RETURN_IF_ERROR(status());
+    return v;
   }
-
-  Result<std::optional<std::string>> string(const char* k) const {
-    if (!has(k)) return std::optional<std::string>{};
-    const json& v = req_[k];
-    if (!v.is_string()) return invalid_argument(std::string(k) + ": expected a string, got " + shown(v));
-    return std::optional<std::string>(v.get<std::string>());
+  Result<bool> boolean(const char* key, const char* doc) {
+    bool v = false;
+    p_.boolean(key, v, doc);
+    SEGFLOW_RETURN_IF_ERROR(status());
+    return v;
   }
-
-  Result<bool> boolean(const char* k) const {
-    if (!has(k)) return false;
-    const json& v = req_[k];
-    if (!v.is_boolean())
-      return invalid_argument(std::string(k) + ": expected true or false, got " + shown(v));
-    return v.get<bool>();
+  Result<std::vector<std::string>> strings(const char* key, const char* doc) {
+    std::vector<std::string> v;
+    p_.string_list(key, v, false, doc);
+    SEGFLOW_RETURN_IF_ERROR(status());
+    return v;
   }
-
-  Result<std::vector<std::string>> strings(const char* k) const {
-    std::vector<std::string> out;
-    if (!has(k)) return out;
-    const json& v = req_[k];
-    if (!v.is_array())
-      return invalid_argument(std::string(k) + ": expected a list of strings, got " + shown(v));
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      if (!v[i].is_string())
-        return invalid_argument(std::string(k) + "[" + std::to_string(i) + "]: expected a string, got " +
-                                shown(v[i]));
-      out.push_back(v[i].get<std::string>());
-    }
-    return out;
-  }
+  bool has(const char* key) const { return p_.given(key) != nullptr; }
+  /// Unknown fields, once every field of the command has been read.
+  Status finish() { return as_argument(p_.finish()); }
 
  private:
-  const json& req_;
-  std::string cmd_;
+  static json without_cmd(json req) {
+    req.erase("cmd");
+    return req;
+  }
+  static Status as_argument(const Status& st) { return st.is_ok() ? st : invalid_argument(st.message()); }
+  Status status() const { return as_argument(p_.status()); }
+
+  pipeline::OptionParser p_;
 };
 
 json ok_reply(json body = json::object()) {
@@ -158,7 +137,7 @@ json ControlHandler::dispatch(const json& req) {
     return error_reply(invalid_argument(std::string("cmd: missing (one of ") + kCommands + ")"));
   if (!req["cmd"].is_string())
     return error_reply(invalid_argument("cmd: expected a string (one of " + std::string(kCommands) +
-                                        "), got " + shown(req["cmd"])));
+                                        "), got " + pipeline::format_value(req["cmd"])));
   const std::string cmd = req["cmd"].get<std::string>();
   Fields f(req, cmd);
 #define SEGFLOW_TRY(var, expr)                                \
@@ -172,56 +151,58 @@ json ControlHandler::dispatch(const json& req) {
   } while (0)
 
   if (cmd == "start") {
-    SEGFLOW_CHECK(f.only({"config", "path", "file", "set"}));
-    SEGFLOW_TRY(config, f.string("config"));
-    SEGFLOW_TRY(path, f.string("path"));
-    SEGFLOW_TRY(file, f.string("file"));
-    SEGFLOW_TRY(set, f.strings("set"));
-    if (config && path) return error_reply(invalid_argument("config, path: give one of them, not both"));
-    if (!config && !path)
+    SEGFLOW_TRY(config, f.string("config", "the job config as YAML text"));
+    SEGFLOW_TRY(path, f.string("path", "a job config file the daemon reads"));
+    SEGFLOW_TRY(file, f.string("file", "the name of the config text in messages"));
+    SEGFLOW_TRY(set, f.strings("set", "--set overrides: key=value"));
+    SEGFLOW_CHECK(f.finish());
+    if (f.has("config") && f.has("path"))
+      return error_reply(invalid_argument("config, path: give one of them, not both"));
+    if (!f.has("config") && !f.has("path"))
       return error_reply(
           invalid_argument("config: missing (the job config as YAML text in config, or a file in path)"));
-    if (path && file)
+    if (f.has("path") && f.has("file"))
       return error_reply(invalid_argument("file: only with config (path names the file itself)"));
     std::string text, name;
-    if (path) {
-      std::ifstream in(*path);
-      if (!in) return error_reply(not_found("path: " + *path + ": cannot read the job config"));
+    if (f.has("path")) {
+      std::ifstream in(path);
+      if (!in) return error_reply(not_found("path: " + path + ": cannot read the job config"));
       std::stringstream ss;
       ss << in.rdbuf();
       text = ss.str();
-      name = *path;
+      name = path;
     } else {
-      text = *config;
-      name = file && !file->empty() ? *file : "<inline config>";
+      text = config;
+      name = !file.empty() ? file : "<inline config>";
     }
     SEGFLOW_TRY(r, jobs_.submit(text, name, set));
     return ok_reply(r);
   }
   if (cmd == "stop" || cmd == "resume") {
-    SEGFLOW_CHECK(f.only({"job"}));
-    SEGFLOW_TRY(id, f.job());
+    SEGFLOW_TRY(id, f.job(cmd));
+    SEGFLOW_CHECK(f.finish());
     SEGFLOW_TRY(r, cmd == "stop" ? jobs_.stop(id) : jobs_.resume(id));
     return ok_reply(r);
   }
   if (cmd == "pause") {
-    SEGFLOW_CHECK(f.only({"job", "now"}));
-    SEGFLOW_TRY(id, f.job());
-    SEGFLOW_TRY(now, f.boolean("now"));
+    SEGFLOW_TRY(id, f.job(cmd));
+    SEGFLOW_TRY(now, f.boolean("now", "stop at once instead of after the current epoch"));
+    SEGFLOW_CHECK(f.finish());
     SEGFLOW_TRY(r, jobs_.pause(id, now));
     return ok_reply(r);
   }
   if (cmd == "status") {
-    SEGFLOW_CHECK(f.only({"job"}));
     if (f.has("job")) {
-      SEGFLOW_TRY(id, f.job());
+      SEGFLOW_TRY(id, f.job(cmd));
+      SEGFLOW_CHECK(f.finish());
       SEGFLOW_TRY(r, jobs_.status(id));
       return ok_reply({{"job", r}});
     }
+    SEGFLOW_CHECK(f.finish());
     return ok_reply({{"jobs", jobs_.status_all()}});
   }
   if (cmd == "list") {
-    SEGFLOW_CHECK(f.only({}));
+    SEGFLOW_CHECK(f.finish());
     json out = json::array();
     for (const auto& j : jobs_.status_all())
       out.push_back({{"id", j["id"]},
@@ -234,17 +215,17 @@ json ControlHandler::dispatch(const json& req) {
     return ok_reply({{"jobs", out}});
   }
   if (cmd == "datasets") {
-    SEGFLOW_CHECK(f.only({"dataset"}));
-    SEGFLOW_TRY(only, f.string("dataset"));
-    SEGFLOW_TRY(d, DatasetWatcher::describe(db_, only ? *only : ""));
+    SEGFLOW_TRY(only, f.string("dataset", "one dataset's name; all when absent"));
+    SEGFLOW_CHECK(f.finish());
+    SEGFLOW_TRY(d, DatasetWatcher::describe(db_, only));
     return ok_reply({{"datasets", d}, {"data_root", cfg_.data_root.string()}, {"ready", watcher_.ready()}});
   }
   if (cmd == "stages") {
-    SEGFLOW_CHECK(f.only({}));
+    SEGFLOW_CHECK(f.finish());
     return ok_reply({{"stages", pipeline::describe_stages(registry_)}});
   }
   if (cmd == "ping") {
-    SEGFLOW_CHECK(f.only({}));
+    SEGFLOW_CHECK(f.finish());
     return ok_reply({{"pid", static_cast<std::int64_t>(::getpid())},
                      {"version", "0.1.0"},
                      {"control", cfg_.control},
@@ -254,8 +235,8 @@ json ControlHandler::dispatch(const json& req) {
                      {"devices", jobs_.devices()}});
   }
   if (cmd == "shutdown") {
-    SEGFLOW_CHECK(f.only({"now"}));
-    SEGFLOW_TRY(now, f.boolean("now"));
+    SEGFLOW_TRY(now, f.boolean("now", "stop running jobs at once instead of after their epoch"));
+    SEGFLOW_CHECK(f.finish());
     shutdown_ = true;
     shutdown_now_ = now;
     return ok_reply({{"shutting_down", true}});

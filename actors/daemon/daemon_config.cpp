@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "pipeline/options.hpp"
 #include "pipeline/pipeline_spec.hpp"
 
 namespace segflow::actors::daemon {
@@ -16,12 +17,61 @@ using nlohmann::json;
 
 namespace {
 
-Status expect(bool ok, const std::string& where, const std::string& what, const json& got) {
-  if (ok) return Status::ok();
-  return invalid_config(where + ": expected " + what + ", got " + got.dump());
+using pipeline::OptionParser;
+using pipeline::Range;
+
+/// A folder path: a non-empty string.
+void folder(OptionParser& p, const char* key, std::filesystem::path& field, const char* doc) {
+  std::string s = field.string();
+  p.string(key, s, doc);
+  if (p.ok() && s.empty()) p.fail(key, "expected a folder path, got \"\"");
+  field = s;
+}
+
+/// A key file of `curve`: a non-empty string.
+void key_file(OptionParser& p, const char* key, std::filesystem::path& field, const char* doc) {
+  std::string s = field.string();
+  p.string(key, s, doc);
+  if (p.ok() && p.given(key) && s.empty()) p.fail(key, "expected a path, got \"\"");
+  field = s;
 }
 
 }  // namespace
+
+void CurveSettings::bind(OptionParser& p) {
+  key_file(p, "server_secret_key_file", server_secret_key_file, "the server's secret key (mode 0600)");
+  key_file(p, "server_public_key_file", server_public_key_file, "optional: checked against the secret key");
+  key_file(p, "authorized_clients_dir", authorized_clients_dir, "one client public key per file");
+  if (!p.ok()) return;
+  if (!server_secret_key_file.empty() && authorized_clients_dir.empty())
+    p.fail("authorized_clients_dir", "required with server_secret_key_file");
+  else if (server_secret_key_file.empty() &&
+           (!authorized_clients_dir.empty() || !server_public_key_file.empty()))
+    p.fail("server_secret_key_file", "required when curve is configured");
+}
+
+void DaemonConfig::bind(OptionParser& p) {
+  folder(p, "data_root", data_root, "watched folder; each top-level folder is a dataset");
+  folder(p, "state_dir", state_dir, "state.db, runs/, control.sock, events.sock");
+  folder(p, "plugin_dir", plugin_dir, "stage plugins (*.so); a missing folder means none");
+  p.string_list("devices", devices, true, "one running job per device: auto, cpu, cuda:N");
+  if (p.ok())
+    for (const auto& d : devices)
+      if (d.empty()) {
+        p.fail("devices", "expected a non-empty list of device names (auto, cpu, cuda:N), got an empty name");
+        break;
+      }
+  p.string("control", control,
+           "REP endpoint: ipc://PATH or tcp://HOST:PORT; \"\" = ipc://<state_dir>/control.sock");
+  p.string("events", events,
+           "PUB endpoint: ipc://PATH or tcp://HOST:PORT; \"\" = ipc://<state_dir>/events.sock");
+  p.integer("max_request_bytes", max_request_bytes, Range::closed(256, double(std::int64_t{1} << 30)),
+            "bytes", "larger requests get an error reply");
+  p.number("rescan_interval_s", rescan_interval_s, Range::positive(), "s", "period of the full rescan");
+  p.number("settle_s", settle_s, Range::positive(), "s", "a file whose size stays put this long is complete");
+  p.choice("log_level", log_level, {"trace", "debug", "info", "warn", "error", "off"}, "log verbosity");
+  p.section("curve", curve, "ZeroMQ CURVE keys of the server", "key");
+}
 
 Result<DaemonConfig> parse_daemon_config(const std::string& text, const std::string& file) {
   json j;
@@ -35,72 +85,11 @@ Result<DaemonConfig> parse_daemon_config(const std::string& text, const std::str
   c.file = file;
   if (j.is_null()) return c;  // an empty file: all defaults
   if (!j.is_object())
-    return invalid_config(file + ": expected a mapping of daemon settings, got " + j.dump());
-  const std::string p = file + ": ";
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& k = it.key();
-    const json& v = it.value();
-    const std::string where = file + ": " + k;
-    if (k == "data_root" || k == "state_dir" || k == "plugin_dir") {
-      SEGFLOW_RETURN_IF_ERROR(
-          expect(v.is_string() && !v.get<std::string>().empty(), where, "a folder path", v));
-      (k == "data_root" ? c.data_root : k == "state_dir" ? c.state_dir : c.plugin_dir) = v.get<std::string>();
-    } else if (k == "devices") {
-      bool ok = v.is_array() && !v.empty();
-      if (ok)
-        for (const auto& d : v) ok = ok && d.is_string() && !d.get<std::string>().empty();
-      SEGFLOW_RETURN_IF_ERROR(expect(ok, where, "a non-empty list of device names (auto, cpu, cuda:N)", v));
-      c.devices.clear();
-      for (const auto& d : v) c.devices.push_back(d.get<std::string>());
-    } else if (k == "control" || k == "events") {
-      SEGFLOW_RETURN_IF_ERROR(expect(v.is_string(), where, "an endpoint (ipc://PATH or tcp://HOST:PORT)", v));
-      (k == "control" ? c.control : c.events) = v.get<std::string>();
-    } else if (k == "max_request_bytes") {
-      SEGFLOW_RETURN_IF_ERROR(expect(v.is_number_integer() && v.get<std::int64_t>() >= 256 &&
-                                         v.get<std::int64_t>() <= (std::int64_t{1} << 30),
-                                     where, "an integer in [256, 2^30]", v));
-      c.max_request_bytes = v.get<std::int64_t>();
-    } else if (k == "rescan_interval_s" || k == "settle_s") {
-      SEGFLOW_RETURN_IF_ERROR(
-          expect(v.is_number() && v.get<double>() > 0, where, "a number of seconds > 0", v));
-      (k == "rescan_interval_s" ? c.rescan_interval_s : c.settle_s) = v.get<double>();
-    } else if (k == "log_level") {
-      static const char* levels[] = {"trace", "debug", "info", "warn", "error", "off"};
-      bool ok = false;
-      if (v.is_string())
-        for (const char* l : levels) ok = ok || v.get<std::string>() == l;
-      SEGFLOW_RETURN_IF_ERROR(expect(ok, where, "one of trace, debug, info, warn, error, off", v));
-      c.log_level = v.get<std::string>();
-    } else if (k == "curve") {
-      if (v.is_null()) continue;
-      SEGFLOW_RETURN_IF_ERROR(expect(v.is_object(), where, "a mapping", v));
-      for (auto ct = v.begin(); ct != v.end(); ++ct) {
-        const std::string cw = where + "." + ct.key();
-        SEGFLOW_RETURN_IF_ERROR(
-            expect(ct->is_string() && !ct->get<std::string>().empty(), cw, "a path", *ct));
-        if (ct.key() == "server_secret_key_file")
-          c.curve.server_secret_key_file = ct->get<std::string>();
-        else if (ct.key() == "server_public_key_file")
-          c.curve.server_public_key_file = ct->get<std::string>();
-        else if (ct.key() == "authorized_clients_dir")
-          c.curve.authorized_clients_dir = ct->get<std::string>();
-        else
-          return invalid_config(cw +
-                                ": unknown key; expected server_secret_key_file, server_public_key_file, "
-                                "authorized_clients_dir");
-      }
-      if (!c.curve.server_secret_key_file.empty() && c.curve.authorized_clients_dir.empty())
-        return invalid_config(where + ".authorized_clients_dir: required with server_secret_key_file");
-      if (c.curve.server_secret_key_file.empty() &&
-          (!c.curve.authorized_clients_dir.empty() || !c.curve.server_public_key_file.empty()))
-        return invalid_config(where + ".server_secret_key_file: required when curve is configured");
-    } else {
-      return invalid_config(
-          p + k +
-          ": unknown key; expected data_root, state_dir, plugin_dir, devices, control, events, "
-          "max_request_bytes, rescan_interval_s, settle_s, log_level, curve");
-    }
-  }
+    return invalid_config(file + ": expected a mapping of daemon settings, got " + pipeline::format_value(j));
+  OptionParser p(j, file + ": ");
+  p.name_keys("key");
+  c.bind(p);
+  SEGFLOW_RETURN_IF_ERROR(p.finish());
   return c;
 }
 

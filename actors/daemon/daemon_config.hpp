@@ -25,6 +25,10 @@
 
 #include "messages/status.hpp"
 
+namespace segflow::pipeline {
+class OptionParser;
+}
+
 namespace segflow::actors::daemon {
 
 /// ZeroMQ CURVE keys of the server (Z85 text files written by `segflow ctl keygen`).
@@ -34,6 +38,8 @@ struct CurveSettings {
   std::filesystem::path authorized_clients_dir;  ///< one client public key per file
   /// True when CURVE is configured (a secret key file is named).
   bool enabled() const { return !server_secret_key_file.empty(); }
+  /// Reads the `curve` section (pipeline/options.hpp).
+  void bind(pipeline::OptionParser& p);
 };
 
 /// The whole daemon configuration.
@@ -50,6 +56,10 @@ struct DaemonConfig {
   double settle_s = 1.0;                         ///< seconds between size-stability checks, > 0
   std::string log_level = "info";                ///< trace|debug|info|warn|error|off
   CurveSettings curve;
+
+  /// Reads every key but `file` (pipeline/options.hpp): unknown keys and bad values are
+  /// errors naming the file and the key.
+  void bind(pipeline::OptionParser& p);
 };
 
 /// Reads a daemon config from a YAML file. Unknown keys and bad values are errors naming

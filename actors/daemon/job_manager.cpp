@@ -311,9 +311,9 @@ Status JobManager::recover() {
 
 Result<json> JobManager::submit(const std::string& yaml, const std::string& file,
                                 const std::vector<std::string>& overrides) {
+  // The whole config, typed and built (stages, model, loss, optimizer), before a job exists.
   SEGFLOW_ASSIGN_OR_RETURN(models::JobConfig cfg, models::parse_job_config(yaml, file, overrides));
-  SEGFLOW_ASSIGN_OR_RETURN(auto pipe, pipeline::build_pipeline(cfg.stages, registry_, file));
-  (void)pipe;
+  SEGFLOW_RETURN_IF_ERROR(models::validate_job_config(cfg, registry_));
   if (cfg.train.device != "auto") {
     auto d = models::resolve_device(cfg.train.device);
     if (!d.is_ok()) return invalid_config(file + ": train.device: " + d.status().message());
@@ -327,7 +327,7 @@ Result<json> JobManager::submit(const std::string& yaml, const std::string& file
   }
   if (!cfg.train.disk_cache.empty() && fs::path(cfg.train.disk_cache).is_relative())
     stored.push_back("train.disk_cache=" + yaml_quoted(absolute_path(cfg.train.disk_cache).string()));
-  if (!fs::exists(cfg.data.root, ec) && cfg.data.synth.is_null())
+  if (!fs::exists(cfg.data.root, ec) && !cfg.data.synth)
     return not_found(file + ": data.root: " + cfg.data.root +
                      " does not exist (and no data.synth to make it)");
   // Re-parse with the stored overrides: what recovery will read must be what runs now.

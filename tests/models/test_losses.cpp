@@ -248,7 +248,8 @@ TEST_CASE("loss options parse from JSON and unknown keys or names are errors") {
   auto both = parse_loss_options(nlohmann::json{{"softmax", true}, {"sigmoid", true}});
   CHECK_FALSE(both.is_ok());
   auto type = parse_loss_options(nlohmann::json{{"gamma", "two"}});
-  CHECK(type.status().message().find("gamma: expected a number") != std::string::npos);
+  CHECK(type.status().message().find("loss.gamma: expected a non-negative number, got \"two\"") !=
+        std::string::npos);
   // Softmax over one channel is refused instead of silently ignored.
   CHECK_THROWS_AS(dice_loss(torch::randn({1, 1, 4}), torch::zeros({1, 1, 4})), c10::Error);
 }

@@ -153,7 +153,7 @@ TEST_CASE("stage config errors name the file, the path, what was expected and wh
     CHECK(st.message() == "configs/job.yaml: stages[1].options.spacing: expected 3 positive numbers, got 1");
     st = build_error("stages: [load, {name: resample, options: {sigma: 2}}]");
     CHECK(st.message() ==
-          "configs/job.yaml: stages[1].options.sigma: unknown option for stage 'resample'; known options: "
+          "configs/job.yaml: stages[1].options.sigma: unknown option for stage 'resample'; expected "
           "keys, spacing, mode, allow_missing_keys");
   }
   SUBCASE("wrong type") {
