@@ -226,3 +226,67 @@ TEST_CASE("JPEG 2000 transfer syntaxes segflow cannot decode are named in the er
   CHECK(contains(r.status().message(), "1.2.840.10008.1.2.4.92"));
   CHECK(contains(r.status().message(), "JPEG 2000 Part 1 only"));
 }
+
+TEST_CASE("JPEG 2000 frames split over several fragments decode with and without a Basic Offset Table") {
+  // emri_small_jpeg_2k_lossless.dcm holds one fragment a frame; rewrite it with each frame's
+  // codestream cut into two fragments, once with the offset table and once with it empty
+  // (frames are then found by the codestream markers).
+  const fs::path src = st::testdata_path("pydicom-data/emri_small_jpeg_2k_lossless.dcm");
+  const Image want = read_ok(src);
+  st::TempDir dir("j2k_fragments");
+  for (bool with_table : {true, false}) {
+    CAPTURE(with_table);
+    const fs::path out = dir / (with_table ? "bot.dcm" : "nobot.dcm");
+    DcmFileFormat ff;
+    REQUIRE(ff.loadFile(src.c_str()).good());
+    REQUIRE(ff.loadAllDataIntoMemory().good());
+    DcmElement* e = nullptr;
+    REQUIRE(ff.getDataset()->findAndGetElement(DCM_PixelData, e).good());
+    auto* pd = static_cast<DcmPixelData*>(e);
+    DcmPixelSequence* seq = nullptr;
+    REQUIRE(pd->getEncapsulatedRepresentation(EXS_JPEG2000LosslessOnly, nullptr, seq).good());
+    std::vector<std::vector<Uint8>> parts;
+    std::vector<Uint32> offsets;
+    Uint32 pos = 0;
+    for (unsigned long i = 1; i < seq->card(); ++i) {
+      DcmPixelItem* item = nullptr;
+      REQUIRE(seq->getItem(item, i).good());
+      Uint8* bytes = nullptr;
+      REQUIRE(item->getUint8Array(bytes).good());
+      const Uint32 n = item->getLength(), half = (n / 2) & ~1u;
+      offsets.push_back(pos);
+      parts.emplace_back(bytes, bytes + half);
+      parts.emplace_back(bytes + half, bytes + n);
+      pos += 8 + half + 8 + (n - half);
+    }
+    auto* out_seq = new DcmPixelSequence(DCM_PixelSequenceTag);
+    auto* table = new DcmPixelItem(DCM_PixelItemTag);
+    if (with_table)
+      REQUIRE(table
+                  ->putUint8Array(reinterpret_cast<const Uint8*>(offsets.data()),
+                                  static_cast<Uint32>(4 * offsets.size()))
+                  .good());
+    out_seq->insert(table);
+    for (const auto& p : parts) {
+      auto* item = new DcmPixelItem(DCM_PixelItemTag);
+      REQUIRE(item->putUint8Array(p.data(), static_cast<Uint32>(p.size())).good());
+      out_seq->insert(item);
+    }
+    pd->putOriginalRepresentation(EXS_JPEG2000LosslessOnly, nullptr, out_seq);
+    REQUIRE(ff.saveFile(out.c_str(), EXS_JPEG2000LosslessOnly).good());
+    {
+      DcmFileFormat check;
+      REQUIRE(check.loadFile(out.c_str()).good());
+      DcmElement* ce = nullptr;
+      REQUIRE(check.getDataset()->findAndGetElement(DCM_PixelData, ce).good());
+      DcmPixelSequence* cs = nullptr;
+      REQUIRE(static_cast<DcmPixelData*>(ce)
+                  ->getEncapsulatedRepresentation(EXS_JPEG2000LosslessOnly, nullptr, cs)
+                  .good());
+      CHECK(cs->card() == 21);  // the table and 20 fragments for 10 frames
+    }
+    Image got = read_ok(out);
+    REQUIRE((got.voxels.sizes() == want.voxels.sizes()));
+    CHECK(torch::equal(got.voxels, want.voxels));
+  }
+}
