@@ -1,4 +1,4 @@
-// segflow train, segflow infer, segflow stages.
+// segflow train, segflow stages (segflow infer: apps/cmd_infer.cpp).
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -14,7 +14,6 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "messages/log.hpp"
-#include "models/inference.hpp"
 #include "models/job_config.hpp"
 #include "pipeline/plugin.hpp"
 #include "pipeline/stage_registry.hpp"
@@ -175,24 +174,6 @@ int cmd_train(int argc, char** argv) {
     run = actors::run_training(*cfg, ro, progress);
   if (!run.is_ok()) return fail("train", run.status());
   if (!run->empty()) std::printf("run folder: %s\n", run->string().c_str());
-  return 0;
-}
-
-int cmd_infer(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {"checkpoint", "input", "output", "device"}, {});
-  if (!a.is_ok()) return fail("infer", a.status());
-  for (const char* k : {"checkpoint", "input", "output"})
-    if (!a->has(k)) return fail("infer", invalid_argument(std::string("--") + k + ": required"));
-  models::InferOptions o;
-  o.checkpoint = a->get("checkpoint");
-  o.input = a->get("input");
-  o.output = a->get("output");
-  o.device = a->get("device", "auto");
-  auto r = models::run_inference(o);
-  if (!r.is_ok()) return fail("infer", r.status());
-  nlohmann::json j = {
-      {"output", r->output.string()}, {"size", r->size}, {"labels", r->labels}, {"seconds", r->seconds}};
-  std::cout << j.dump() << '\n';
   return 0;
 }
 

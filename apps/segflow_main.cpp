@@ -28,8 +28,14 @@ commands:
                          train in the foreground; writes a run folder under runs/
                          (data parallel with --ranks/--devices, or under torchrun/srun)
   ctl      COMMAND ...    talk to segflowd (start, stop, pause, resume, status, list, ...)
-  infer    --checkpoint PATH --input PATH --output out.nii.gz|seg.dcm|DIR [--device D]
-                         sliding-window inference; label map in the input's geometry
+  infer    --checkpoint PATH [--checkpoint PATH2 ...] --input SCAN|DIR|DATASET
+           --output out.nii.gz|seg.dcm|DIR [--tta none|mirror] [--save-probabilities]
+           [--format nifti|seg] [--class-names bg,liver,...] [--device D] [--quiet]
+                         sliding-window inference (an ensemble with several checkpoints);
+                         label maps in each input's geometry, one per case into DIR
+  eval     --pred P --gt G [--tolerance-mm T] [--classes 1,2,...] [--json] [--csv FILE]
+                         Dice, IoU, HD95, ASSD, surface Dice and volumes per case and class
+                         (files, or folders / datasets matched by case id)
   bench    CONFIG [--json] [--seconds S] [--epochs N] [--loaders actors,simple] [--set k=v ...]
                          samples/s of the real data path + trainer vs the compute step alone
   help                   this text
@@ -47,7 +53,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   static const std::map<std::string, std::function<int(int, char**)>> commands = {
       {"synth", cmd_synth}, {"inspect", cmd_inspect}, {"stages", cmd_stages}, {"train", cmd_train},
-      {"infer", cmd_infer}, {"ctl", cmd_ctl},         {"bench", cmd_bench},
+      {"infer", cmd_infer}, {"ctl", cmd_ctl},         {"bench", cmd_bench},   {"eval", cmd_eval},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);

@@ -2,10 +2,21 @@
 
 #include <torch/torch.h>
 
-#include <chrono>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+
+#include "models/detail/case_files.hpp"
+#include "models/sliding_window.hpp"
 #include "models/trainer.hpp"
 #include "pipeline/io/dicom.hpp"
+#include "pipeline/io/dicom_seg_style.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "pipeline/io/nifti.hpp"
 #include "pipeline/pipeline_spec.hpp"
@@ -63,59 +74,267 @@ at::Tensor resample_to_grid(const at::Tensor& data, const Geometry& src, const G
   return integral ? out.round().to(data.scalar_type()) : out;
 }
 
-Result<InferResult> run_inference(const InferOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  SEGFLOW_ASSIGN_OR_RETURN(auto trainer, load_for_inference(o.checkpoint, o.device));
-  const JobConfig& cfg = trainer->config();
-  if (trainer->model().info().needs_box)
-    return unsupported(o.checkpoint.string() +
-                       ": box-prompted models need a box per slice; segflow infer runs "
-                       "UNet checkpoints (use the Trainer API with boxes for SAM-style models)");
-  SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image input, pipeline::read_image(o.input));
-  const auto fmt = pipeline::detect_format(o.input);
-  const bool dicom = fmt == pipeline::ImageFormat::dicom_file || fmt == pipeline::ImageFormat::dicom_folder;
+Result<TtaMode> parse_tta(const std::string& text) {
+  if (text == "none") return TtaMode::none;
+  if (text == "mirror") return TtaMode::mirror;
+  return invalid_argument("--tta: expected none or mirror, got '" + text + "'");
+}
 
-  // Deterministic stages of the training pipeline, minus the loader and anything random.
-  pipeline::StageRegistry registry = pipeline::builtin_registry();
-  SEGFLOW_ASSIGN_OR_RETURN(pipeline::Pipeline pipe, pipeline::build_pipeline(cfg.stages, registry, cfg.file));
-  Sample s;
-  s.id = o.input.filename().string();
-  s.tensors["image"] = input.voxels.to(at::kFloat);
-  s.geometry = input.geometry;
-  // Stages written for (image, label) pairs get an empty label map, dropped afterwards.
-  s.tensors["label"] =
-      torch::zeros({1, input.voxels.size(1), input.voxels.size(2), input.voxels.size(3)}, at::kByte);
-  SEGFLOW_ASSIGN_OR_RETURN(Sample pre, pipe.run_deterministic(std::move(s)));
-  at::Tensor logits = trainer->predict(pre.at("image"));
-  at::Tensor labels = logits.size(0) == 1 ? (logits > 0).to(at::kByte) : logits.argmax(0, true).to(at::kByte);
-  labels = labels.to(at::kCPU);
-  at::Tensor back = resample_to_grid(labels, pre.geometry, input.geometry, input.size());
+at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image, TtaMode tta) {
+  torch::NoGradGuard ng;
+  const ModelHandle& model = trainer.model();
+  const ModelInfo& info = model.info();
+  const JobConfig& cfg = trainer.config();
+  model.module().eval();
+  at::Tensor x = image.to(trainer.device(), at::kFloat).unsqueeze(0);  // (1, C, *spatial)
+  SlidingWindowOptions sw;
+  sw.overlap = cfg.validation.overlap;
+  sw.sw_batch_size = cfg.validation.sw_batch_size;
+  sw.mode = cfg.validation.mode == "gaussian" ? BlendMode::gaussian : BlendMode::constant;
+  // Config sizes are (x, y, z); tensors are (Z, Y, X). No roi_size: the whole volume.
+  std::vector<std::int64_t> roi(cfg.validation.roi_size.rbegin(), cfg.validation.roi_size.rend());
+  const int nd = info.spatial_dims;
+  const auto probabilities_of = [&](const at::Tensor& w) {
+    at::Tensor logits = model.predict(w).to(at::kFloat);
+    if (logits.size(1) == 1) {
+      at::Tensor p = torch::sigmoid(logits);
+      return torch::cat({1.0 - p, p}, 1);
+    }
+    return torch::softmax(logits, 1);
+  };
+  const Predictor predictor = [&](const at::Tensor& w) -> at::Tensor {
+    if (tta == TtaMode::none) return probabilities_of(w);
+    // Every subset of the spatial axes (dims 2 .. 2 + nd - 1 of the window batch), the
+    // empty one included; each prediction flipped back before averaging.
+    at::Tensor sum;
+    const int combos = 1 << nd;
+    for (int m = 0; m < combos; ++m) {
+      std::vector<std::int64_t> axes;
+      for (int d = 0; d < nd; ++d)
+        if ((m >> d) & 1) axes.push_back(2 + d);
+      at::Tensor p = axes.empty() ? probabilities_of(w) : probabilities_of(w.flip(axes)).flip(axes);
+      sum = sum.defined() ? sum + p : p;
+    }
+    return sum / static_cast<double>(combos);
+  };
+  if (nd == 2 && x.dim() == 5) {
+    // A 2D model on a volume: slices as a batch, (Z, C, Y, X).
+    at::Tensor slices = x[0].permute({1, 0, 2, 3}).contiguous();
+    if (roi.size() == 3) roi = {roi[1], roi[2]};
+    sw.roi_size = roi.empty() ? std::vector<std::int64_t>{0, 0} : roi;
+    at::Tensor out = sliding_window_inference(slices, sw, predictor);  // (Z, K, Y, X)
+    return out.permute({1, 0, 2, 3}).contiguous().to(at::kCPU);
+  }
+  sw.roi_size = roi.empty() ? std::vector<std::int64_t>(static_cast<std::size_t>(nd), 0) : roi;
+  return sliding_window_inference(x, sw, predictor)[0].to(at::kCPU);
+}
 
+namespace {
+
+/// Label names from the "labels" of a dataset.json: MSD {"1": "liver"} or nnU-Net v2
+/// {"liver": 1}; index = label value.
+std::vector<std::string> names_from_dataset_json(const fs::path& file) {
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return {};
+  std::ifstream in(file);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("labels") || !j["labels"].is_object()) return {};
+  std::map<std::int64_t, std::string> m;
+  for (auto it = j["labels"].begin(); it != j["labels"].end(); ++it) {
+    if (it->is_string()) {
+      try {
+        m[std::stoll(it.key())] = it->get<std::string>();
+      } catch (const std::exception&) {
+      }
+    } else if (it->is_number_integer()) {
+      m[it->get<std::int64_t>()] = it.key();
+    }
+  }
+  if (m.empty() || m.begin()->first < 0 || m.rbegin()->first > 4096) return {};
+  std::vector<std::string> out(static_cast<std::size_t>(m.rbegin()->first) + 1);
+  for (const auto& [k, v] : m) out[static_cast<std::size_t>(k)] = v;
+  return out;
+}
+
+/// Sizes (x, y, z) of a (C, Z, Y, X) tensor.
+Size3 size_of(const at::Tensor& t) { return {t.size(3), t.size(2), t.size(1)}; }
+
+bool same_grid(const Geometry& a, const Size3& sa, const Geometry& b, const Size3& sb) {
+  return sa == sb && geometry_close(a, b, 1e-6);
+}
+
+/// One checkpoint of an ensemble, with the deterministic part of its training pipeline.
+struct Member {
+  fs::path path;
+  std::unique_ptr<Trainer> trainer;
+  pipeline::Pipeline pipe;
+  std::string stages;  ///< the stage list as JSON text: members with equal text share preprocessing
+};
+
+/// Probabilities and labels of one case on the input's grid.
+struct CasePrediction {
+  at::Tensor labels;         ///< (1, Z, Y, X) uint8 (int16 beyond 256 classes)
+  at::Tensor probabilities;  ///< (K, Z, Y, X) float32, when asked for
+};
+
+/// The checkpoints of a run, loaded once.
+class Ensemble {
+ public:
+  static Result<Ensemble> load(const InferOptions& o) {
+    if (o.checkpoint.empty()) return invalid_argument("--checkpoint: required");
+    Ensemble e;
+    std::vector<fs::path> paths = {o.checkpoint};
+    paths.insert(paths.end(), o.ensemble.begin(), o.ensemble.end());
+    pipeline::StageRegistry registry = pipeline::builtin_registry();
+    for (const auto& p : paths) {
+      SEGFLOW_ASSIGN_OR_RETURN(auto trainer, load_for_inference(p, o.device));
+      const ModelInfo& info = trainer->model().info();
+      if (info.needs_box)
+        return unsupported(p.string() +
+                           ": box-prompted models need a box per slice; segflow infer runs UNet "
+                           "checkpoints (use the Trainer API with boxes for SAM-style models)");
+      const std::int64_t k = info.out_channels == 1 ? 2 : info.out_channels;
+      if (e.members_.empty()) {
+        e.family_ = info.name;
+        e.classes_ = k;
+        e.in_channels_ = info.in_channels;
+      } else {
+        const std::string first = e.members_.front().path.string();
+        if (info.name != e.family_)
+          return invalid_argument(p.string() + ": cannot join an ensemble with " + first +
+                                  ": model family '" + info.name + "', expected '" + e.family_ + "'");
+        if (k != e.classes_)
+          return invalid_argument(p.string() + ": cannot join an ensemble with " + first + ": " +
+                                  std::to_string(k) + " classes, expected " + std::to_string(e.classes_));
+        if (info.in_channels != e.in_channels_)
+          return invalid_argument(p.string() + ": cannot join an ensemble with " + first + ": " +
+                                  std::to_string(info.in_channels) + " input channels, expected " +
+                                  std::to_string(e.in_channels_));
+      }
+      const JobConfig& cfg = trainer->config();
+      SEGFLOW_ASSIGN_OR_RETURN(pipeline::Pipeline pipe,
+                               pipeline::build_pipeline(cfg.stages, registry, cfg.file));
+      Member m;
+      m.path = p;
+      m.stages = pipeline::to_json(cfg.stages).dump();
+      m.pipe = std::move(pipe);
+      m.trainer = std::move(trainer);
+      e.members_.push_back(std::move(m));
+    }
+    e.names_ = o.class_names;
+    // The dataset's names fit the model's classes only when no stage maps label values.
+    const auto& stages = e.members_.front().trainer->config().stages.stages;
+    const bool remapped = std::any_of(stages.begin(), stages.end(),
+                                      [](const pipeline::StageSpec& s) { return s.name == "map_labels"; });
+    if (e.names_.empty() && !remapped) {
+      const JobConfig& cfg = e.members_.front().trainer->config();
+      fs::path root = cfg.data.root;
+      e.names_ = names_from_dataset_json(root / "dataset.json");
+      if (e.names_.empty() && root.is_relative() && !cfg.file.empty())
+        e.names_ = names_from_dataset_json(fs::path(cfg.file).parent_path() / root / "dataset.json");
+    }
+    return e;
+  }
+
+  std::int64_t in_channels() const { return in_channels_; }
+  const std::vector<std::string>& names() const { return names_; }
+
+  /// Predicts one case (image (C, Z, Y, X) on `input.geometry`).
+  Result<CasePrediction> predict(const at::Tensor& image, const Geometry& geometry, const std::string& id,
+                                 TtaMode tta, bool want_probabilities) const {
+    if (image.size(0) != in_channels_)
+      return invalid_argument(id + ": the model takes " + std::to_string(in_channels_) + " image channel" +
+                              (in_channels_ == 1 ? "" : "s") + ", got " + std::to_string(image.size(0)));
+    const Size3 input_size = size_of(image);
+    std::map<std::string, Sample> preprocessed;  // by stage list
+    at::Tensor sum;
+    Geometry ref_geometry;
+    Size3 ref_size{0, 0, 0};
+    for (const Member& m : members_) {
+      auto it = preprocessed.find(m.stages);
+      if (it == preprocessed.end()) {
+        Sample s;
+        s.id = id;
+        s.tensors["image"] = image.to(at::kFloat);
+        s.geometry = geometry;
+        // Stages written for (image, label) pairs get an empty label map, dropped afterwards.
+        s.tensors["label"] = torch::zeros({1, image.size(1), image.size(2), image.size(3)}, at::kByte);
+        SEGFLOW_ASSIGN_OR_RETURN(Sample pre, m.pipe.run_deterministic(std::move(s)));
+        it = preprocessed.emplace(m.stages, std::move(pre)).first;
+      }
+      const Sample& pre = it->second;
+      at::Tensor p = predict_probabilities(*m.trainer, pre.at("image"), tta);
+      const Size3 p_size = size_of(p);
+      if (!sum.defined()) {
+        sum = p;
+        ref_geometry = pre.geometry;
+        ref_size = p_size;
+      } else if (same_grid(pre.geometry, p_size, ref_geometry, ref_size)) {
+        sum += p;
+      } else {
+        sum += resample_to_grid(p, pre.geometry, ref_geometry, ref_size);
+      }
+    }
+    at::Tensor probs = members_.size() == 1 ? sum : sum / static_cast<double>(members_.size());
+    const auto label_type = classes_ <= 256 ? at::kByte : at::kShort;
+    at::Tensor labels = probs.argmax(0, true).to(label_type);
+    CasePrediction out;
+    const bool same = same_grid(ref_geometry, ref_size, geometry, input_size);
+    out.labels = same ? labels : resample_to_grid(labels, ref_geometry, geometry, input_size);
+    if (want_probabilities) {
+      if (same) {
+        out.probabilities = probs;
+      } else {
+        at::Tensor q = resample_to_grid(probs, ref_geometry, geometry, input_size);
+        // Outside the preprocessed grid (a crop) nothing was predicted: background.
+        q[0] += (1.0 - q.sum(0)).clamp_min(0.0);
+        out.probabilities = q;
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::vector<Member> members_;
+  std::string family_;
+  std::int64_t classes_ = 2, in_channels_ = 1;
+  std::vector<std::string> names_;
+};
+
+/// "<dir>/x.nii.gz" -> "<dir>/x_probabilities.nii.gz" (also for .nii and .dcm).
+fs::path probabilities_path(const fs::path& label_file) {
+  std::string name = label_file.filename().string();
+  for (const char* ext : {".nii.gz", ".nii", ".dcm"}) {
+    const std::string e = ext;
+    if (name.size() > e.size() && name.ends_with(e)) {
+      name.resize(name.size() - e.size());
+      break;
+    }
+  }
+  return label_file.parent_path() / (name + "_probabilities.nii.gz");
+}
+
+/// Writes a case's label map (NIfTI or DICOM SEG) and, when predicted, its probabilities.
+Result<InferResult> write_case(const CasePrediction& pred, const pipeline::Image& input, const fs::path& out,
+                               const fs::path& dicom_source, const std::vector<std::string>& names) {
   pipeline::Image seg;
-  seg.voxels = back.contiguous();
+  seg.voxels = pred.labels.contiguous();
   seg.geometry = input.geometry;
   seg.modality = "SEG";
-  fs::path out = o.output;
-  std::error_code ec;
-  const bool to_folder = fs::is_directory(out, ec) || out.string().ends_with("/");
-  if (to_folder) {
-    fs::create_directories(out, ec);
-    std::string stem = o.input.filename().string();
-    for (const char* e : {".nii.gz", ".nii"})
-      if (stem.ends_with(e)) stem = stem.substr(0, stem.size() - std::string(e).size());
-    out = dicom ? out / "seg.dcm" : out / (stem + "_seg.nii.gz");
-  }
   if (out.extension() == ".dcm") {
-    if (!dicom)
+    if (dicom_source.empty())
       return invalid_argument(out.string() + ": DICOM SEG output needs a DICOM input, got " +
-                              o.input.string());
-    fs::path dir = fs::is_directory(o.input) ? o.input : o.input.parent_path();
+                              input.source.string());
+    const fs::path dir = fs::is_directory(dicom_source) ? dicom_source : dicom_source.parent_path();
     SEGFLOW_ASSIGN_OR_RETURN(auto series, pipeline::scan_dicom_folder(dir));
     const pipeline::DicomSeriesInfo* ref = nullptr;
     for (const auto& si : series)
       if (si.modality != "SEG") ref = &si;
     if (!ref) return not_found(dir.string() + ": no image series to reference from the DICOM SEG");
-    SEGFLOW_RETURN_IF_ERROR(pipeline::write_dicom_seg(out, seg, *ref));
+    std::vector<pipeline::SegmentStyle> styles(names.size());
+    for (std::size_t v = 0; v < names.size(); ++v)
+      styles[v] = {names[v], pipeline::default_segment_colour(static_cast<std::int64_t>(v))};
+    SEGFLOW_RETURN_IF_ERROR(pipeline::write_dicom_seg(out, seg, *ref, styles));
   } else if (pipeline::is_nifti_path(out)) {
     SEGFLOW_RETURN_IF_ERROR(pipeline::write_nifti(out, seg));
   } else {
@@ -124,10 +343,227 @@ Result<InferResult> run_inference(const InferOptions& o) {
   InferResult r;
   r.output = out;
   r.size = seg.size();
-  at::Tensor u = std::get<0>(at::_unique(back.flatten().to(at::kLong), true));
+  at::Tensor u = std::get<0>(at::_unique(seg.voxels.flatten().to(at::kLong), true));
   for (std::int64_t i = 0; i < u.numel(); ++i) r.labels.push_back(u[i].item<std::int64_t>());
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (pred.probabilities.defined()) {
+    pipeline::Image prob;
+    prob.voxels = pred.probabilities.to(at::kFloat).contiguous();
+    prob.geometry = input.geometry;
+    r.probabilities = probabilities_path(out);
+    SEGFLOW_RETURN_IF_ERROR(pipeline::write_nifti(r.probabilities, prob));
+  }
   return r;
+}
+
+/// Reads a case's channels and stacks them; they must share one grid.
+Result<pipeline::Image> read_case(const InferCase& c) {
+  if (c.channels.empty()) return invalid_argument(c.id + ": no image files");
+  SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image first, pipeline::read_image(c.channels.front()));
+  if (c.channels.size() == 1) return first;
+  std::vector<at::Tensor> parts = {first.voxels.to(at::kFloat)};
+  for (std::size_t i = 1; i < c.channels.size(); ++i) {
+    SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image ch, pipeline::read_image(c.channels[i]));
+    if (ch.size() != first.size() || !geometry_close(ch.geometry, first.geometry, 1e-3))
+      return invalid_argument(c.channels[i].string() + ": channel " + std::to_string(i) + " of case " + c.id +
+                              " is on another grid than channel 0 (" + describe(ch.geometry) + " vs " +
+                              describe(first.geometry) + ")");
+    parts.push_back(ch.voxels.to(at::kFloat));
+  }
+  first.voxels = torch::cat(parts, 0).contiguous();
+  return first;
+}
+
+bool is_dicom_input(const fs::path& p) {
+  const auto f = pipeline::detect_format(p);
+  return f == pipeline::ImageFormat::dicom_file || f == pipeline::ImageFormat::dicom_folder;
+}
+
+}  // namespace
+
+bool is_single_scan(const fs::path& input) {
+  std::error_code ec;
+  if (fs::is_regular_file(input, ec)) return true;
+  return detail::is_dicom_case_folder(input);
+}
+
+Result<std::vector<InferCase>> list_inference_cases(
+    const fs::path& input, std::vector<std::pair<std::string, std::string>>* skipped) {
+  std::error_code ec;
+  if (!fs::exists(input, ec)) return not_found(input.string() + ": no such file or folder");
+  if (is_single_scan(input)) {
+    fs::path p = input;
+    if (p.filename().empty()) p = p.parent_path();
+    return std::vector<InferCase>{
+        {detail::strip_channel_zero(detail::case_id_of(p)), {input}, is_dicom_input(input)}};
+  }
+  fs::path dir = input;
+  for (const char* sub : {"imagesTs", "imagesTr", "imgs"})
+    if (fs::is_directory(input / sub, ec)) {
+      dir = input / sub;
+      break;
+    }
+  std::vector<fs::path> files, folders;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const fs::path& p = e.path();
+    if (detail::is_hidden(p)) continue;
+    if (e.is_directory()) {
+      if (detail::is_dicom_case_folder(p)) folders.push_back(p);
+    } else if (e.is_regular_file() && !detail::is_side_file(p)) {
+      files.push_back(p);
+    }
+  }
+  if (ec) return io_error(dir.string() + ": cannot list the folder: " + ec.message());
+  std::sort(files.begin(), files.end());
+  std::sort(folders.begin(), folders.end());
+  static const std::regex channel_re("^(.*)_([0-9]{4})$");
+  const bool channels = !files.empty() && std::all_of(files.begin(), files.end(), [](const fs::path& p) {
+    return std::regex_match(detail::case_id_of(p), channel_re);
+  });
+  std::map<std::string, InferCase> cases;
+  if (channels) {
+    std::map<std::string, std::map<int, fs::path>> by_case;
+    for (const auto& p : files) {
+      std::smatch m;
+      const std::string id = detail::case_id_of(p);
+      std::regex_match(id, m, channel_re);
+      by_case[m[1]][std::stoi(m[2])] = p;
+    }
+    for (auto& [id, chans] : by_case) {
+      InferCase c{id, {}, false};
+      int expect = 0;
+      bool ok = true;
+      for (auto& [n, p] : chans) {
+        if (n != expect) {
+          char want[16];
+          std::snprintf(want, sizeof want, "_%04d", expect);
+          if (skipped)
+            skipped->emplace_back(
+                chans.begin()->second.string(),
+                "case " + id + ": channel " + want + " is missing (channels must be _0000, _0001, ...)");
+          ok = false;
+          break;
+        }
+        c.channels.push_back(p);
+        ++expect;
+      }
+      if (ok) {
+        c.dicom = is_dicom_input(c.channels.front());
+        cases[id] = c;
+      }
+    }
+  } else {
+    for (const auto& p : files) {
+      const std::string id = detail::case_id_of(p);
+      cases[id] = InferCase{id, {p}, is_dicom_input(p)};
+    }
+  }
+  for (const auto& f : folders) {
+    const std::string id = f.filename().string();
+    if (cases.count(id)) {
+      if (skipped) skipped->emplace_back(f.string(), "case " + id + " is also a file in " + dir.string());
+      continue;
+    }
+    cases[id] = InferCase{id, {f}, true};
+  }
+  if (cases.empty())
+    return not_found(dir.string() +
+                     ": no scans found (expected image files, DICOM series folders or a dataset)");
+  std::vector<InferCase> out;
+  for (auto& [id, c] : cases) out.push_back(std::move(c));
+  return out;
+}
+
+Result<InferResult> run_inference(const InferOptions& o) {
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    SEGFLOW_ASSIGN_OR_RETURN(Ensemble ensemble, Ensemble::load(o));
+    SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image input, pipeline::read_image(o.input));
+    const bool dicom = is_dicom_input(o.input);
+    fs::path out = o.output;
+    std::error_code ec;
+    const bool to_folder = fs::is_directory(out, ec) || out.string().ends_with("/");
+    if (to_folder) {
+      fs::create_directories(out, ec);
+      std::string stem = o.input.filename().string();
+      for (const char* e : {".nii.gz", ".nii"})
+        if (stem.ends_with(e)) stem = stem.substr(0, stem.size() - std::string(e).size());
+      const bool seg = o.format == "seg" || (o.format.empty() && dicom);
+      out = seg ? out / "seg.dcm" : out / (stem + "_seg.nii.gz");
+    }
+    const std::string id = detail::strip_channel_zero(detail::case_id_of(o.input));
+    SEGFLOW_ASSIGN_OR_RETURN(CasePrediction pred,
+                             ensemble.predict(input.voxels, input.geometry, id, o.tta, o.save_probabilities));
+    SEGFLOW_ASSIGN_OR_RETURN(InferResult r,
+                             write_case(pred, input, out, dicom ? o.input : fs::path(), ensemble.names()));
+    r.case_id = id;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  } catch (const c10::Error& e) {
+    return internal_error(o.input.string() + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return internal_error(o.input.string() + ": " + e.what());
+  }
+}
+
+Result<InferBatchResult> run_inference_batch(const InferOptions& o,
+                                             const std::function<void(const InferProgress&)>& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!o.format.empty() && o.format != "nifti" && o.format != "seg")
+    return invalid_argument("--format: expected nifti or seg, got '" + o.format + "'");
+  InferBatchResult result;
+  SEGFLOW_ASSIGN_OR_RETURN(auto cases, list_inference_cases(o.input, &result.skipped));
+  std::error_code ec;
+  if (fs::exists(o.output, ec) && !fs::is_directory(o.output, ec))
+    return invalid_argument(o.output.string() + ": --output: expected a folder for the " +
+                            std::to_string(cases.size()) + " cases of " + o.input.string() + ", got a file");
+  fs::create_directories(o.output, ec);
+  if (ec) return io_error(o.output.string() + ": cannot create the folder: " + ec.message());
+  Result<Ensemble> loaded = [&]() -> Result<Ensemble> {
+    try {
+      return Ensemble::load(o);
+    } catch (const std::exception& e) {
+      return internal_error(o.checkpoint.string() + ": " + e.what());
+    }
+  }();
+  if (!loaded.is_ok()) return loaded.status();
+  const Ensemble& ensemble = *loaded;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const InferCase& c = cases[i];
+    InferProgress p;
+    p.index = i;
+    p.total = cases.size();
+    p.case_id = c.id;
+    if (progress) progress(p);
+    const auto c0 = std::chrono::steady_clock::now();
+    const bool seg = o.format == "seg" || (o.format.empty() && c.dicom);
+    const fs::path out = o.output / (c.id + (seg ? ".dcm" : ".nii.gz"));
+    Result<InferResult> r = [&]() -> Result<InferResult> {
+      try {
+        SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image input, read_case(c));
+        SEGFLOW_ASSIGN_OR_RETURN(CasePrediction pred, ensemble.predict(input.voxels, input.geometry, c.id,
+                                                                       o.tta, o.save_probabilities));
+        return write_case(pred, input, out, c.dicom ? c.channels.front() : fs::path(), ensemble.names());
+      } catch (const c10::Error& e) {
+        return internal_error(c.id + ": " + e.what_without_backtrace());
+      } catch (const std::exception& e) {
+        return internal_error(c.id + ": " + e.what());
+      }
+    }();
+    p.done = true;
+    p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+    if (r.is_ok()) {
+      r->case_id = c.id;
+      r->seconds = p.seconds;
+      p.output = r->output;
+      result.outputs.push_back(std::move(*r));
+    } else {
+      p.error = r.status().message();
+      result.failed.emplace_back(c.id, p.error);
+    }
+    if (progress) progress(p);
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
 }
 
 }  // namespace segflow::models

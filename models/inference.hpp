@@ -1,36 +1,129 @@
 #pragma once
-// `segflow infer`: a trained checkpoint applied to a DICOM series or a NIfTI volume; the
-// label map comes back in the input's own geometry (NIfTI, or DICOM SEG for DICOM input).
+// `segflow infer`: trained checkpoints applied to scans; label maps (and, on request, class
+// probabilities) come back in each input's own geometry (NIfTI, or DICOM SEG for DICOM
+// input). One scan, a folder of scans or a dataset; mirroring test-time augmentation;
+// ensembles of checkpoints averaged as probabilities.
+//
+// How a case is predicted: each checkpoint runs the deterministic stages of its own
+// training pipeline, then sliding-window inference whose windows are turned into
+// probabilities (softmax; sigmoid as [1 - p, p] for one-channel models) before blending,
+// optionally averaged over every flip of the window's spatial axes (nnU-Net's mirroring:
+// 8 passes in 3D, 4 in 2D). The checkpoints' probabilities are averaged on the first one's
+// preprocessed grid; the label map is their argmax, mapped back to the input's grid
+// (nearest, through patient coordinates); saved probabilities are mapped back linearly.
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "messages/geometry.hpp"
 #include "messages/status.hpp"
 
 namespace segflow::models {
 
-/// Options of one inference run.
-struct InferOptions {
-  std::filesystem::path checkpoint;  ///< best.pt / last.pt of a run
-  std::filesystem::path input;       ///< NIfTI file, DICOM file or folder with one series
-  std::filesystem::path output;      ///< out.nii[.gz], out.dcm (DICOM SEG) or a folder
-  std::string device = "auto";
+class Trainer;
+
+/// Test-time augmentation.
+enum class TtaMode {
+  none,
+  mirror,  ///< mean of the softmax over all flips of the spatial axes, per window
 };
 
-/// What was written.
+/// "none" | "mirror".
+Result<TtaMode> parse_tta(const std::string& text);
+
+/// Options of one inference run.
+struct InferOptions {
+  std::filesystem::path checkpoint;  ///< best.pt / last.pt of a run (the first of an ensemble)
+  /// A NIfTI / npy / DICOM file or a folder with one DICOM series (run_inference); for
+  /// run_inference_batch also a folder of scans or a dataset (see list_inference_cases).
+  std::filesystem::path input;
+  std::filesystem::path output;  ///< out.nii[.gz], out.dcm (DICOM SEG) or a folder
+  std::string device = "auto";
+  /// More checkpoints: an ensemble whose probabilities are averaged with `checkpoint`'s.
+  /// Every member must be of the same model family with the same classes and channels.
+  std::vector<std::filesystem::path> ensemble;
+  TtaMode tta = TtaMode::none;
+  /// Also write the class probabilities, (x, y, z, class) float32 NIfTI, next to the label
+  /// map: "<label map name without extension>_probabilities.nii.gz".
+  bool save_probabilities = false;
+  /// Names of label values 0..K-1 (DICOM SEG segment labels). Empty: the "labels" of the
+  /// dataset.json in the first checkpoint's data.root, when it is there and no map_labels
+  /// stage renumbers the classes; else "label_<v>".
+  std::vector<std::string> class_names;
+  /// Format of the files a folder output gets: "" (DICOM SEG for DICOM input, else NIfTI),
+  /// "nifti" or "seg".
+  std::string format;
+};
+
+/// What was written for one case.
 struct InferResult {
   std::filesystem::path output;
   Size3 size{0, 0, 0};               ///< of the written label map (= input size)
   std::vector<std::int64_t> labels;  ///< distinct values written
   double seconds = 0.0;
+  std::string case_id;                  ///< case id (batch) or the input's name
+  std::filesystem::path probabilities;  ///< the probabilities file, when saved
 };
 
-/// Runs inference. A folder output gets "<input name>_seg.nii.gz" (NIfTI input) or
-/// "seg.dcm" (DICOM input).
+/// Runs inference on one scan. A folder output gets "<input name>_seg.nii.gz" (NIfTI input)
+/// or "seg.dcm" (DICOM input).
 Result<InferResult> run_inference(const InferOptions& options);
+
+/// One case of a folder or dataset: its image channels.
+struct InferCase {
+  std::string id;
+  std::vector<std::filesystem::path> channels;  ///< one file or DICOM series folder per channel
+  bool dicom = false;                           ///< a DICOM series (DICOM SEG output by default)
+};
+
+/// The scans under `input`: a file or a DICOM series folder (one case); a dataset root
+/// (its imagesTs/, else imagesTr/, else imgs/); or a folder of scans: image files (NIfTI,
+/// npy, and what else read_image reads) and DICOM case folders. When every file name ends
+/// in a 4-digit channel suffix (nnU-Net's "case_0000.nii.gz") files are grouped by case
+/// into channels; else each file is a case. Files that are no case (dataset.json, reports,
+/// saved probabilities) are left out; cases with a gap in their channels go to `skipped`.
+Result<std::vector<InferCase>> list_inference_cases(
+    const std::filesystem::path& input, std::vector<std::pair<std::string, std::string>>* skipped = nullptr);
+
+/// True when `input` is one scan: a file, or a folder holding a DICOM image series.
+bool is_single_scan(const std::filesystem::path& input);
+
+/// Progress of a batch, reported before and after each case.
+struct InferProgress {
+  std::size_t index = 0;  ///< 0-based
+  std::size_t total = 0;
+  std::string case_id;
+  bool done = false;     ///< false: starting; true: finished (see error)
+  double seconds = 0.0;  ///< of this case, when done
+  std::string error;     ///< when the case failed
+  std::filesystem::path output;
+};
+
+/// What a batch wrote, and what it could not do.
+struct InferBatchResult {
+  std::vector<InferResult> outputs;
+  std::vector<std::pair<std::string, std::string>> failed;   ///< (case id, error)
+  std::vector<std::pair<std::string, std::string>> skipped;  ///< (path, reason) from the listing
+  double seconds = 0.0;
+};
+
+/// Runs inference on every case of list_inference_cases(options.input) into the folder
+/// options.output (created): "<case id>.nii.gz" or "<case id>.dcm". A case that fails is
+/// reported (progress and `failed`) and the others go on. The models are loaded once.
+Result<InferBatchResult> run_inference_batch(const InferOptions& options,
+                                             const std::function<void(const InferProgress&)>& progress = {});
+
+/// Class probabilities (K, *spatial) float32 on the CPU of one model for one preprocessed
+/// image (C, *spatial): sliding windows with the run's validation settings, softmax per
+/// window (or [1 - sigmoid, sigmoid]), averaged over mirrored windows with TtaMode::mirror.
+/// A 2D model on a volume runs slice by slice. The model is put in eval mode.
+at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image, TtaMode tta);
 
 /// Resamples an integer label map or float maps (C, Z, Y, X) from grid `src` onto the grid
 /// `dst` of size `dst_size` through patient coordinates (nearest for integer types, linear

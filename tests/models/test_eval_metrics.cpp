@@ -34,26 +34,28 @@ double monai_value(const nlohmann::json& v) {
   return v.get<double>();
 }
 
-/// Compares our scores of `labels` with MONAI's on the files in `dir`.
+/// Compares our scores of `labels` with MONAI's on the files in `dir`; NSD at each of
+/// `tolerances` (mm, written as Python prints them: "1.7"), the rest at the first.
 void compare_with_monai(const std::filesystem::path& dir, const std::vector<std::int64_t>& labels,
-                        double tolerance, bool two_d) {
-  std::string cls;
+                        const std::vector<std::string>& tolerances, bool two_d) {
+  std::string cls, tols;
   for (auto l : labels) cls += (cls.empty() ? "" : ",") + std::to_string(l);
-  char tol[32];
-  std::snprintf(tol, sizeof tol, "%.6g", tolerance);
+  for (const auto& t : tolerances) tols += (tols.empty() ? "" : ",") + t;
   const auto ref = monai_metrics("score " + testing::shell_quote((dir / "pred.nii.gz").string()) + " " +
                                  testing::shell_quote((dir / "gt.nii.gz").string()) + " --classes " + cls +
-                                 " --tolerance " + tol);
+                                 " --tolerance " + tols);
   auto pred = pipeline::read_nifti(dir / "pred.nii.gz");
   auto gt = pipeline::read_nifti(dir / "gt.nii.gz");
   REQUIRE_MESSAGE(pred.is_ok(), pred.status().message());
   REQUIRE_MESSAGE(gt.is_ok(), gt.status().message());
   const auto sp = gt->geometry.spacing;
-  models::EvalMetricOptions o;
-  o.tolerance_mm = tolerance;
-  const auto ours =
-      two_d ? models::score_label_maps(pred->voxels[0][0], gt->voxels[0][0], labels, {sp[0], sp[1]}, o)
-            : models::score_label_maps(pred->voxels, gt->voxels, labels, {sp[0], sp[1], sp[2]}, o);
+  const auto score = [&](double tolerance) {
+    models::EvalMetricOptions o;
+    o.tolerance_mm = tolerance;
+    return two_d ? models::score_label_maps(pred->voxels[0][0], gt->voxels[0][0], labels, {sp[0], sp[1]}, o)
+                 : models::score_label_maps(pred->voxels, gt->voxels, labels, {sp[0], sp[1], sp[2]}, o);
+  };
+  const auto ours = score(std::stod(tolerances.front()));
   REQUIRE(ours.size() == labels.size());
   for (std::size_t i = 0; i < labels.size(); ++i) {
     const auto& s = ours[i];
@@ -87,6 +89,10 @@ void compare_with_monai(const std::filesystem::path& dir, const std::vector<std:
       CHECK(s.hd95 == doctest::Approx(monai_value(m["hd95"])).epsilon(1e-5));
       CHECK(s.assd == doctest::Approx(monai_value(m["assd"])).epsilon(1e-5));
       CHECK(s.nsd == doctest::Approx(monai_value(m["nsd"])).epsilon(1e-6));
+      for (const auto& t : tolerances) {
+        INFO("tolerance " << t);
+        CHECK(score(std::stod(t))[i].nsd == doctest::Approx(monai_value(m["nsd_at"][t])).epsilon(1e-6));
+      }
       CHECK(s.hd95 > 0);
       CHECK(s.nsd > 0.0);
       CHECK(s.nsd < 1.0);
@@ -161,15 +167,14 @@ TEST_CASE("Dice, IoU, HD95, ASSD, surface Dice and volumes match MONAI on anisot
   monai_metrics("make " + testing::shell_quote(dir.path().string()) +
                 " --seed 3 --shape 48,40,20 --spacing 0.8,1.1,2.5");
   // 1-3 in both maps, 4 only predicted, 5 only in the ground truth, 6 in neither.
-  compare_with_monai(dir.path(), {1, 2, 3, 4, 5, 6}, 1.7, false);
-  compare_with_monai(dir.path(), {1, 2, 3}, 3.3, false);
+  compare_with_monai(dir.path(), {1, 2, 3, 4, 5, 6}, {"1.7", "3.3", "0.5"}, false);
 }
 
 TEST_CASE("the scores of 2D label maps match MONAI's 2D metrics") {
   TempDir dir("evalm2d");
   monai_metrics("make " + testing::shell_quote(dir.path().string()) +
                 " --seed 5 --shape 64,50,1 --spacing 0.7,1.3,1");
-  compare_with_monai(dir.path(), {1, 2, 3, 5}, 1.5, true);
+  compare_with_monai(dir.path(), {1, 2, 3, 5}, {"1.5"}, true);
 }
 
 TEST_CASE("label maps of different shapes are refused") {

@@ -10,9 +10,10 @@ usage:
       on another grid: padded, shifted, flipped along y, so that it maps back onto the
       ground-truth grid voxel for voxel), OUT/pred_far.nii.gz (the prediction 1 m away) and
       OUT/ct.nii.gz (a float image that is not a label map). A Z of 1 writes 2D slices.
-  monai_metrics.py score PRED GT --classes 1,2,... --tolerance T
+  monai_metrics.py score PRED GT --classes 1,2,... --tolerance T[,T2,...]
       Reads both with nibabel and prints one JSON object {"classes": {"1": {dice, iou,
-      hd95, assd, nsd, volume_pred_ml, volume_gt_ml}, ...}} from compute_dice /
+      hd95, assd, nsd, nsd_at, volume_pred_ml, volume_gt_ml}, ...}} (nsd at the first
+      tolerance, nsd_at {"T": nsd} at each) from compute_dice /
       compute_iou (ignore_empty=False), compute_hausdorff_distance(percentile=95),
       compute_average_surface_distance(symmetric=True) and compute_surface_dice, all with
       the spacing from the header. NaN prints as null, infinity as "inf".
@@ -121,7 +122,7 @@ def clean(v):
     return v
 
 
-def score(pred_path, gt_path, labels, tolerance):
+def score(pred_path, gt_path, labels, tolerances):
     import nibabel as nib
     from monai.metrics import (compute_average_surface_distance, compute_dice, compute_hausdorff_distance,
                                compute_iou, compute_surface_dice)
@@ -137,8 +138,8 @@ def score(pred_path, gt_path, labels, tolerance):
         iou = compute_iou(P, G, include_background=False, ignore_empty=False)[0]
         hd = compute_hausdorff_distance(P, G, include_background=False, percentile=95, spacing=spacing)[0]
         asd = compute_average_surface_distance(P, G, include_background=False, symmetric=True, spacing=spacing)[0]
-        nsd = compute_surface_dice(P, G, class_thresholds=[tolerance] * len(labels), include_background=False,
-                                   spacing=spacing)[0]
+        nsd = [compute_surface_dice(P, G, class_thresholds=[t] * len(labels), include_background=False,
+                                    spacing=spacing)[0] for t in tolerances]
     ml = float(np.prod(spacing)) / 1000.0
     out = {}
     for i, lab in enumerate(labels):
@@ -147,7 +148,8 @@ def score(pred_path, gt_path, labels, tolerance):
             "iou": clean(iou[i]),
             "hd95": clean(hd[i]),
             "assd": clean(asd[i]),
-            "nsd": clean(nsd[i]),
+            "nsd": clean(nsd[0][i]),
+            "nsd_at": {repr(t): clean(n[i]) for t, n in zip(tolerances, nsd)},
             "volume_pred_ml": float((p == lab).sum()) * ml,
             "volume_gt_ml": float((g == lab).sum()) * ml,
         }
@@ -166,14 +168,15 @@ def main():
     s.add_argument("pred")
     s.add_argument("gt")
     s.add_argument("--classes", required=True)
-    s.add_argument("--tolerance", type=float, required=True)
+    s.add_argument("--tolerance", required=True)
     a = ap.parse_args()
     if a.cmd == "make":
         make(a.out, a.seed, [int(v) for v in a.shape.split(",")], [float(v) for v in a.spacing.split(",")])
         print(json.dumps({"out": a.out}))
     else:
         labels = [int(v) for v in a.classes.split(",")]
-        print(json.dumps(score(a.pred, a.gt, labels, a.tolerance)))
+        tolerances = [float(v) for v in a.tolerance.split(",")]
+        print(json.dumps(score(a.pred, a.gt, labels, tolerances)))
     return 0
 
 

@@ -1,0 +1,150 @@
+// segflow infer: one scan, a folder of scans or a dataset through one checkpoint or an
+// ensemble, with optional mirroring TTA and saved probabilities (models/inference.hpp).
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "apps/cli_args.hpp"
+#include "apps/commands.hpp"
+#include "models/inference.hpp"
+
+namespace segflow::apps {
+
+namespace {
+
+std::string clock_text(double s) {
+  if (!std::isfinite(s) || s < 0) return "--:--";
+  const long t = std::lround(s);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+/// Progress on stderr: an updating bar on a terminal, a plain line per case otherwise.
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0) {}
+
+  void operator()(const models::InferProgress& p) {
+    if (quiet_) return;
+    if (!started_) {
+      start_ = std::chrono::steady_clock::now();
+      started_ = true;
+    }
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const std::size_t finished = p.index + (p.done ? 1 : 0);
+    const double eta =
+        finished > 0 ? el / static_cast<double>(finished) * static_cast<double>(p.total - finished) : NAN;
+    if (!tty_) {
+      if (!p.done) return;
+      if (p.error.empty())
+        std::fprintf(stderr, "infer %zu/%zu %s: %.2f s -> %s\n", p.index + 1, p.total, p.case_id.c_str(),
+                     p.seconds, p.output.string().c_str());
+      else
+        std::fprintf(stderr, "infer %zu/%zu %s: failed: %s\n", p.index + 1, p.total, p.case_id.c_str(),
+                     p.error.c_str());
+      return;
+    }
+    if (p.done && !p.error.empty())
+      std::fprintf(stderr, "\r\033[Kinfer %s: failed: %s\n", p.case_id.c_str(), p.error.c_str());
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(kWidth * finished / std::max<std::size_t>(1, p.total));
+    std::string bar(static_cast<std::size_t>(filled), '#');
+    bar.resize(kWidth, '.');
+    std::fprintf(stderr, "\r\033[K[%s] %zu/%zu %s%s ETA %s", bar.c_str(), finished, p.total,
+                 p.done ? "done " : "", p.case_id.c_str(), clock_text(eta).c_str());
+    if (p.done && finished == p.total) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  bool quiet_, tty_;
+  bool started_ = false;
+  std::chrono::steady_clock::time_point start_;
+};
+
+nlohmann::json result_json(const models::InferResult& r) {
+  nlohmann::json j = {{"case", r.case_id},
+                      {"output", r.output.string()},
+                      {"size", r.size},
+                      {"labels", r.labels},
+                      {"seconds", r.seconds}};
+  if (!r.probabilities.empty()) j["probabilities"] = r.probabilities.string();
+  return j;
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  for (std::size_t p = 0; p <= text.size();) {
+    const std::size_t q = std::min(text.find(',', p), text.size());
+    out.push_back(text.substr(p, q - p));
+    p = q + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int cmd_infer(int argc, char** argv) {
+  auto a =
+      parse_args(argc, argv, 2, {"checkpoint", "input", "output", "device", "tta", "class-names", "format"},
+                 {"save-probabilities", "quiet"});
+  if (!a.is_ok()) return fail("infer", a.status());
+  for (const char* k : {"checkpoint", "input", "output"})
+    if (!a->has(k)) return fail("infer", invalid_argument(std::string("--") + k + ": required"));
+  if (!a->positional.empty())
+    return fail("infer", invalid_argument("unexpected argument '" + a->positional.front() + "'"));
+  models::InferOptions o;
+  const auto checkpoints = a->all("checkpoint");
+  o.checkpoint = checkpoints.front();
+  o.ensemble.assign(checkpoints.begin() + 1, checkpoints.end());
+  o.input = a->get("input");
+  o.output = a->get("output");
+  o.device = a->get("device", "auto");
+  o.save_probabilities = a->flag("save-probabilities");
+  auto tta = models::parse_tta(a->get("tta", "none"));
+  if (!tta.is_ok()) return fail("infer", tta.status());
+  o.tta = *tta;
+  if (a->has("class-names")) o.class_names = split_commas(a->get("class-names"));
+  o.format = a->get("format");
+  if (!o.format.empty() && o.format != "nifti" && o.format != "seg")
+    return fail("infer", invalid_argument("--format: expected nifti or seg, got '" + o.format + "'"));
+
+  if (models::is_single_scan(o.input)) {
+    auto r = models::run_inference(o);
+    if (!r.is_ok()) return fail("infer", r.status());
+    std::cout << result_json(*r).dump() << '\n';
+    return 0;
+  }
+  ProgressBar bar(a->flag("quiet"));
+  auto r = models::run_inference_batch(o, [&](const models::InferProgress& p) { bar(p); });
+  if (!r.is_ok()) return fail("infer", r.status());
+  nlohmann::json j = {{"cases", nlohmann::json::array()},
+                      {"failed", nlohmann::json::array()},
+                      {"skipped", nlohmann::json::array()},
+                      {"seconds", r->seconds}};
+  for (const auto& c : r->outputs) j["cases"].push_back(result_json(c));
+  for (const auto& [id, err] : r->failed) j["failed"].push_back({{"case", id}, {"error", err}});
+  for (const auto& [path, why] : r->skipped) {
+    j["skipped"].push_back({{"path", path}, {"reason", why}});
+    std::fprintf(stderr, "segflow infer: skipped %s: %s\n", path.c_str(), why.c_str());
+  }
+  std::cout << j.dump() << '\n';
+  if (!r->failed.empty()) {
+    std::fprintf(stderr, "segflow infer: %zu of %zu cases failed; first: %s: %s\n", r->failed.size(),
+                 r->failed.size() + r->outputs.size(), r->failed.front().first.c_str(),
+                 r->failed.front().second.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace segflow::apps

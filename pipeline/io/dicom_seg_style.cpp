@@ -1,0 +1,100 @@
+#include "pipeline/io/dicom_seg_style.hpp"
+
+#include <dcmtk/config/osconfig.h>  // first among DCMTK headers
+#include <dcmtk/dcmdata/dcdatset.h>
+#include <dcmtk/dcmdata/dcdeftag.h>
+#include <dcmtk/dcmdata/dcfilefo.h>
+#include <dcmtk/dcmdata/dcitem.h>
+#include <dcmtk/dcmdata/dcsequen.h>
+#include <dcmtk/dcmiod/cielabutil.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace segflow::pipeline {
+
+namespace fs = std::filesystem;
+
+std::array<std::uint8_t, 3> default_segment_colour(std::int64_t v) {
+  // Distinct, readable on a grey CT background (no grey, no near-black).
+  static constexpr std::array<std::array<std::uint8_t, 3>, 12> kPalette = {{{221, 130, 101},
+                                                                            {157, 108, 162},
+                                                                            {185, 102, 83},
+                                                                            {241, 214, 145},
+                                                                            {128, 174, 128},
+                                                                            {216, 101, 79},
+                                                                            {111, 184, 210},
+                                                                            {230, 220, 70},
+                                                                            {255, 128, 0},
+                                                                            {0, 151, 206},
+                                                                            {200, 80, 200},
+                                                                            {60, 200, 120}}};
+  const std::int64_t i = v <= 0 ? 0 : (v - 1) % static_cast<std::int64_t>(kPalette.size());
+  return kPalette[static_cast<std::size_t>(i)];
+}
+
+std::array<std::uint16_t, 3> rgb_to_dicom_lab(const std::array<std::uint8_t, 3>& rgb) {
+  double L = 0, a = 0, b = 0;
+  IODCIELabUtil::rgb2DicomLab(L, a, b, rgb[0] / 255.0, rgb[1] / 255.0, rgb[2] / 255.0);
+  const auto q = [](double x) { return static_cast<std::uint16_t>(std::clamp(std::lround(x), 0L, 65535L)); };
+  return {q(L), q(a), q(b)};
+}
+
+Status write_dicom_seg(const fs::path& file, const Image& labels, const DicomSeriesInfo& series,
+                       const std::vector<SegmentStyle>& styles) {
+  const std::string where = file.string();
+  fs::path tmp = file;
+  tmp += ".unstyled.tmp";
+  SEGFLOW_RETURN_IF_ERROR(write_dicom_seg(tmp, labels, series));
+  std::error_code ec;
+  const auto cleanup = [&] { fs::remove(tmp, ec); };
+  DcmFileFormat ff;
+  OFCondition c = ff.loadFile(tmp.c_str());
+  if (c.bad()) {
+    cleanup();
+    return io_error(where + ": cannot read back the written SEG: " + c.text());
+  }
+  DcmDataset* ds = ff.getDataset();
+  DcmSequenceOfItems* seq = nullptr;
+  if (ds->findAndGetSequence(DCM_SegmentSequence, seq).bad() || !seq) {
+    cleanup();
+    return internal_error(where + ": SegmentSequence (0062,0002): missing in the written SEG");
+  }
+  for (unsigned long i = 0; i < seq->card(); ++i) {
+    DcmItem* item = seq->getItem(i);
+    Uint16 number = 0;
+    if (!item || item->findAndGetUint16(DCM_SegmentNumber, number).bad()) continue;
+    std::string name;
+    if (number < styles.size()) name = styles[number].label;
+    const auto rgb = number < styles.size() ? styles[number].rgb : default_segment_colour(number);
+    if (!name.empty()) {
+      std::replace(name.begin(), name.end(), '\\', '/');  // the value separator is not allowed in LO
+      if (name.size() > 64) name.resize(64);
+      if (item->putAndInsertString(DCM_SegmentLabel, name.c_str()).bad()) {
+        cleanup();
+        return internal_error(where + ": SegmentLabel of segment " + std::to_string(number) +
+                              ": cannot set '" + name + "'");
+      }
+    }
+    const auto lab = rgb_to_dicom_lab(rgb);
+    const Uint16 values[3] = {lab[0], lab[1], lab[2]};
+    if (item->putAndInsertUint16Array(DCM_RecommendedDisplayCIELabValue, values, 3).bad()) {
+      cleanup();
+      return internal_error(where + ": RecommendedDisplayCIELabValue of segment " + std::to_string(number) +
+                            ": cannot set");
+    }
+  }
+  fs::path styled = file;
+  styled += ".tmp";
+  c = ff.saveFile(styled.c_str(), ds->getOriginalXfer());
+  cleanup();
+  if (c.bad()) {
+    fs::remove(styled, ec);
+    return io_error(where + ": cannot write: " + c.text());
+  }
+  fs::rename(styled, file, ec);
+  if (ec) return io_error(where + ": cannot rename " + styled.string() + ": " + ec.message());
+  return Status::ok();
+}
+
+}  // namespace segflow::pipeline

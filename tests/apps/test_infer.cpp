@@ -1,0 +1,401 @@
+// `segflow infer` as users expect it: mirroring TTA, ensembles, saved probabilities, folders
+// and datasets, a progress line per case, DICOM SEG with the training's class names. Outputs
+// are read back with nibabel and pydicom (tests/tools/infer_check.py).
+#include <doctest/doctest.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+
+#include "actors/job_runner.hpp"
+#include "models/inference.hpp"
+#include "models/job_config.hpp"
+#include "models/trainer.hpp"
+#include "pipeline/io/dicom_seg_style.hpp"
+#include "pipeline/io/image_io.hpp"
+#include "pipeline/io/nifti.hpp"
+#include "test_util.hpp"
+
+using namespace segflow;
+using segflow::testing::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A small job on 5 synthetic 24^3 NIfTI cases in `dir` (made on first use). `model`
+/// replaces the 3x3x3 UNet; `stages_extra` goes after load.
+std::string infer_job(const fs::path& dir, const std::string& model = "",
+                      const std::string& stages_extra = "") {
+  return "name: infer-tiny\n"
+         "seed: 5\n"
+         "data:\n"
+         "  root: " +
+         (dir / "data").string() +
+         "\n"
+         "  synth: {cases: 5, size: 24, format: nifti, seed: 9}\n"
+         "  val_cases: 1\n"
+         "  num_classes: 5\n"
+         "stages:\n"
+         "  - name: load\n" +
+         stages_extra +
+         "  - name: scale_intensity_range\n"
+         "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
+         "  - name: fg_bg_indices\n"
+         "  - name: rand_crop_pos_neg\n"
+         "    options: {spatial_size: [16, 16, 16], pos: 3, neg: 1, num_samples: 2}\n"
+         "model: " +
+         (model.empty()
+              ? "{name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, 16], "
+                "strides: [2, 2], num_res_units: 1, norm: batch}"
+              : model) +
+         "\n"
+         "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
+         "optimizer: {name: adam, lr: 0.02}\n"
+         "train: {epochs: 6, batch_size: 2, device: cpu, val_interval: 0, loader: simple, threads: 1}\n"
+         "validation: {roi_size: [16, 16, 16], overlap: 0.5, sw_batch_size: 4}\n"
+         "output: {runs_dir: " +
+         (dir / "runs").string() + "}\n";
+}
+
+models::JobConfig job(const std::string& text) {
+  auto c = models::parse_job_config(text, "job.yaml");
+  REQUIRE_MESSAGE(c.is_ok(), c.status().message());
+  return *c;
+}
+
+/// Trains the job; its last.pt.
+fs::path train(const std::string& text) {
+  models::TrainObserver quiet;
+  auto run = actors::run_training(job(text), {}, quiet);
+  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
+  return *run / "last.pt";
+}
+
+/// An untrained checkpoint of the job (initial weights), for what only needs a model.
+fs::path untrained(const std::string& text, const fs::path& file) {
+  auto t = models::Trainer::create(job(text), c10::Device("cpu"));
+  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
+  auto st = (*t)->save_checkpoint(file);
+  REQUIRE_MESSAGE(st.is_ok(), st.message());
+  return file;
+}
+
+at::Tensor read_voxels(const fs::path& p) {
+  auto img = pipeline::read_image(p);
+  REQUIRE_MESSAGE(img.is_ok(), img.status().message());
+  return img->voxels;
+}
+
+nlohmann::json infer_check(const std::string& args) {
+  auto r = testing::run_command(
+      testing::shell_quote(testing::python()) + " " +
+      testing::shell_quote(testing::source_path("tests/tools/infer_check.py").string()) + " " + args);
+  REQUIRE_MESSAGE(r.exit_code == 0, "infer_check.py " << args << ": " << r.out);
+  return nlohmann::json::parse(r.out);
+}
+
+struct Run {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+Run run_segflow(const std::string& args, const fs::path& scratch) {
+  const auto err = scratch / "stderr.txt";
+  auto r = testing::run_command(testing::shell_quote(testing::segflow_bin()) + " " + args + " 2>" +
+                                testing::shell_quote(err.string()));
+  return {r.exit_code, r.out, testing::read_file(err)};
+}
+
+std::string q(const fs::path& p) { return testing::shell_quote(p.string()); }
+
+}  // namespace
+
+TEST_CASE("mirroring TTA of a flip-equivariant model equals no TTA, and of a 3x3x3 UNet averages the flips") {
+  TempDir dir("infer_tta");
+  // 1x1x1 convolutions with stride 1: every voxel is predicted from itself alone, so the
+  // model commutes with flips and mirroring must change nothing.
+  const fs::path pointwise =
+      train(infer_job(dir.path(),
+                      "{name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, "
+                      "channels: [4, 8], strides: [1], kernel_size: 1, up_kernel_size: 1, "
+                      "num_res_units: 1, norm: batch}"));
+  const fs::path input = dir.path() / "data" / "imagesTr" / "case_002_0000.nii.gz";
+  auto run = [&](const fs::path& ckpt, models::TtaMode tta, const std::string& name) {
+    models::InferOptions o{.checkpoint = ckpt, .input = input, .output = dir.path() / name, .device = "cpu"};
+    o.tta = tta;
+    o.save_probabilities = true;
+    auto r = models::run_inference(o);
+    REQUIRE_MESSAGE(r.is_ok(), r.status().message());
+    return *r;
+  };
+  auto plain = run(pointwise, models::TtaMode::none, "pw.nii.gz");
+  auto mirrored = run(pointwise, models::TtaMode::mirror, "pw_tta.nii.gz");
+  CHECK(torch::allclose(read_voxels(plain.probabilities), read_voxels(mirrored.probabilities), 1e-5, 1e-6));
+  CHECK(torch::equal(read_voxels(plain.output), read_voxels(mirrored.output)));
+
+  // A trained 3x3x3 UNet is not flip-invariant: TTA changes the probabilities, and they are
+  // the mean of the 8 flipped predictions (32^3 with 16^3 windows at overlap 0.5: the
+  // window layout is its own mirror image, so whole-volume flips equal per-window flips).
+  const fs::path unet = train(infer_job(dir.path() / "u"));
+  auto t = models::load_for_inference(unet, "cpu");
+  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
+  torch::manual_seed(1);
+  at::Tensor image = torch::rand({1, 32, 32, 32});
+  at::Tensor none = models::predict_probabilities(**t, image, models::TtaMode::none);
+  at::Tensor tta = models::predict_probabilities(**t, image, models::TtaMode::mirror);
+  at::Tensor manual = torch::zeros_like(none);
+  for (int m = 0; m < 8; ++m) {
+    std::vector<std::int64_t> axes;
+    for (int d = 0; d < 3; ++d)
+      if ((m >> d) & 1) axes.push_back(1 + d);
+    manual += axes.empty()
+                  ? none
+                  : models::predict_probabilities(**t, image.flip(axes), models::TtaMode::none).flip(axes);
+  }
+  manual /= 8.0;
+  CHECK(torch::allclose(tta, manual, 1e-5, 1e-6));
+  CHECK((tta - none).abs().max().item<double>() > 1e-3);
+  CHECK((tta.sum(0) - 1).abs().max().item<double>() < 1e-5);
+
+  // On a scan through the CLI: a valid label map on the input's grid (nibabel agrees).
+  auto r = run_segflow("infer --checkpoint " + q(unet) + " --input " + q(input) + " --output " +
+                           q(dir.path() / "tta.nii.gz") + " --tta mirror --device cpu --save-probabilities",
+                       dir.path());
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  auto ours = testing::reference_read("nibabel", dir.path() / "tta.nii.gz");
+  auto in = testing::reference_read("nibabel", input);
+  CHECK(ours["size"] == in["size"]);
+  for (int k = 0; k < 3; ++k)
+    CHECK(ours["origin"][k].get<double>() == doctest::Approx(in["origin"][k].get<double>()));
+  CHECK(ours["min"].get<double>() >= 0);
+  CHECK(ours["max"].get<double>() <= 4);
+  auto pc = infer_check("probs " + q(dir.path() / "tta_probabilities.nii.gz") + " " +
+                        q(dir.path() / "tta.nii.gz") + " " + q(input));
+  CHECK(pc["argmax_agreement"].get<double>() == 1.0);  // the label map is the TTA probabilities' argmax
+  CHECK(pc["max_sum_error"].get<double>() < 1e-5);
+  CHECK(pc["affine_matches_input"] == true);
+  auto bad = run_segflow("infer --checkpoint " + q(unet) + " --input " + q(input) + " --output " +
+                             q(dir.path() / "x.nii.gz") + " --tta flips",
+                         dir.path());
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err == "segflow infer: --tta: expected none or mirror, got 'flips'\n");
+}
+
+TEST_CASE(
+    "an ensemble of one checkpoint twice equals the checkpoint; other families and class counts are "
+    "refused") {
+  TempDir dir("infer_ens");
+  const fs::path ckpt = train(infer_job(dir.path()));
+  const fs::path input = dir.path() / "data" / "imagesTr" / "case_001_0000.nii.gz";
+  models::InferOptions o{
+      .checkpoint = ckpt, .input = input, .output = dir.path() / "one.nii.gz", .device = "cpu"};
+  o.save_probabilities = true;
+  auto one = models::run_inference(o);
+  REQUIRE_MESSAGE(one.is_ok(), one.status().message());
+  o.ensemble = {ckpt};
+  o.output = dir.path() / "two.nii.gz";
+  auto two = models::run_inference(o);
+  REQUIRE_MESSAGE(two.is_ok(), two.status().message());
+  CHECK(torch::equal(read_voxels(one->probabilities), read_voxels(two->probabilities)));
+  CHECK(torch::equal(read_voxels(one->output), read_voxels(two->output)));
+
+  // Two different checkpoints: the probabilities are the mean of theirs.
+  const fs::path init = untrained(infer_job(dir.path()), dir.path() / "init.pt");
+  o.ensemble = {};
+  o.checkpoint = init;
+  o.output = dir.path() / "init.nii.gz";
+  auto other = models::run_inference(o);
+  REQUIRE_MESSAGE(other.is_ok(), other.status().message());
+  o.checkpoint = ckpt;
+  o.ensemble = {init};
+  o.output = dir.path() / "mix.nii.gz";
+  auto mix = models::run_inference(o);
+  REQUIRE_MESSAGE(mix.is_ok(), mix.status().message());
+  CHECK(torch::allclose(read_voxels(mix->probabilities),
+                        (read_voxels(one->probabilities) + read_voxels(other->probabilities)) / 2, 1e-6,
+                        1e-6));
+
+  const fs::path three =
+      untrained(infer_job(dir.path(),
+                          "{name: unet, spatial_dims: 3, in_channels: 1, out_channels: 3, channels: [4, 8], "
+                          "strides: [2], num_res_units: 1, norm: batch}"),
+                dir.path() / "three.pt");
+  const fs::path plain =
+      untrained(infer_job(dir.path(),
+                          "{name: plain_unet, spatial_dims: 3, in_channels: 1, out_channels: 5, "
+                          "n_stages: 2, base_features: 4, max_features: 8}"),
+                dir.path() / "plain.pt");
+  auto r3 = run_segflow("infer --checkpoint " + q(ckpt) + " --checkpoint " + q(three) + " --input " +
+                            q(input) + " --output " + q(dir.path() / "x.nii.gz"),
+                        dir.path());
+  CHECK(r3.exit_code == 2);
+  CHECK(r3.err == "segflow infer: " + three.string() + ": cannot join an ensemble with " + ckpt.string() +
+                      ": 3 classes, expected 5\n");
+  auto rp = run_segflow("infer --checkpoint " + q(ckpt) + " --checkpoint " + q(plain) + " --input " +
+                            q(input) + " --output " + q(dir.path() / "x.nii.gz"),
+                        dir.path());
+  CHECK(rp.exit_code == 2);
+  CHECK(rp.err == "segflow infer: " + plain.string() + ": cannot join an ensemble with " + ckpt.string() +
+                      ": model family 'plain_unet', expected 'unet'\n");
+  CHECK_FALSE(fs::exists(dir.path() / "x.nii.gz"));
+}
+
+TEST_CASE("saved probabilities sum to 1 per voxel on the input's grid, also when the stages resample") {
+  TempDir dir("infer_prob");
+  const fs::path ckpt =
+      train(infer_job(dir.path(), "", "  - name: resample\n    options: {spacing: [2.0, 2.0, 3.5]}\n"));
+  const fs::path input = dir.path() / "data" / "imagesTr" / "case_002_0000.nii.gz";  // oblique
+  auto r = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(input) + " --output " +
+                           q(dir.path() / "seg.nii.gz") + " --save-probabilities --tta mirror",
+                       dir.path());
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["probabilities"] == (dir.path() / "seg_probabilities.nii.gz").string());
+  auto c = infer_check("probs " + q(dir.path() / "seg_probabilities.nii.gz") + " " +
+                       q(dir.path() / "seg.nii.gz") + " " + q(input));
+  const auto in = testing::reference_read("nibabel", input);
+  CHECK(c["shape"] == nlohmann::json({in["size"][0], in["size"][1], in["size"][2], 5}));
+  CHECK(c["dtype"] == "float32");
+  CHECK(c["max_sum_error"].get<double>() < 1e-5);
+  CHECK(c["min"].get<double>() >= 0.0);
+  CHECK(c["affine_matches_input"] == true);
+  CHECK(c["affine_matches_labels"] == true);
+  // The labels come from the preprocessed grid (nearest back), the probabilities are mapped
+  // back linearly: they agree almost everywhere.
+  CHECK(c["argmax_agreement"].get<double>() > 0.97);
+
+  // Without spatial stages the label map is exactly the argmax of the saved probabilities.
+  const fs::path same = train(infer_job(dir.path() / "s"));
+  auto s = run_segflow("infer --checkpoint " + q(same) + " --input " + q(input) + " --output " +
+                           q(dir.path() / "same.nii.gz") + " --save-probabilities",
+                       dir.path());
+  REQUIRE_MESSAGE(s.exit_code == 0, s.err);
+  auto cs = infer_check("probs " + q(dir.path() / "same_probabilities.nii.gz") + " " +
+                        q(dir.path() / "same.nii.gz"));
+  CHECK(cs["argmax_agreement"].get<double>() == 1.0);
+  CHECK(cs["max_sum_error"].get<double>() < 1e-5);
+}
+
+TEST_CASE("folder and dataset inference writes one output per case, named by case id, with a line per case") {
+  TempDir dir("infer_folder");
+  const fs::path ckpt = train(infer_job(dir.path()));
+  // A dataset root: its imagesTr/ cases.
+  auto r = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "data") + " --output " +
+                           q(dir.path() / "out"),
+                       dir.path());
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["cases"].size() == 5);
+  for (int i = 0; i < 5; ++i) {
+    const std::string id = "case_00" + std::to_string(i);
+    CHECK(j["cases"][i]["case"] == id);
+    const fs::path out = dir.path() / "out" / (id + ".nii.gz");
+    CHECK(j["cases"][i]["output"] == out.string());
+    auto label = testing::reference_read("nibabel", out);
+    auto image = testing::reference_read("nibabel", dir.path() / "data" / "imagesTr" / (id + "_0000.nii.gz"));
+    CHECK(label["size"] == image["size"]);
+    CHECK(r.err.find("infer " + std::to_string(i + 1) + "/5 " + id + ": ") != std::string::npos);
+  }
+  // stderr is not a terminal here: plain lines, no bar.
+  CHECK(r.err.find('\r') == std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 5);
+
+  // A folder of nnU-Net channel files: a case with a gap in its channels is skipped.
+  const fs::path scans = dir.path() / "scans";
+  fs::create_directories(scans);
+  fs::copy_file(dir.path() / "data" / "imagesTr" / "case_000_0000.nii.gz", scans / "a_0000.nii.gz");
+  fs::copy_file(dir.path() / "data" / "imagesTr" / "case_001_0000.nii.gz", scans / "b_0000.nii.gz");
+  fs::copy_file(dir.path() / "data" / "imagesTr" / "case_002_0000.nii.gz", scans / "c_0001.nii.gz");
+  testing::write_file(scans / "dataset.json", "{}");
+  auto f = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(scans) + " --output " +
+                           q(dir.path() / "out2") + " --save-probabilities",
+                       dir.path());
+  REQUIRE_MESSAGE(f.exit_code == 0, f.err);
+  auto jf = nlohmann::json::parse(f.out);
+  REQUIRE(jf["cases"].size() == 2);
+  CHECK(jf["cases"][0]["case"] == "a");
+  CHECK(jf["cases"][1]["case"] == "b");
+  CHECK(jf["skipped"].size() == 1);
+  CHECK(f.err.find("case c: channel _0000 is missing") != std::string::npos);
+  for (const char* n : {"a.nii.gz", "a_probabilities.nii.gz", "b.nii.gz", "b_probabilities.nii.gz"})
+    CHECK_MESSAGE(fs::exists(dir.path() / "out2" / n), n);
+
+  // On a terminal (script(1) gives the command a pty) the bar updates in place.
+  auto tty = testing::run_command("script -qec " +
+                                  testing::shell_quote(testing::shell_quote(testing::segflow_bin()) +
+                                                       " infer --checkpoint " + q(ckpt) + " --input " +
+                                                       q(dir.path() / "data") + " --output " +
+                                                       q(dir.path() / "out3") + " >/dev/null") +
+                                  " /dev/null");
+  REQUIRE_MESSAGE(tty.exit_code == 0, tty.out);
+  CHECK(tty.out.find("\r\033[K[") != std::string::npos);
+  CHECK(tty.out.find("5/5 done case_004") != std::string::npos);
+
+  // An output that is a file cannot take several cases.
+  testing::write_file(dir.path() / "file.nii.gz", "x");
+  auto bad = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "data") +
+                             " --output " + q(dir.path() / "file.nii.gz"),
+                         dir.path());
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find("--output: expected a folder for the 5 cases of") != std::string::npos);
+}
+
+TEST_CASE("DICOM SEG output names and colours its segments from the training data's class names") {
+  TempDir dir("infer_seg");
+  const fs::path ckpt = train(infer_job(dir.path()));
+  auto s = run_segflow("synth --cases 2 --size 24 --format dicom --seed 9 --out " + q(dir.path() / "dicom"),
+                       dir.path());
+  REQUIRE_MESSAGE(s.exit_code == 0, s.err);
+  // A folder of DICOM case folders: one SEG per case, named by case id.
+  auto r = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "dicom") +
+                           " --output " + q(dir.path() / "segs"),
+                       dir.path());
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["cases"].size() == 2);
+  const fs::path seg = dir.path() / "segs" / "case_000.dcm";
+  CHECK(j["cases"][0]["output"] == seg.string());
+  // The training data's dataset.json: liver, spleen, kidney, spine (synth's names).
+  const std::vector<std::string> names = {"background", "liver", "spleen", "kidney", "spine"};
+  std::string rgb;
+  const std::int64_t max_label = j["cases"][0]["labels"].back().get<std::int64_t>();
+  REQUIRE(max_label >= 1);
+  for (std::int64_t v = 1; v <= max_label; ++v) {
+    const auto c = pipeline::default_segment_colour(v);
+    rgb += " --rgb " + std::to_string(c[0]) + "," + std::to_string(c[1]) + "," + std::to_string(c[2]);
+  }
+  auto c = infer_check("seg " + q(seg) + rgb);
+  REQUIRE(c["segments"].size() == static_cast<std::size_t>(max_label));
+  for (std::int64_t v = 1; v <= max_label; ++v) {
+    const auto& sj = c["segments"][v - 1];
+    CHECK(sj["number"] == v);
+    CHECK(sj["label"] == names[static_cast<std::size_t>(v)]);
+    REQUIRE(sj.contains("lab"));
+    for (int k = 0; k < 3; ++k)  // DCMTK's and the script's white points differ in the 4th digit
+      CHECK(std::abs(sj["lab"][k].get<double>() - c["expected_lab"][v - 1][k].get<double>()) < 40.0);
+  }
+  // The labels in the SEG are the labels inferred: segflow eval of the SEG against the NIfTI
+  // inference of the same series finds them identical.
+  auto n = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "dicom" / "case_000") +
+                           " --output " + q(dir.path() / "case_000.nii.gz"),
+                       dir.path());
+  REQUIRE_MESSAGE(n.exit_code == 0, n.err);
+  auto e = run_segflow("eval --pred " + q(seg) + " --gt " + q(dir.path() / "case_000.nii.gz") + " --json",
+                       dir.path());
+  REQUIRE_MESSAGE(e.exit_code == 0, e.err);
+  for (const auto& [k, v] : nlohmann::json::parse(e.out)["cases"][0]["classes"].items())
+    CHECK(v["dice"] == 1.0);
+
+  // --class-names overrides; an explicit --format nifti writes NIfTI for DICOM input.
+  auto o = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "dicom") +
+                           " --output " + q(dir.path() / "named") + " --class-names bg,Liver\\ 1",
+                       dir.path());
+  REQUIRE_MESSAGE(o.exit_code == 0, o.err);
+  CHECK(infer_check("seg " + q(dir.path() / "named" / "case_000.dcm"))["segments"][0]["label"] == "Liver 1");
+  auto f = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "dicom") +
+                           " --output " + q(dir.path() / "nii") + " --format nifti",
+                       dir.path());
+  REQUIRE_MESSAGE(f.exit_code == 0, f.err);
+  CHECK(fs::exists(dir.path() / "nii" / "case_001.nii.gz"));
+}
