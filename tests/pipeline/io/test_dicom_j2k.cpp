@@ -109,12 +109,13 @@ TEST_CASE("lossless JPEG 2000 DICOM files decode to exactly the values pydicom's
 }
 
 TEST_CASE("lossless JPEG 2000 DICOM files equal their uncompressed twins") {
-  for (auto [j2k, plain] : {std::pair{"MR2_J2KR.dcm", "MR2_UNCR.dcm"},
+  for (const auto& twins : {std::pair{"MR2_J2KR.dcm", "MR2_UNCR.dcm"},
                             {"RG1_J2KR.dcm", "RG1_UNCR.dcm"},
                             {"US1_J2KR.dcm", "US1_UNCR.dcm"},
                             {"693_J2KR.dcm", "693_UNCR.dcm"},
                             {"emri_small_jpeg_2k_lossless.dcm", "emri_small.dcm"}}) {
-    CAPTURE(std::string(j2k));
+    const std::string j2k = twins.first, plain = twins.second;
+    CAPTURE(j2k);
     Image a = read_ok(st::testdata_path(std::string("pydicom-data/") + j2k));
     Image b = read_ok(st::testdata_path(std::string("pydicom-data/") + plain));
     REQUIRE((a.voxels.sizes() == b.voxels.sizes()));
