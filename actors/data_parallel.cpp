@@ -13,6 +13,7 @@
 
 #include "actors/run_outputs.hpp"
 #include "messages/log.hpp"
+#include "actors/run_folder.hpp"
 #include "models/device_memory.hpp"
 #include "models/parallel/collective.hpp"
 
@@ -83,58 +84,6 @@ class ScratchDir {
  private:
   fs::path path_;
 };
-
-/// Rank 0's run folder: where it is, what to resume from, and its observers.
-struct RunFolder {
-  fs::path dir;
-  std::optional<fs::path> resume;
-  bool start_over = false;  ///< resume_last found no checkpoint: the earlier attempt's records go
-  std::unique_ptr<JsonlMetricsObserver> metrics;
-  std::unique_ptr<TensorBoardObserver> tensorboard;
-  std::unique_ptr<ProgressPlotObserver> plot;
-  ObserverList all;
-};
-
-/// Where the run goes and what it resumes from (the same rules as run_training).
-void locate_run(const models::JobConfig& cfg, const RunOptions& opts, RunFolder& rf) {
-  rf.dir = opts.run_dir ? *opts.run_dir : fs::path(cfg.runs_dir) / models::run_name(cfg);
-  rf.resume = opts.resume;
-  if (rf.resume) rf.dir = opts.run_dir ? *opts.run_dir : rf.resume->parent_path();
-  if (!rf.resume && opts.resume_last && fs::exists(rf.dir / "last.pt")) rf.resume = rf.dir / "last.pt";
-  rf.start_over = !rf.resume && opts.resume_last;
-}
-
-/// Creates the run folder and rank 0's outputs. On a resume, rank 0's trainer reads the
-/// checkpoint first (train_rank loads it again on every rank) so that the records the
-/// interrupted run wrote past it are dropped before the outputs are opened.
-Status open_run_folder(const models::JobConfig& cfg, models::Trainer& trainer, const Split& split,
-                       models::TrainObserver& user, RunFolder& rf) {
-  const c10::Device device = trainer.device();
-  std::error_code ec;
-  fs::create_directories(rf.dir, ec);
-  if (ec) return io_error(rf.dir.string() + ": cannot create the run folder: " + ec.message());
-  {
-    std::ofstream f(rf.dir / "config.json");
-    f << cfg.resolved.dump(2) << '\n';
-  }
-  SEGFLOW_RETURN_IF_ERROR(write_split(rf.dir, split));
-  const bool resumed = rf.resume && fs::exists(*rf.resume) && trainer.load_checkpoint(*rf.resume).is_ok();
-  if (resumed)
-    trim_for_resume(rf.dir, trainer.state());
-  else if (rf.start_over)
-    trim_for_resume(rf.dir, models::TrainState{});
-  std::function<double()> gpu_mb;
-  if (device.is_cuda()) gpu_mb = [device] { return models::peak_device_memory_mb(device); };
-  rf.metrics = std::make_unique<JsonlMetricsObserver>(rf.dir / "metrics.jsonl", cfg.train.log_every);
-  rf.tensorboard = std::make_unique<TensorBoardObserver>(rf.dir / "tb", cfg.train.log_every, gpu_mb);
-  rf.plot = std::make_unique<ProgressPlotObserver>(rf.dir / "progress.svg");
-  if (resumed) rf.plot->replay(rf.dir / "metrics.jsonl");
-  rf.all.add(rf.metrics.get());
-  rf.all.add(rf.tensorboard.get());
-  rf.all.add(rf.plot.get());
-  rf.all.add(&user);
-  return Status::ok();
-}
 
 /// One rank's training once its job is prepared and its collective joined: agree on the
 /// resume checkpoint, load it, attach DDP (which broadcasts rank 0's weights), fit.
@@ -225,10 +174,9 @@ Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOption
     jobs.push_back(std::move(job).value());
   }
 
-  RunFolder rf;
-  locate_run(cfg, run, rf);
-  SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, *jobs[0].trainer, jobs[0].split, observer, rf));
-  log::info("data-parallel run " + rf.dir.string() + ": " + std::to_string(world) + " ranks on " +
+  RunFolder rf(cfg, run);
+  SEGFLOW_RETURN_IF_ERROR(rf.open(cfg, *jobs[0].trainer, jobs[0].split, observer));
+  log::info("data-parallel run " + rf.dir().string() + ": " + std::to_string(world) + " ranks on " +
             devices[0] + (world > 1 ? " .. " + devices.back() : std::string()) + ", " +
             std::to_string(jobs[0].steps_per_epoch) + " steps per epoch, global batch " +
             std::to_string(cfg.train.batch_size * world) + " x " + std::to_string(cfg.train.accumulate));
@@ -249,10 +197,10 @@ Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOption
         } else {
           std::shared_ptr<Collective> c = std::move(coll).value();
           if (r == 0) {
-            st = train_rank(jobs[i], c, options, rf.resume, &rf.all, rf.dir);
+            st = train_rank(jobs[i], c, options, rf.resume(), &rf.events(), rf.dir());
           } else {
             ScratchDir scratch(r);
-            st = train_rank(jobs[i], c, options, rf.resume, nullptr, scratch.path());
+            st = train_rank(jobs[i], c, options, rf.resume(), nullptr, scratch.path());
           }
           // `c` goes here: a failed rank's sockets close, so the others fail now rather
           // than at the timeout.
@@ -270,7 +218,7 @@ Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOption
   for (std::size_t i = 0; i < results.size(); ++i)
     if (order[i] >= 0 && (!first || order[i] < order[*first])) first = i;
   if (first) return results[*first];
-  return rf.dir;
+  return rf.dir();
 }
 
 Result<fs::path> run_distributed_from_env(const models::JobConfig& cfg, const RunOptions& run,
@@ -292,19 +240,18 @@ Result<fs::path> run_distributed_from_env(const models::JobConfig& cfg, const Ru
   SEGFLOW_ASSIGN_OR_RETURN(
       std::shared_ptr<Collective> coll,
       models::parallel::connect(env, job.trainer->device(), collective_options(options)));
-  RunFolder rf;
-  locate_run(cfg, run, rf);
+  RunFolder rf(cfg, run);
   if (env.rank == 0) {
-    SEGFLOW_RETURN_IF_ERROR(open_run_folder(cfg, *job.trainer, job.split, observer, rf));
-    log::info("distributed run " + rf.dir.string() + ": " + std::to_string(env.world_size) + " ranks (" +
+    SEGFLOW_RETURN_IF_ERROR(rf.open(cfg, *job.trainer, job.split, observer));
+    log::info("distributed run " + rf.dir().string() + ": " + std::to_string(env.world_size) + " ranks (" +
               env.launcher + "), store " + env.master_addr + ":" + std::to_string(env.master_port) +
               ", global batch " + std::to_string(cfg.train.batch_size * env.world_size) + " x " +
               std::to_string(cfg.train.accumulate));
-    SEGFLOW_RETURN_IF_ERROR(train_rank(job, coll, options, rf.resume, &rf.all, rf.dir));
-    return rf.dir;
+    SEGFLOW_RETURN_IF_ERROR(train_rank(job, coll, options, rf.resume(), &rf.events(), rf.dir()));
+    return rf.dir();
   }
   ScratchDir scratch(env.rank);
-  SEGFLOW_RETURN_IF_ERROR(train_rank(job, coll, options, rf.resume, nullptr, scratch.path()));
+  SEGFLOW_RETURN_IF_ERROR(train_rank(job, coll, options, rf.resume(), nullptr, scratch.path()));
   return fs::path();
 }
 

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "actors/batch_sources.hpp"
+#include "actors/run_folder.hpp"
 #include "actors/run_outputs.hpp"
 #include "messages/log.hpp"
 #include "models/device_memory.hpp"
@@ -220,43 +221,15 @@ Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& op
   auto& trainer = job.trainer;
   const c10::Device device = trainer->device();
 
-  fs::path run_dir = opts.run_dir ? *opts.run_dir : fs::path(cfg.runs_dir) / models::run_name(cfg);
-  std::optional<fs::path> resume = opts.resume;
-  if (resume) run_dir = opts.run_dir ? *opts.run_dir : resume->parent_path();
-  if (!resume && opts.resume_last && fs::exists(run_dir / "last.pt")) resume = run_dir / "last.pt";
-  std::error_code ec;
-  fs::create_directories(run_dir, ec);
-  if (ec) return io_error(run_dir.string() + ": cannot create the run folder: " + ec.message());
-  {
-    std::ofstream f(run_dir / "config.json");
-    f << cfg.resolved.dump(2) << '\n';
-  }
-  SEGFLOW_RETURN_IF_ERROR(write_split(run_dir, job.split));
-  if (resume) {
-    SEGFLOW_RETURN_IF_ERROR(trainer->load_checkpoint(*resume));
-    log::info("resumed from " + resume->string() + " at epoch " + std::to_string(trainer->state().epoch));
-    trim_for_resume(run_dir, trainer->state());
-  } else if (opts.resume_last) {
-    trim_for_resume(run_dir, models::TrainState{});  // an attempt that died before its first checkpoint
-  }
-  log::info("run " + run_dir.string() + ": " + std::to_string(job.split.train.size()) + " training cases, " +
-            std::to_string(job.validation.size()) + " validation samples, " +
+  RunFolder run(cfg, opts);
+  SEGFLOW_RETURN_IF_ERROR(run.open(cfg, *trainer, job.split, observer));
+  log::info("run " + run.dir().string() + ": " + std::to_string(job.split.train.size()) +
+            " training cases, " + std::to_string(job.validation.size()) + " validation samples, " +
             std::to_string(job.steps_per_epoch) + " steps per epoch on " + device.str() + " (" +
             cfg.train.loader + " loader)");
-
-  JsonlMetricsObserver metrics(run_dir / "metrics.jsonl", cfg.train.log_every);
-  ObserverList all;
-  std::function<double()> gpu_mb;
-  if (device.is_cuda()) gpu_mb = [device] { return models::peak_device_memory_mb(device); };
-  TensorBoardObserver tensorboard(run_dir / "tb", cfg.train.log_every, gpu_mb);
-  ProgressPlotObserver plot(run_dir / "progress.svg");
-  if (resume) plot.replay(run_dir / "metrics.jsonl");
-  all.add(&metrics);
-  all.add(&tensorboard);
-  all.add(&plot);
-  all.add(&observer);
-  SEGFLOW_RETURN_IF_ERROR(trainer->fit(*job.source, job.steps_per_epoch, job.validation, run_dir, all));
-  return run_dir;
+  SEGFLOW_RETURN_IF_ERROR(
+      trainer->fit(*job.source, job.steps_per_epoch, job.validation, run.dir(), run.events()));
+  return run.dir();
 }
 
 struct JsonlMetricsObserver::Impl {

@@ -1,0 +1,53 @@
+#include "actors/run_folder.hpp"
+
+#include <torch/torch.h>
+
+#include <functional>
+
+#include "messages/file_util.hpp"
+#include "messages/log.hpp"
+#include "models/device_memory.hpp"
+
+namespace segflow::actors {
+
+namespace fs = std::filesystem;
+
+RunFolder::RunFolder(const models::JobConfig& cfg, const RunOptions& opts) {
+  dir_ = opts.run_dir ? *opts.run_dir : fs::path(cfg.runs_dir) / models::run_name(cfg);
+  resume_ = opts.resume;
+  if (resume_) dir_ = opts.run_dir ? *opts.run_dir : resume_->parent_path();
+  if (!resume_ && opts.resume_last && fs::exists(dir_ / "last.pt")) resume_ = dir_ / "last.pt";
+  start_over_ = !resume_ && opts.resume_last;
+}
+
+RunFolder::~RunFolder() = default;
+
+Status RunFolder::open(const models::JobConfig& cfg, models::Trainer& trainer, const Split& split,
+                       models::TrainObserver& user) {
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) return io_error(dir_.string() + ": cannot create the run folder: " + ec.message());
+  SEGFLOW_RETURN_IF_ERROR(write_file_atomically(dir_ / "config.json", cfg.resolved.dump(2) + '\n'));
+  SEGFLOW_RETURN_IF_ERROR(write_split(dir_, split));
+  if (resume_) {
+    SEGFLOW_RETURN_IF_ERROR(trainer.load_checkpoint(*resume_));
+    log::info("resumed from " + resume_->string() + " at epoch " + std::to_string(trainer.state().epoch));
+    trim_for_resume(dir_, trainer.state());
+  } else if (start_over_) {
+    trim_for_resume(dir_, models::TrainState{});
+  }
+  const c10::Device device = trainer.device();
+  std::function<double()> gpu_mb;
+  if (device.is_cuda()) gpu_mb = [device] { return models::peak_device_memory_mb(device); };
+  metrics_ = std::make_unique<JsonlMetricsObserver>(dir_ / "metrics.jsonl", cfg.train.log_every);
+  tensorboard_ = std::make_unique<TensorBoardObserver>(dir_ / "tb", cfg.train.log_every, gpu_mb);
+  plot_ = std::make_unique<ProgressPlotObserver>(dir_ / "progress.svg");
+  if (resume_) plot_->replay(dir_ / "metrics.jsonl");
+  bus_.add(metrics_.get());
+  bus_.add(tensorboard_.get());
+  bus_.add(plot_.get());
+  bus_.add(&user);
+  return Status::ok();
+}
+
+}  // namespace segflow::actors

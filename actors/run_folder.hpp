@@ -1,0 +1,56 @@
+#pragma once
+// A training run's folder and its outputs, owned in one place for every way a job runs (one
+// device, rank 0 of a data-parallel run, a daemon job):
+//   <runs_dir>/<name>-s<seed>-<hash>/   config.json, split.json, metrics.jsonl, tb/,
+//                                        progress.svg, last.pt, best.pt
+// and one event bus that fans the trainer's events out to one sink per output plus the
+// caller's own observer (the daemon's PUB socket, a test, the CLI's progress lines).
+// Not thread-safe: the trainer that owns the run posts to it from its own thread.
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "actors/job_runner.hpp"
+#include "actors/run_outputs.hpp"
+#include "messages/status.hpp"
+#include "models/job_config.hpp"
+#include "models/trainer.hpp"
+
+namespace segflow::actors {
+
+class RunFolder {
+ public:
+  /// Where the run goes and what it resumes from: `opts.run_dir`, else the folder of the
+  /// checkpoint to resume (`opts.resume`), else runs_dir/run_name(cfg); with
+  /// `opts.resume_last` that folder's last.pt when there is one. Touches nothing on disk.
+  RunFolder(const models::JobConfig& cfg, const RunOptions& opts);
+  ~RunFolder();
+  RunFolder(const RunFolder&) = delete;
+  RunFolder& operator=(const RunFolder&) = delete;
+
+  /// Creates the folder, writes config.json (the resolved config) and split.json; when
+  /// resuming, loads the checkpoint into `trainer` (an error naming it when it cannot be
+  /// read) and drops the records the interrupted run wrote past it (also when resume_last
+  /// found no checkpoint: an attempt that died before its first one); then opens the sinks.
+  /// Events posted to events() reach metrics.jsonl, TensorBoard, progress.svg and `user`.
+  Status open(const models::JobConfig& cfg, models::Trainer& trainer, const Split& split,
+              models::TrainObserver& user);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  /// The checkpoint the run resumes from (what every data-parallel rank loads), if any.
+  const std::optional<std::filesystem::path>& resume() const { return resume_; }
+  /// The event bus (valid after open()).
+  models::TrainObserver& events() { return bus_; }
+
+ private:
+  std::filesystem::path dir_;
+  std::optional<std::filesystem::path> resume_;
+  bool start_over_ = false;
+  std::unique_ptr<JsonlMetricsObserver> metrics_;
+  std::unique_ptr<TensorBoardObserver> tensorboard_;
+  std::unique_ptr<ProgressPlotObserver> plot_;
+  ObserverList bus_;
+};
+
+}  // namespace segflow::actors
