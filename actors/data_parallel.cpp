@@ -1,7 +1,9 @@
 #include "actors/data_parallel.hpp"
 
+#include <c10/core/DeviceGuard.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <functional>
@@ -11,9 +13,9 @@
 #include <random>
 #include <thread>
 
+#include "actors/run_folder.hpp"
 #include "actors/run_outputs.hpp"
 #include "messages/log.hpp"
-#include "actors/run_folder.hpp"
 #include "models/device_memory.hpp"
 #include "models/parallel/collective.hpp"
 
@@ -125,6 +127,14 @@ Result<std::vector<std::string>> rank_devices(const models::JobConfig& cfg, cons
     if (static_cast<std::int64_t>(o.devices.size()) != w)
       return invalid_argument("data parallel: " + std::to_string(o.devices.size()) +
                               " devices for world size " + std::to_string(w));
+    std::vector<c10::Device> seen;  // one rank per GPU (NCCL refuses two on one device)
+    for (const auto& d : o.devices) {
+      SEGFLOW_ASSIGN_OR_RETURN(c10::Device dev, models::resolve_device(d));
+      if (dev.is_cuda() && std::find(seen.begin(), seen.end(), dev) != seen.end())
+        return invalid_argument("data parallel: devices: " + dev.str() +
+                                " is given twice; expected each CUDA device at most once");
+      seen.push_back(dev);
+    }
     return o.devices;
   }
   SEGFLOW_ASSIGN_OR_RETURN(c10::Device base, models::resolve_device(cfg.train.device));
@@ -189,6 +199,9 @@ Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOption
   for (std::int64_t r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       const auto i = static_cast<std::size_t>(r);
+      // This thread's CUDA work (NCCL set-up, streams, allocations) on its rank's device.
+      c10::OptionalDeviceGuard device_guard;
+      if (jobs[i].trainer->device().is_cuda()) device_guard.reset_device(jobs[i].trainer->device());
       Status st;
       try {
         auto coll = rendezvous.join(static_cast<int>(r), jobs[i].trainer->device());
@@ -237,6 +250,8 @@ Result<fs::path> run_distributed_from_env(const models::JobConfig& cfg, const Ru
   auto prepared = prepare_job(c, o, env.rank == 0 ? observer : quiet);
   if (!prepared.is_ok()) return prepared.status().with_context(who);
   PreparedJob job = std::move(prepared).value();
+  c10::OptionalDeviceGuard device_guard;
+  if (job.trainer->device().is_cuda()) device_guard.reset_device(job.trainer->device());
   SEGFLOW_ASSIGN_OR_RETURN(
       std::shared_ptr<Collective> coll,
       models::parallel::connect(env, job.trainer->device(), collective_options(options)));

@@ -260,7 +260,9 @@ void JsonlMetricsObserver::on_step(const models::StepInfo& i) {
                 {"step_ms", i.step_s * 1e3},
                 {"data_wait_ms", i.data_wait_s * 1e3},
                 {"samples", i.samples},
-                {"skipped", i.skipped}});
+                {"skipped", i.skipped},
+                {"skipped_steps", i.skipped_steps},
+                {"loss_scale", i.loss_scale}});
 }
 void JsonlMetricsObserver::on_epoch_end(const models::EpochInfo& i) {
   impl_->write({{"type", "epoch"},
@@ -270,7 +272,8 @@ void JsonlMetricsObserver::on_epoch_end(const models::EpochInfo& i) {
                 {"seconds", i.seconds},
                 {"samples_per_s", i.samples_per_s},
                 {"data_wait_s", i.data_wait_s},
-                {"lr", i.lr}});
+                {"lr", i.lr},
+                {"skipped_steps", i.skipped_steps}});
 }
 void JsonlMetricsObserver::on_validation(const models::ValidationInfo& i) {
   json per = json::array();

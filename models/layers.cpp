@@ -89,7 +89,14 @@ at::Tensor ConvNdImpl::forward(const at::Tensor& x) {
   const int64_t pad = o.padding < 0 ? (o.kernel_size - 1) / 2 : o.padding;
   std::vector<int64_t> stride(o.spatial_dims, o.stride), padding(o.spatial_dims, pad),
       dilation(o.spatial_dims, 1), out_pad(o.spatial_dims, o.transposed ? o.output_padding : 0);
-  return at::convolution(x, weight, bias, stride, padding, dilation, o.transposed, out_pad, 1);
+  // The named ops, not at::convolution: autocast lists conv2d/conv3d/conv_transpose2d/3d on
+  // CPU and CUDA, but not convolution on CPU, so after an op autocast did cast (PReLU, say)
+  // at::convolution would meet a bf16 input with float32 weights.
+  if (o.transposed)
+    return o.spatial_dims == 3 ? at::conv_transpose3d(x, weight, bias, stride, padding, out_pad, 1, dilation)
+                               : at::conv_transpose2d(x, weight, bias, stride, padding, out_pad, 1, dilation);
+  return o.spatial_dims == 3 ? at::conv3d(x, weight, bias, stride, padding, dilation, 1)
+                             : at::conv2d(x, weight, bias, stride, padding, dilation, 1);
 }
 
 void ConvNdImpl::pretty_print(std::ostream& s) const {

@@ -1,6 +1,8 @@
 #include "models/trainer.hpp"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/ops/_foreach_mul.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
@@ -8,11 +10,13 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "models/losses.hpp"
 #include "models/metrics.hpp"
 #include "models/optim.hpp"
 #include "models/sliding_window.hpp"
+#include "models/weights.hpp"
 
 namespace segflow::models {
 
@@ -26,34 +30,27 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-/// Autocast for one forward pass (bf16 on CPU or CUDA, fp16 on CUDA).
-class AutocastGuard {
+/// Binds `device` as the current CUDA device for the guard's lifetime (nothing on a CPU).
+class BindDevice {
  public:
-  AutocastGuard(const c10::Device& device, const std::string& amp) {
-    if (amp == "none") return;
-    type_ = device.type();
-    prev_enabled_ = at::autocast::is_autocast_enabled(type_);
-    prev_dtype_ = at::autocast::get_autocast_dtype(type_);
-    at::autocast::set_autocast_enabled(type_, true);
-    at::autocast::set_autocast_dtype(type_, amp == "fp16" ? at::kHalf : at::kBFloat16);
-    at::autocast::increment_nesting();
-    active_ = true;
+  explicit BindDevice(const c10::Device& device) {
+    if (device.is_cuda()) guard_.reset_device(device);
   }
-  ~AutocastGuard() {
-    if (!active_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(type_, prev_enabled_);
-    at::autocast::set_autocast_dtype(type_, prev_dtype_);
-  }
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
-  bool active_ = false;
-  c10::DeviceType type_ = c10::DeviceType::CPU;
-  bool prev_enabled_ = false;
-  at::ScalarType prev_dtype_ = at::kBFloat16;
+  c10::OptionalDeviceGuard guard_;
 };
+
+std::string first_line(const std::exception& e) {
+  std::string what = e.what();
+  if (auto nl = what.find('\n'); nl != std::string::npos) what = what.substr(0, nl);
+  return what;
+}
+
+/// Memory format of a model's activations and conv weights when train.channels_last is set.
+at::MemoryFormat channels_last_format(std::int64_t spatial_dims) {
+  return spatial_dims == 3 ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast;
+}
 
 std::string tensor_to_string(const at::Tensor& t) {
   at::Tensor c = t.contiguous().to(torch::kCPU);
@@ -66,6 +63,27 @@ at::Tensor string_to_tensor(const std::string& s) {
 }
 
 }  // namespace
+
+AutocastGuard::AutocastGuard(const c10::Device& device, const std::string& amp) {
+  if (amp == "none") return;
+  TORCH_CHECK(amp == "bf16" || amp == "fp16", "amp: expected none, bf16 or fp16, got ", amp);
+  TORCH_CHECK(amp != "fp16" || device.is_cuda(), "amp fp16 needs a CUDA device, got ", device.str());
+  type_ = device.type();
+  TORCH_CHECK(at::autocast::is_autocast_available(type_), "autocast is not available on ", device.str());
+  prev_enabled_ = at::autocast::is_autocast_enabled(type_);
+  prev_dtype_ = at::autocast::get_autocast_dtype(type_);
+  at::autocast::set_autocast_enabled(type_, true);
+  at::autocast::set_autocast_dtype(type_, amp == "fp16" ? at::kHalf : at::kBFloat16);
+  at::autocast::increment_nesting();
+  active_ = true;
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(type_, prev_enabled_);
+  at::autocast::set_autocast_dtype(type_, prev_dtype_);
+}
 
 Result<c10::Device> resolve_device(const std::string& text) {
   if (text == "auto")
@@ -90,17 +108,36 @@ Result<c10::Device> resolve_device(const std::string& text) {
 struct Trainer::Impl {
   LossFn loss;
   std::optional<DeepSupervisionLoss> ds_loss;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<FusedOptimizer> optimizer;
+  std::unique_ptr<GradScaler> scaler;
   std::unique_ptr<LrSchedule> schedule;
   double base_lr = 1e-3;
   std::vector<at::Tensor> params;
+  /// On the device, double: [loss sum since the last read, loss sum of the epoch].
+  at::Tensor loss_sums;
+  std::int64_t host_reads = 0;
+  double last_loss = std::numeric_limits<double>::quiet_NaN();
+  double last_scale = 1.0;
 };
+
+namespace {
+/// What one device read of the training loop returns.
+struct StatsRead {
+  double window_loss_sum = 0.0;
+  double epoch_loss_sum = 0.0;
+  std::int64_t skipped_total = 0;
+  double loss_scale = 1.0;
+};
+}  // namespace
 
 Trainer::Trainer(JobConfig cfg, c10::Device device, ModelHandle model)
     : cfg_(std::move(cfg)), device_(device), model_(std::move(model)), impl_(std::make_unique<Impl>()) {}
 Trainer::~Trainer() = default;
 
 const std::vector<at::Tensor>& Trainer::parameters() const { return impl_->params; }
+FusedOptimizer& Trainer::optimizer() { return *impl_->optimizer; }
+GradScaler& Trainer::scaler() { return *impl_->scaler; }
+std::int64_t Trainer::host_reads() const { return impl_->host_reads; }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10::Device& device) {
   try {
@@ -108,17 +145,28 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
       return invalid_config(cfg.file +
                             ": train.amp: fp16 needs a CUDA device (use bf16 on the CPU), got device " +
                             device.str());
+    BindDevice bind(device);
     if (cfg.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg.train.threads));
     torch::manual_seed(cfg.seed);
     if (device.is_cuda()) {
       at::globalContext().setBenchmarkCuDNN(cfg.train.cudnn_benchmark);
+      // TF32 for float32 matmuls (cuBLAS) and convolutions (cuDNN's default already).
+      at::globalContext().setFloat32MatmulPrecision("high");
+      at::globalContext().setAllowTF32CuDNN(true);
     }
     auto model = create_model(cfg.model);
     if (!model.is_ok()) return model.status().with_context(cfg.file + ": model");
     std::unique_ptr<Trainer> t(new Trainer(cfg, device, *model));
     t->model_.module().to(device);
-    if (device.is_cuda() && cfg.train.channels_last && t->model_.info().spatial_dims == 2)
-      t->model_.module().to(device, /*non_blocking=*/false);
+    if (cfg.train.channels_last) {
+      // Weights of the conv layers (the tensors with spatial dimensions) in channels-last
+      // layout, before the optimizer allocates its state like them; inputs follow in
+      // model_inputs. Other tensors keep their layout.
+      torch::NoGradGuard ng;
+      const auto dims = t->model_.info().spatial_dims;
+      for (auto& p : t->model_.module().parameters())
+        if (p.dim() == dims + 2) p.set_data(p.data().contiguous(channels_last_format(dims)));
+    }
     t->num_classes_ = cfg.data.num_classes > 0 ? cfg.data.num_classes
                                                : std::max<std::int64_t>(2, t->model_.info().out_channels);
 
@@ -128,33 +176,44 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
     if (t->model_.info().deep_supervision) t->impl_->ds_loss.emplace(*loss);
 
     t->impl_->params = t->model_.trainable_parameters();
-    auto opt = make_optimizer(cfg.optimizer, t->impl_->params);
+    auto opt = FusedOptimizer::create(cfg.optimizer, t->impl_->params);
     if (!opt.is_ok()) return opt.status().with_context(cfg.file + ": optimizer");
     t->impl_->optimizer = std::move(*opt);
     t->impl_->base_lr = cfg.optimizer.lr;
     t->impl_->schedule = std::make_unique<LrSchedule>(cfg.schedule, cfg.optimizer.lr);
+    GradScalerOptions go;
+    go.enabled = cfg.train.amp == "fp16";
+    t->impl_->scaler = std::make_unique<GradScaler>(go, device);
+    t->state_.loss_scale = go.enabled ? go.init_scale : 1.0;
+    t->impl_->last_scale = t->state_.loss_scale;
+    t->impl_->loss_sums = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(device));
     return t;
   } catch (const std::exception& e) {
-    return internal_error(cfg.file + ": building the trainer: " + e.what());
+    return internal_error(cfg.file + ": building the trainer: " + first_line(e));
   }
 }
 
 Status Trainer::save_checkpoint(const fs::path& path) const {
   try {
+    BindDevice bind(device_);
     torch::serialize::OutputArchive root;
     torch::serialize::OutputArchive model_ar, opt_ar;
     model_.module().save(model_ar);
-    impl_->optimizer->save(opt_ar);
+    for (const auto& [name, t] : impl_->optimizer->state()) opt_ar.write(name, t);
     root.write("model", model_ar);
-    root.write("optimizer", opt_ar);
-    json meta = {{"format", "segflow-checkpoint-1"},
+    root.write("optimizer_state", opt_ar);
+    const auto& scaler = *impl_->scaler;
+    json meta = {{"format", "segflow-checkpoint-2"},
                  {"epoch", state_.epoch},
                  {"step", state_.step},
                  {"best_metric", state_.best_metric},
                  {"best_epoch", state_.best_epoch},
-                 {"loss_scale", state_.loss_scale},
-                 {"good_steps", state_.good_steps},
+                 {"optimizer", impl_->optimizer->options().name},
+                 {"loss_scale", scaler.scale_value()},
+                 {"good_steps", scaler.growth_tracker_value()},
+                 {"skipped_steps", scaler.skipped_value()},
                  {"num_classes", num_classes_},
+                 {"saved_on", device_.str()},
                  {"config", cfg_.resolved}};
     root.write("meta", string_to_tensor(meta.dump()));
     root.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
@@ -170,7 +229,7 @@ Status Trainer::save_checkpoint(const fs::path& path) const {
     if (ec) return io_error(path.string() + ": rename failed: " + ec.message());
     return Status::ok();
   } catch (const std::exception& e) {
-    return io_error(path.string() + ": writing the checkpoint failed: " + e.what());
+    return io_error(path.string() + ": writing the checkpoint failed: " + first_line(e));
   }
 }
 
@@ -181,26 +240,27 @@ Result<json> read_meta(torch::serialize::InputArchive& root, const fs::path& pat
     return corrupt_data(path.string() + ": not a segflow checkpoint (no 'meta' record)");
   try {
     json meta = json::parse(tensor_to_string(meta_t));
-    if (meta.value("format", "") != "segflow-checkpoint-1")
-      return corrupt_data(path.string() + ": meta.format: expected segflow-checkpoint-1, got " +
-                          meta.value("format", "nothing"));
+    const std::string format = meta.value("format", "nothing");
+    if (format != "segflow-checkpoint-1" && format != "segflow-checkpoint-2")
+      return corrupt_data(path.string() + ": meta.format: expected segflow-checkpoint-2 (or -1), got " +
+                          format);
     return meta;
   } catch (const std::exception& e) {
     return corrupt_data(path.string() + ": meta: invalid JSON: " + e.what());
   }
 }
 
+/// The archive with every tensor on the CPU, whatever device it was saved from (LibTorch's
+/// map_location): the caller copies them where they belong.
 Result<torch::serialize::InputArchive> open_archive(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return not_found(path.string() + ": no such checkpoint");
   try {
     torch::serialize::InputArchive root;
-    root.load_from(path.string());
+    root.load_from(path.string(), c10::Device(c10::kCPU));
     return root;
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (auto nl = what.find('\n'); nl != std::string::npos) what = what.substr(0, nl);
-    return corrupt_data(path.string() + ": unreadable checkpoint: " + what);
+    return corrupt_data(path.string() + ": unreadable checkpoint: " + first_line(e));
   }
 }
 }  // namespace
@@ -209,32 +269,57 @@ Status Trainer::load_checkpoint(const fs::path& path) {
   SEGFLOW_ASSIGN_OR_RETURN(auto root, open_archive(path));
   SEGFLOW_ASSIGN_OR_RETURN(json meta, read_meta(root, path));
   try {
+    BindDevice bind(device_);
     torch::serialize::InputArchive model_ar, opt_ar;
     if (!root.try_read("model", model_ar)) return corrupt_data(path.string() + ": no 'model' record");
-    model_.module().load(model_ar);
-    if (!root.try_read("optimizer", opt_ar)) return corrupt_data(path.string() + ": no 'optimizer' record");
-    impl_->optimizer->load(opt_ar);
-    // Optimizer state tensors follow the parameters' device.
+    const TensorMap weights = read_module_archive(model_ar, model_.module());
+    if (Status st = load_into(model_.module(), weights, /*strict=*/true); !st.is_ok())
+      return corrupt_data(path.string() + ": model: checkpoint does not fit this model: " + st.message());
+    auto& opt = *impl_->optimizer;
+    if (root.try_read("optimizer_state", opt_ar)) {
+      TensorMap state;
+      for (const auto& [name, t] : opt.state()) {
+        at::Tensor v;
+        if (opt_ar.try_read(name, v)) state.emplace(name, v);
+      }
+      if (Status st = opt.load_state(state); !st.is_ok())
+        return corrupt_data(path.string() + ": " + st.message() +
+                            " (optimizer: " + meta.value("optimizer", "?") + " in the checkpoint, " +
+                            opt.options().name + " in the config)");
+    } else if (root.try_read("optimizer", opt_ar)) {
+      // Format 1: torch::optim's own serialisation. Read by the same torch::optim kind over
+      // the same parameters, then converted (the state tensors are still on the CPU here).
+      auto reference = make_optimizer(opt.options(), impl_->params);
+      if (!reference.is_ok()) return reference.status().with_context(path.string());
+      (*reference)->load(opt_ar);
+      if (Status st = opt.load_torch_state(**reference); !st.is_ok())
+        return corrupt_data(path.string() + ": optimizer (format 1): " + st.message());
+    } else {
+      return corrupt_data(path.string() + ": no 'optimizer_state' record");
+    }
     at::Tensor rng;
     if (root.try_read("rng_cpu", rng)) {
       at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
-      cpu_gen.set_state(rng);
+      cpu_gen.set_state(rng.to(at::kCPU));
     }
     if (device_.is_cuda() && root.try_read("rng_cuda", rng)) {
       at::Generator cuda_gen = at::globalContext().defaultGenerator(device_);
-      cuda_gen.set_state(rng);
+      cuda_gen.set_state(rng.to(at::kCPU));
     }
     state_.epoch = meta.at("epoch").get<std::int64_t>();
     state_.step = meta.at("step").get<std::int64_t>();
     state_.best_metric = meta.at("best_metric").get<double>();
     state_.best_epoch = meta.at("best_epoch").get<std::int64_t>();
-    state_.loss_scale = meta.at("loss_scale").get<double>();
     state_.good_steps = meta.at("good_steps").get<std::int64_t>();
+    state_.skipped_steps = meta.value("skipped_steps", std::int64_t{0});
+    // A scale from a run in another precision means nothing here: only fp16 keeps one.
+    state_.loss_scale = impl_->scaler->options().enabled ? meta.at("loss_scale").get<double>() : 1.0;
+    if (!impl_->scaler->options().enabled) state_.good_steps = 0;
+    impl_->scaler->load(state_.loss_scale, state_.good_steps, state_.skipped_steps);
+    impl_->last_scale = state_.loss_scale;
     return Status::ok();
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (auto nl = what.find('\n'); nl != std::string::npos) what = what.substr(0, nl);
-    return corrupt_data(path.string() + ": checkpoint does not fit this model/optimizer: " + what);
+    return corrupt_data(path.string() + ": checkpoint does not fit this model/optimizer: " + first_line(e));
   }
 }
 
@@ -262,9 +347,8 @@ std::pair<at::Tensor, at::Tensor> model_inputs(const Batch& b, const ModelInfo& 
     image = image.squeeze(2);
     if (label.dim() == 5) label = label.squeeze(2);
   }
-  if (channels_last && device.is_cuda())
-    image = image.contiguous(image.dim() == 5 ? at::MemoryFormat::ChannelsLast3d
-                                              : at::MemoryFormat::ChannelsLast);
+  if (channels_last && image.dim() == info.spatial_dims + 2)
+    image = image.contiguous(channels_last_format(info.spatial_dims));
   if (!at::isFloatingType(label.scalar_type())) label = label.to(at::kLong);
   return {image, label};
 }
@@ -273,17 +357,32 @@ std::pair<at::Tensor, at::Tensor> model_inputs(const Batch& b, const ModelInfo& 
 Result<EpochInfo> Trainer::train_epoch(pipeline::BatchSource& source, std::int64_t steps_per_epoch,
                                        TrainObserver& observer) {
   try {
+    BindDevice bind(device_);
     const auto& tr = cfg_.train;
     const std::int64_t total_steps = std::max<std::int64_t>(1, tr.epochs * steps_per_epoch);
+    const std::int64_t log_every = std::max<std::int64_t>(1, tr.log_every);
     SEGFLOW_RETURN_IF_ERROR(source.start_epoch(state_.epoch));
     model_.module().train();
     auto& opt = *impl_->optimizer;
+    auto& scaler = *impl_->scaler;
     opt.zero_grad();
+    impl_->loss_sums.zero_();
+    const std::int64_t skipped_at_start = state_.skipped_steps;
+    std::int64_t window_steps = 0;
+    // The one place the loop reads the device (every log_every steps and at the epoch's end).
+    auto read_stats = [&] {
+      ++impl_->host_reads;
+      at::Tensor h = at::cat({impl_->loss_sums, scaler.skipped_steps().reshape({1}).to(at::kDouble),
+                              scaler.scale_tensor().reshape({1}).to(at::kDouble)})
+                         .to(at::kCPU);
+      const double* v = h.data_ptr<double>();
+      impl_->loss_sums.narrow(0, 0, 1).zero_();
+      return StatsRead{v[0], v[1], static_cast<std::int64_t>(v[2]), v[3]};
+    };
     const auto t_epoch = Clock::now();
     EpochInfo ep;
     ep.epoch = state_.epoch;
     std::int64_t samples_total = 0;
-    double loss_sum = 0.0;
     bool done = false;
     while (!done) {
       if (tr.steps_per_epoch > 0 && ep.steps >= tr.steps_per_epoch) break;
@@ -292,11 +391,10 @@ Result<EpochInfo> Trainer::train_epoch(pipeline::BatchSource& source, std::int64
       StepInfo si;
       si.epoch = state_.epoch;
       std::int64_t micro = 0;
-      double step_loss = 0.0;
       const double lr = impl_->schedule->lr_at(state_.step, total_steps);
-      set_learning_rate(opt, lr);
+      opt.set_lr(lr);
       // Gather up to `accumulate` micro-batches; gradients add up (no step in between).
-      std::vector<at::Tensor> losses;
+      at::Tensor step_loss;
       bool synced = false;
       while (micro < tr.accumulate) {
         SEGFLOW_ASSIGN_OR_RETURN(auto batch, source.next());
@@ -310,81 +408,86 @@ Result<EpochInfo> Trainer::train_epoch(pipeline::BatchSource& source, std::int64
         auto [image, label] = model_inputs(*batch, model_.info(), device_, tr.channels_last);
         at::Tensor box;
         if (model_.info().needs_box) box = batch->tensors.at("box").to(device_, at::kFloat);
-        at::Tensor loss;
+        std::vector<at::Tensor> outs;
         {
           AutocastGuard ac(device_, tr.amp);
-          auto outs = model_.forward(image, box);
-          for (auto& o : outs) o = o.to(at::kFloat);
-          loss = impl_->ds_loss ? (*impl_->ds_loss)(outs, label) : impl_->loss(outs[0], label);
+          outs = model_.forward(image, box);
         }
-        const double scale = tr.amp == "fp16" ? state_.loss_scale : 1.0;
-        at::Tensor scaled = loss * (scale / static_cast<double>(tr.accumulate));
+        // The loss in float32, outside autocast.
+        for (auto& o : outs) o = o.to(at::kFloat);
+        at::Tensor loss = impl_->ds_loss ? (*impl_->ds_loss)(outs, label) : impl_->loss(outs[0], label);
+        at::Tensor scaled = scaler.scale(loss);
+        if (tr.accumulate > 1) scaled = scaled / static_cast<double>(tr.accumulate);
         if (sync_) {
           const bool last_micro = micro + 1 == tr.accumulate;
           sync_->before_backward(scaled, last_micro);
           synced = synced || last_micro;
         }
         scaled.backward();
-        step_loss += loss.item<double>();
+        step_loss = step_loss.defined() ? step_loss + loss.detach() : loss.detach();
         si.samples += image.size(0);
         ++micro;
       }
       if (micro == 0) break;
       if (sync_) sync_->after_backward(synced);
+      std::vector<at::Tensor> grads;
+      for (auto& p : impl_->params)
+        if (p.grad().defined()) grads.push_back(p.grad());
       // A short last step (epoch ended mid-accumulation) is rescaled to a full mean.
-      if (micro < tr.accumulate) {
-        const double fix = static_cast<double>(tr.accumulate) / static_cast<double>(micro);
-        for (auto& p : impl_->params)
-          if (p.grad().defined()) p.mutable_grad().mul_(fix);
+      if (micro < tr.accumulate && !grads.empty()) {
+        torch::NoGradGuard ng;
+        at::_foreach_mul_(grads, static_cast<double>(tr.accumulate) / static_cast<double>(micro));
       }
-      bool finite = true;
-      if (tr.amp == "fp16") {
-        const double inv = 1.0 / state_.loss_scale;
-        for (auto& p : impl_->params)
-          if (p.grad().defined()) p.mutable_grad().mul_(inv);
-      }
-      if (tr.grad_clip > 0.0 || tr.amp == "fp16") {
-        const double norm = clip_grad_norm(impl_->params, tr.grad_clip > 0 ? tr.grad_clip : 1e30);
-        finite = std::isfinite(norm);
-      }
-      if (finite) {
-        opt.step();
-        if (tr.amp == "fp16" && ++state_.good_steps >= 2000) {
-          state_.loss_scale *= 2.0;
-          state_.good_steps = 0;
-        }
-      } else {
-        si.skipped = true;
-        state_.loss_scale = std::max(1.0, state_.loss_scale * 0.5);
-        state_.good_steps = 0;
-      }
+      // Unscale (fp16) and look for inf/NaN (every precision), clip, step: all on the device;
+      // the optimizer skips the update when found_inf is set.
+      const at::Tensor norm = scaler.unscale_(impl_->params);  // defined when bf16/fp32 computed it
+      if (tr.grad_clip > 0.0) clip_grad_norm_(impl_->params, tr.grad_clip, norm);
+      opt.step(scaler.found_inf());
+      scaler.update();
       opt.zero_grad();
+      impl_->loss_sums.add_(step_loss / static_cast<double>(micro));
       ++state_.step;
       ++ep.steps;
+      ++window_steps;
       si.step = state_.step;
       si.step_in_epoch = ep.steps;
-      si.loss = step_loss / static_cast<double>(micro);
       si.lr = lr;
+      if (state_.step % log_every == 0) {
+        const StatsRead r = read_stats();
+        si.logged = true;
+        impl_->last_loss = r.window_loss_sum / static_cast<double>(window_steps);
+        impl_->last_scale = r.loss_scale;
+        si.skipped_steps = r.skipped_total - state_.skipped_steps;
+        state_.skipped_steps = r.skipped_total;
+        window_steps = 0;
+      }
+      si.loss = impl_->last_loss;
+      si.loss_scale = impl_->last_scale;
+      si.skipped = si.skipped_steps > 0;
       si.step_s = seconds_since(t_step);
-      loss_sum += si.loss;
       samples_total += si.samples;
       ep.data_wait_s += si.data_wait_s;
       ep.lr = lr;
       observer.on_step(si);
     }
+    // The epoch's figures: one more read, which also waits for the device to finish.
+    const StatsRead r = read_stats();
+    state_.skipped_steps = r.skipped_total;
+    state_.loss_scale = r.loss_scale;
+    impl_->last_scale = r.loss_scale;
+    ep.skipped_steps = r.skipped_total - skipped_at_start;
     ep.seconds = seconds_since(t_epoch);
-    ep.loss = ep.steps ? loss_sum / static_cast<double>(ep.steps) : 0.0;
+    ep.loss = ep.steps ? r.epoch_loss_sum / static_cast<double>(ep.steps) : 0.0;
     ep.samples_per_s = ep.seconds > 0 ? static_cast<double>(samples_total) / ep.seconds : 0.0;
     ++state_.epoch;
     return ep;
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (auto nl = what.find('\n'); nl != std::string::npos) what = what.substr(0, nl);
-    return internal_error("training epoch " + std::to_string(state_.epoch) + ": " + what);
+    return internal_error("training epoch " + std::to_string(state_.epoch) + ": " + first_line(e));
   }
 }
 
 at::Tensor Trainer::predict(const at::Tensor& image, const at::Tensor& box) const {
+  BindDevice bind(device_);
   torch::NoGradGuard ng;
   const auto& info = model_.info();
   at::Tensor x = image.to(device_, at::kFloat).unsqueeze(0);  // (1, C, *spatial)
@@ -399,7 +502,12 @@ at::Tensor Trainer::predict(const at::Tensor& image, const at::Tensor& box) cons
   sw.mode = cfg_.validation.mode == "gaussian" ? BlendMode::gaussian : BlendMode::constant;
   // Config sizes are (x, y, z); tensors are (Z, Y, X).
   std::vector<std::int64_t> roi(cfg_.validation.roi_size.rbegin(), cfg_.validation.roi_size.rend());
-  auto predictor = [&](const at::Tensor& w) { return model_.predict(w).to(at::kFloat); };
+  const bool cl = cfg_.train.channels_last;
+  auto predictor = [&](const at::Tensor& w) {
+    const at::Tensor in =
+        cl && w.dim() == info.spatial_dims + 2 ? w.contiguous(channels_last_format(info.spatial_dims)) : w;
+    return model_.predict(in).to(at::kFloat);
+  };
   if (info.spatial_dims == 2 && x.dim() == 5) {
     // A 2D model on a volume: slices as a batch, (Z, C, Y, X).
     at::Tensor slices = x[0].permute({1, 0, 2, 3}).contiguous();
@@ -414,6 +522,7 @@ at::Tensor Trainer::predict(const at::Tensor& image, const at::Tensor& box) cons
 
 Result<ValidationInfo> Trainer::validate(const std::vector<Sample>& samples) {
   try {
+    BindDevice bind(device_);
     const auto t0 = Clock::now();
     model_.module().eval();
     DiceMetricOptions mo;
@@ -434,9 +543,7 @@ Result<ValidationInfo> Trainer::validate(const std::vector<Sample>& samples) {
     v.seconds = seconds_since(t0);
     return v;
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (auto nl = what.find('\n'); nl != std::string::npos) what = what.substr(0, nl);
-    return internal_error("validation: " + what);
+    return internal_error("validation: " + first_line(e));
   }
 }
 

@@ -7,9 +7,23 @@
 // scaler, the epoch and step counters, the global RNG state, the best metric and the
 // resolved config. Data order and augmentation depend only on (seed, rank, epoch, index),
 // so N epochs + resume for N more gives the same weights as 2N epochs in one go (CPU).
+// Checkpoints are device-portable: they are read onto the CPU (map_location) and copied
+// into the trainer's own tensors, so a checkpoint written on cuda:1 loads on a CPU-only
+// machine or on cuda:0, and parameters keep their device, dtype and memory format.
+//
+// Mixed precision (train.amp): bf16 autocast on CPU and CUDA, fp16 autocast with dynamic
+// loss scaling on CUDA (GradScaler, models/optim.hpp). Every precision checks the
+// gradients for inf/NaN; such a step is skipped on the device and counted (skipped_steps).
+//
+// No host syncs in a step: the loss is summed on the device and read, with the skipped-step
+// count and the loss scale, every train.log_every steps and at the end of an epoch (the
+// only device reads of the loop); the optimizer step, unscaling, clipping and the skip
+// decision all stay on the device. On CUDA the trainer binds its device on every call
+// (device guard) and sets float32 matmul precision "high" (TF32).
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -25,23 +39,29 @@
 #include "models/registry.hpp"
 #include "pipeline/batch_source.hpp"
 
-namespace torch::optim {
-class Optimizer;
-}
-
 namespace segflow::models {
 
-/// One optimizer step as the observers see it.
+class FusedOptimizer;
+class GradScaler;
+
+/// One optimizer step as the observers see it. The device is read only on logged steps
+/// (global step a multiple of train.log_every): there `loss`, `skipped_steps` and
+/// `loss_scale` are fresh; on other steps they repeat the last logged values (NaN loss
+/// before the first) and skipped_steps is 0.
 struct StepInfo {
   std::int64_t epoch = 0;          ///< 0-based
   std::int64_t step = 0;           ///< global optimizer step, 1-based after the step
   std::int64_t step_in_epoch = 0;  ///< 1-based
-  double loss = 0.0;               ///< mean loss over the step's micro-batches
+  bool logged = false;             ///< statistics read from the device at this step
+  double loss = 0.0;               ///< mean loss per step since the previous logged step
   double lr = 0.0;
-  double step_s = 0.0;       ///< wall time of the step (compute + data wait)
-  double data_wait_s = 0.0;  ///< time spent waiting for batches
-  std::int64_t samples = 0;  ///< samples in the step
-  bool skipped = false;      ///< fp16: inf/NaN gradients, step skipped
+  double step_s = 0.0;             ///< host wall time of the step (data wait + launching the work; on
+                                   ///< CUDA the device may still be running it)
+  double data_wait_s = 0.0;        ///< time spent waiting for batches
+  std::int64_t samples = 0;        ///< samples in the step
+  std::int64_t skipped_steps = 0;  ///< steps with inf/NaN gradients since the previous logged step
+  bool skipped = false;            ///< skipped_steps > 0
+  double loss_scale = 1.0;         ///< fp16: the dynamic loss scale after this step; else 1
 };
 
 /// One epoch as the observers see it.
@@ -51,8 +71,9 @@ struct EpochInfo {
   double loss = 0.0;  ///< mean over steps
   double seconds = 0.0;
   double samples_per_s = 0.0;
-  double data_wait_s = 0.0;  ///< total over the epoch
-  double lr = 0.0;           ///< at the end of the epoch
+  double data_wait_s = 0.0;        ///< total over the epoch
+  double lr = 0.0;                 ///< at the end of the epoch
+  std::int64_t skipped_steps = 0;  ///< steps skipped for inf/NaN gradients in the epoch
 };
 
 /// A validation result.
@@ -75,7 +96,8 @@ class TrainObserver {
   virtual void on_validation(const ValidationInfo& info) {}
   virtual void on_checkpoint(const std::filesystem::path& path, const std::string& kind) {}
   virtual void on_case_failure(const pipeline::CaseFailure& failure) {}
-  /// Polled between steps: true stops training after writing a checkpoint.
+  /// Polled between steps: true stops training after writing a checkpoint. Must answer
+  /// from host state (a flag), never by reading the device.
   virtual bool should_stop() { return false; }
 };
 
@@ -97,14 +119,34 @@ class GradientSync {
 /// Resolves "auto" / "cpu" / "cuda" / "cuda:N"; "auto" is cuda:0 when available.
 Result<c10::Device> resolve_device(const std::string& text);
 
+/// Autocast for the current thread and `device`'s type while it lives: `amp` "bf16" (CPU,
+/// CUDA) or "fp16" (CUDA) turns it on with that dtype, "none" does nothing; the previous
+/// state is restored and, leaving the outermost guard, the cast-weight cache is cleared.
+/// Ops on autocast's lists run in the lower precision (convolutions, matmuls, PReLU, ...),
+/// the rest in the dtype they get. Throws for another `amp` or fp16 on a CPU.
+class AutocastGuard {
+ public:
+  AutocastGuard(const c10::Device& device, const std::string& amp);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool active_ = false;
+  c10::DeviceType type_ = c10::DeviceType::CPU;
+  bool prev_enabled_ = false;
+  c10::ScalarType prev_dtype_ = c10::ScalarType::BFloat16;
+};
+
 /// Trainer state that a checkpoint restores.
 struct TrainState {
   std::int64_t epoch = 0;     ///< next epoch to run (0-based)
   std::int64_t step = 0;      ///< optimizer steps done
   double best_metric = -1.0;  ///< best validation mean Dice so far (-1: none)
   std::int64_t best_epoch = -1;
-  double loss_scale = 65536.0;  ///< fp16 dynamic loss scale
-  std::int64_t good_steps = 0;  ///< fp16 steps since the last scale change
+  double loss_scale = 65536.0;     ///< fp16 dynamic loss scale (as of the last read)
+  std::int64_t good_steps = 0;     ///< fp16 steps since the last scale change (idem)
+  std::int64_t skipped_steps = 0;  ///< steps skipped for inf/NaN gradients (idem)
 };
 
 class Trainer {
@@ -114,9 +156,14 @@ class Trainer {
   static Result<std::unique_ptr<Trainer>> create(const JobConfig& cfg, const c10::Device& device);
   ~Trainer();
 
-  /// Restores a checkpoint written by save_checkpoint (errors name the file and the part).
+  /// Restores a checkpoint written by save_checkpoint on any device (or by an earlier
+  /// segflow, format 1): the file is read onto the CPU and every tensor is copied into the
+  /// trainer's own parameters, buffers, optimizer state and loss scaler on device(); shapes
+  /// are checked first and nothing depends on the device it was saved from. Errors name the
+  /// file and the part.
   Status load_checkpoint(const std::filesystem::path& path);
-  /// Writes a checkpoint atomically (temp file + rename).
+  /// Writes a checkpoint atomically (temp file + rename). Reads the loss scaler's state
+  /// from the device.
   Status save_checkpoint(const std::filesystem::path& path) const;
 
   /// One epoch from `source` (start_epoch is called here). `steps_per_epoch` is used for the
@@ -141,6 +188,12 @@ class Trainer {
   void set_gradient_sync(std::shared_ptr<GradientSync> sync) { sync_ = std::move(sync); }
   /// The parameters the optimizer updates, in a fixed order (what a synchroniser reduces).
   const std::vector<at::Tensor>& parameters() const;
+
+  /// The optimizer and loss scaler (tests, tools).
+  FusedOptimizer& optimizer();
+  GradScaler& scaler();
+  /// How many times the training loop has read the device (for tests of the no-sync rule).
+  std::int64_t host_reads() const;
 
   const TrainState& state() const { return state_; }
   const JobConfig& config() const { return cfg_; }

@@ -174,6 +174,31 @@ TensorMap named_tensors(const torch::nn::Module& module) {
   return m;
 }
 
+namespace {
+void read_module(torch::serialize::InputArchive& ar, const torch::nn::Module& m, const std::string& prefix,
+                 TensorMap& out) {
+  for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+    at::Tensor t;
+    if (ar.try_read(p.key(), t)) out.emplace(prefix + p.key(), t);
+  }
+  for (const auto& b : m.named_buffers(/*recurse=*/false)) {
+    at::Tensor t;
+    if (ar.try_read(b.key(), t, /*is_buffer=*/true)) out.emplace(prefix + b.key(), t);
+  }
+  for (const auto& c : m.named_children()) {
+    if (!c.value()->is_serializable()) continue;  // Module::save skips these too
+    torch::serialize::InputArchive sub;
+    if (ar.try_read(c.key(), sub)) read_module(sub, *c.value(), prefix + c.key() + ".", out);
+  }
+}
+}  // namespace
+
+TensorMap read_module_archive(torch::serialize::InputArchive& archive, const torch::nn::Module& module) {
+  TensorMap out;
+  read_module(archive, module, "", out);
+  return out;
+}
+
 Status load_into(torch::nn::Module& module, const TensorMap& tensors, bool strict) {
   std::map<std::string, at::Tensor> targets;
   for (auto& p : module.named_parameters(true)) targets.emplace(p.key(), p.value());

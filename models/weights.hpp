@@ -28,6 +28,9 @@
 namespace torch::nn {
 class Module;
 }
+namespace torch::serialize {
+class InputArchive;
+}
 
 namespace segflow::models {
 
@@ -45,10 +48,17 @@ Status write_tensor_archive(const std::filesystem::path& path, const TensorMap& 
 /// The module's parameters and buffers by dotted name (detached, sharing storage).
 TensorMap named_tensors(const torch::nn::Module& module);
 
+/// The parameters and buffers that torch::nn::Module::save wrote into `archive` (one nested
+/// archive per submodule), by the dotted names named_tensors() uses; found by walking
+/// `module`'s own tree, so only names the module has are looked up (what is absent is left
+/// for load_into to report). Tensors stay where the archive was loaded (LibTorch's
+/// map_location); nothing is copied into the module.
+TensorMap read_module_archive(torch::serialize::InputArchive& archive, const torch::nn::Module& module);
+
 /// Copies `tensors` into the module's same-named parameters and buffers (converting dtype
-/// and device). Shape mismatches are always an error; with `strict`, model entries missing
-/// from `tensors` and entries of `tensors` unknown to the model are errors too. The error
-/// (invalid_argument) names the keys of each kind; on error nothing is copied.
+/// and device; each target keeps its device, dtype and memory format). Shape mismatches are always an error;
+/// with `strict`, model entries missing from `tensors` and entries of `tensors` unknown to the model are
+/// errors too. The error (invalid_argument) names the keys of each kind; on error nothing is copied.
 Status load_into(torch::nn::Module& module, const TensorMap& tensors, bool strict = true);
 
 }  // namespace segflow::models

@@ -176,8 +176,9 @@ class GroupCollective final : public Collective {
   Result<bool> reduce_flag(bool flag, c10d::ReduceOp::RedOpType op, const char* name) {
     bool out = flag;
     SEGFLOW_RETURN_IF_ERROR(guarded(name, [&] {
-      std::vector<at::Tensor> t{
-          torch::full({1}, flag ? 1 : 0, torch::TensorOptions().dtype(torch::kInt).device(device_))};
+      // A CPU tensor: Gloo reduces it (NCCL groups carry a Gloo backend for CPU tensors), so
+      // the per-step flags (all_have, should_stop) never wait for the GPU's queue.
+      std::vector<at::Tensor> t{torch::full({1}, flag ? 1 : 0, torch::TensorOptions().dtype(torch::kInt))};
       c10d::AllreduceOptions ao;
       ao.reduceOp = op;
       pg_->allreduce(t, ao)->wait();
@@ -201,7 +202,7 @@ std::unique_ptr<Collective> make_group(const c10::intrusive_ptr<c10d::Store>& st
                                        const c10::Device& device, Backend backend,
                                        const CollectiveOptions& options, const std::string& gloo_host) {
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
-  if (backend == Backend::gloo) {
+  auto make_gloo = [&](const c10::intrusive_ptr<c10d::Store>& gloo_store) {
     auto o = c10d::ProcessGroupGloo::Options::create(options.timeout);
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname)
       o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
@@ -210,11 +211,17 @@ std::unique_ptr<Collective> make_group(const c10::intrusive_ptr<c10d::Store>& st
     else
       o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     o->threads = 2;
-    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, o);
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(gloo_store, rank, size, o);
+  };
+  if (backend == Backend::gloo) {
     pg->setDefaultBackend(BackendType::GLOO);
-    pg->setBackend(c10::DeviceType::CPU, BackendType::GLOO, gloo);
+    pg->setBackend(c10::DeviceType::CPU, BackendType::GLOO, make_gloo(store));
   } else {
 #ifdef USE_C10D_NCCL
+    // CPU tensors (the one-element flags of all()/any()) go to a Gloo backend of the same
+    // group, under its own key prefix, as torch.distributed's "cpu:gloo,cuda:nccl" does.
+    pg->setBackend(c10::DeviceType::CPU, BackendType::GLOO,
+                   make_gloo(c10::make_intrusive<c10d::PrefixStore>("cpu-gloo/", store)));
     auto o = c10d::ProcessGroupNCCL::Options::create();
     o->timeout = options.timeout;
     auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, o);

@@ -71,9 +71,10 @@ class Collective {
   /// Copies rank `root`'s values into every rank's tensors, in place.
   virtual Status broadcast(const std::vector<at::Tensor>& tensors, int root = 0) = 0;
   virtual Status barrier() = 0;
-  /// True on every rank when `flag` is true on every rank (a one-element MIN all-reduce).
+  /// True on every rank when `flag` is true on every rank (a one-element MIN all-reduce of a
+  /// CPU tensor, over Gloo for NCCL groups too: it never waits for a GPU).
   virtual Result<bool> all(bool flag) = 0;
-  /// True on every rank when `flag` is true on any rank (a one-element MAX all-reduce).
+  /// True on every rank when `flag` is true on any rank (a one-element MAX all-reduce, idem).
   virtual Result<bool> any(bool flag) = 0;
 
   /// The c10d group, for c10d::Reducer and anything else that speaks c10d.

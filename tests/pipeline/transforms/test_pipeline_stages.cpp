@@ -149,10 +149,7 @@ TEST_CASE("a stage error during a run names the stage index, the stage and the s
 }
 
 TEST_CASE("random transforms run on CUDA tensors when a GPU is present") {
-  if (!torch::cuda::is_available()) {
-    MESSAGE("no CUDA device: skipped");
-    return;
-  }
+  if (!segflow::testing::cuda_or_skip()) return;
   Pipeline p = build(kTrain);
   auto cached = p.run_deterministic(blob_sample(12, 16, 20));
   REQUIRE(cached.is_ok());
