@@ -282,7 +282,8 @@ Result<std::int64_t> trim_run_outputs(const fs::path& run_dir, const models::Tra
   if (!fs::is_directory(tb, ec)) return dropped;
   for (const auto& entry : fs::directory_iterator(tb, ec)) {
     const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file() || name.find("tfevents") == std::string::npos || name.ends_with(".tmp"))
+    if (!entry.is_regular_file() || name.find("tfevents") == std::string::npos ||
+        name.find(".tmp") != std::string::npos)
       continue;
     const std::string data = read_all(entry.path());
     bool complete = true;
@@ -470,14 +471,8 @@ std::string ProgressPlotObserver::render() const {
 }
 
 void ProgressPlotObserver::write() const {
-  const fs::path tmp = file_.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << render();
-    if (!f) return;
-  }
-  std::error_code ec;
-  fs::rename(tmp, file_, ec);
+  if (Status st = write_file_atomically(file_, render()); !st.is_ok())
+    log::warn("progress plot: " + st.message());
 }
 
 }  // namespace segflow::actors

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 
+#include "messages/file_util.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/nifti.hpp"
 #include "pipeline/io/npy.hpp"
@@ -211,17 +212,7 @@ std::string case_id(int i) {
 }
 
 Status write_json(const fs::path& p, const nlohmann::json& j) {
-  const fs::path tmp = p.string() + ".tmp";
-  {
-    std::ofstream f(tmp);
-    if (!f) return io_error(tmp.string() + ": cannot open for writing");
-    f << j.dump(2) << '\n';
-    if (!f) return io_error(tmp.string() + ": write failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp, p, ec);
-  if (ec) return io_error(p.string() + ": rename failed: " + ec.message());
-  return Status::ok();
+  return write_file_atomically(p, j.dump(2) + '\n');
 }
 
 }  // namespace

@@ -146,6 +146,14 @@ inline nlohmann::json reference_read(const std::string& reader, const std::files
   return nlohmann::json::parse(r.out);
 }
 
+/// True when `dir` holds a temporary of write_file_atomically / replace_file_atomically
+/// ("<name>.tmp.<pid>.<n>"): a write that left something half-done behind.
+inline bool has_temporaries(const std::filesystem::path& dir) {
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().find(".tmp") != std::string::npos) return true;
+  return false;
+}
+
 /// Writes bytes to a file.
 inline void write_file(const std::filesystem::path& p, const std::string& bytes) {
   std::ofstream f(p, std::ios::binary);

@@ -13,6 +13,7 @@
 #include <system_error>
 #include <vector>
 
+#include "messages/file_util.hpp"
 #include "pipeline/io/detail/nifti_geometry.hpp"
 #include "pipeline/io/detail/nifti_header.hpp"
 
@@ -333,43 +334,33 @@ Status write_nifti_impl(const fs::path& path, const Image& image) {
   h.descrip = "segflow";
   const auto header = detail::encode_nifti1_header(h);
 
-  const std::string tmp = file + ".tmp";
   const bool gz = file.ends_with(".gz");
-  // Level 1, as nibabel writes: most of the ratio of level 6 at a fraction of the time.
-  gzFile f = gzopen(tmp.c_str(), gz ? "wb1" : "wbT");
-  if (!f) return io_error(tmp + ": cannot create: " + std::strerror(errno));
-  auto fail = [&](const std::string& what) {
-    int code = Z_OK;
-    const char* msg = gzerror(f, &code);
-    std::string detail_msg = code == Z_ERRNO ? std::strerror(errno) : (msg ? msg : "zlib error");
-    gzclose(f);
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    return io_error(tmp + ": " + what + ": " + detail_msg);
-  };
-  if (gzwrite(f, header.data(), static_cast<unsigned>(header.size())) != static_cast<int>(header.size()))
-    return fail("write failed");
-  const auto* p = static_cast<const unsigned char*>(v.data_ptr());
-  std::int64_t left = v.numel() * static_cast<std::int64_t>(v.element_size());
-  while (left > 0) {
-    const unsigned n = static_cast<unsigned>(std::min<std::int64_t>(left, kGzChunk));
-    if (gzwrite(f, p, n) != static_cast<int>(n)) return fail("write failed");
-    p += n;
-    left -= n;
-  }
-  const int rc = gzclose(f);
-  std::error_code ec;
-  if (rc != Z_OK) {
-    fs::remove(tmp, ec);
-    return io_error(tmp + ": close failed (zlib " + std::to_string(rc) + ")");
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ec2;
-    fs::remove(tmp, ec2);
-    return io_error(file + ": rename from " + tmp + " failed: " + ec.message());
-  }
-  return Status::ok();
+  return replace_file_atomically(path, [&](const fs::path& tmp_path) -> Status {
+    const std::string tmp = tmp_path.string();
+    // Level 1, as nibabel writes: most of the ratio of level 6 at a fraction of the time.
+    gzFile f = gzopen(tmp.c_str(), gz ? "wb1" : "wbT");
+    if (!f) return io_error(tmp + ": cannot create: " + std::strerror(errno));
+    auto fail = [&](const std::string& what) {
+      int code = Z_OK;
+      const char* msg = gzerror(f, &code);
+      std::string detail_msg = code == Z_ERRNO ? std::strerror(errno) : (msg ? msg : "zlib error");
+      gzclose(f);
+      return io_error(file + ": " + what + ": " + detail_msg);
+    };
+    if (gzwrite(f, header.data(), static_cast<unsigned>(header.size())) != static_cast<int>(header.size()))
+      return fail("write failed");
+    const auto* p = static_cast<const unsigned char*>(v.data_ptr());
+    std::int64_t left = v.numel() * static_cast<std::int64_t>(v.element_size());
+    while (left > 0) {
+      const unsigned n = static_cast<unsigned>(std::min<std::int64_t>(left, kGzChunk));
+      if (gzwrite(f, p, n) != static_cast<int>(n)) return fail("write failed");
+      p += n;
+      left -= n;
+    }
+    const int rc = gzclose(f);
+    if (rc != Z_OK) return io_error(file + ": close failed (zlib " + std::to_string(rc) + ")");
+    return Status::ok();
+  });
 }
 
 }  // namespace

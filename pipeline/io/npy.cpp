@@ -11,6 +11,7 @@
 #include <memory>
 #include <system_error>
 
+#include "messages/file_util.hpp"
 #include "pipeline/io/detail/npy_header.hpp"
 
 namespace segflow::pipeline {
@@ -191,26 +192,17 @@ Status write_npy_impl(const fs::path& path, const at::Tensor& tensor) {
     byte_swap(static_cast<unsigned char*>(t.data_ptr()), t.numel(), static_cast<int>(t.element_size()));
   }
   const std::string header = detail::make_npy_header(descr, t.sizes().vec());
-  const std::string tmp = file + ".tmp";
-  FilePtr f(std::fopen(tmp.c_str(), "wb"));
-  if (!f) return io_error(tmp + ": cannot create: " + std::strerror(errno));
-  const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
-  bool ok = std::fwrite(header.data(), 1, header.size(), f.get()) == header.size();
-  if (ok && bytes > 0) ok = std::fwrite(t.data_ptr(), 1, bytes, f.get()) == bytes;
-  const int err = errno;
-  ok = (std::fclose(f.release()) == 0) && ok;
-  std::error_code ec;
-  if (!ok) {
-    fs::remove(tmp, ec);
-    return io_error(tmp + ": write failed: " + std::strerror(err));
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ec2;
-    fs::remove(tmp, ec2);
-    return io_error(file + ": rename from " + tmp + " failed: " + ec.message());
-  }
-  return Status::ok();
+  return replace_file_atomically(path, [&](const fs::path& tmp) -> Status {
+    FilePtr f(std::fopen(tmp.c_str(), "wb"));
+    if (!f) return io_error(tmp.string() + ": cannot create: " + std::strerror(errno));
+    const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
+    bool ok = std::fwrite(header.data(), 1, header.size(), f.get()) == header.size();
+    if (ok && bytes > 0) ok = std::fwrite(t.data_ptr(), 1, bytes, f.get()) == bytes;
+    const int err = errno;
+    ok = (std::fclose(f.release()) == 0) && ok;
+    if (!ok) return io_error(file + ": write failed: " + std::strerror(err));
+    return Status::ok();
+  });
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "messages/file_util.hpp"
 #include "pipeline/io/dicom.hpp"
 
 namespace segflow::pipeline {
@@ -270,22 +271,11 @@ std::string generate_uid(const char* root) {
 }
 
 Status save_atomically(DcmFileFormat& ff, const std::filesystem::path& target, E_TransferSyntax xfer) {
-  static std::atomic<unsigned> counter{0};
-  auto tmp = target;
-  tmp += ".tmp" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
-  OFCondition c = ff.saveFile(OFFilename(tmp.c_str()), xfer);
-  std::error_code ec;
-  if (c.bad()) {
-    std::filesystem::remove(tmp, ec);
-    return io_error(target.string() + ": cannot write DICOM: " + condition_text(c));
-  }
-  std::filesystem::rename(tmp, target, ec);
-  if (ec) {
-    std::error_code ec2;
-    std::filesystem::remove(tmp, ec2);
-    return io_error(target.string() + ": cannot rename " + tmp.filename().string() + ": " + ec.message());
-  }
-  return Status::ok();
+  return replace_file_atomically(target, [&](const std::filesystem::path& tmp) -> Status {
+    OFCondition c = ff.saveFile(OFFilename(tmp.c_str()), xfer);
+    if (c.bad()) return io_error(target.string() + ": cannot write DICOM: " + condition_text(c));
+    return Status::ok();
+  });
 }
 
 }  // namespace segflow::pipeline::detail
