@@ -35,3 +35,10 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)
 # JPEG 2000 pixel data in DICOM (pipeline/io/detail/dicom_j2k.cpp): Debian's libopenjp2-7-dev.
 pkg_check_modules(OPENJP2 REQUIRED IMPORTED_TARGET libopenjp2)
+# NRRD and MetaImage files (pipeline/io/nrrd.cpp, metaimage.cpp): ITK's NrrdIO (C) and MetaIO
+# (C++) libraries from Debian's libinsighttoolkit5-dev, used as plain libraries (no ITK
+# templates, no ITKConfig.cmake). Their header folder also holds ITK's copies of other
+# libraries' headers (openjpeg.h, ...), so it is given to those two sources only.
+find_path(SEGFLOW_ITK_IO_INCLUDE_DIR NAMES NrrdIO.h metaImage.h PATH_SUFFIXES ITK-5.4 ITK-5.3 ITK-5.2 REQUIRED)
+find_library(SEGFLOW_ITK_NRRDIO_LIBRARY NAMES ITKNrrdIO-5.4 ITKNrrdIO-5.3 ITKNrrdIO-5.2 ITKNrrdIO REQUIRED)
+find_library(SEGFLOW_ITK_METAIO_LIBRARY NAMES ITKMetaIO-5.4 ITKMetaIO-5.3 ITKMetaIO-5.2 ITKMetaIO REQUIRED)

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <fstream>
 
 #include "pipeline/io/dataset.hpp"
 #include "pipeline/io/dicom.hpp"
@@ -42,6 +43,27 @@ nlohmann::json distinct_values(const at::Tensor& t) {
   return out;
 }
 
+/// Names of the label values in `labels` from a dataset.json in `dir` or its parent (an MSD
+/// root holds labelsTr/; a DICOM dataset root holds the case folders): {"1": "spleen", ...}.
+nlohmann::json label_names_near(const fs::path& dir, const nlohmann::json& labels) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const fs::path& d : {dir, dir.parent_path()}) {
+    std::error_code ec;
+    if (d.empty() || !fs::is_regular_file(d / "dataset.json", ec)) continue;
+    std::ifstream f(d / "dataset.json");
+    const auto j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("labels")) return out;
+    const auto names = label_names_from_json(j["labels"]);
+    for (const auto& v : labels) {
+      const auto k = v.get<std::int64_t>();
+      if (k >= 0 && k < static_cast<std::int64_t>(names.size()) && !names[k].empty())
+        out[std::to_string(k)] = names[k];
+    }
+    return out;
+  }
+  return out;
+}
+
 nlohmann::json describe_image(const Image& img) {
   const Size3 s = img.size();
   at::Tensor d = img.voxels.to(torch::kFloat64);
@@ -71,8 +93,7 @@ Result<nlohmann::json> inspect_case_folder(const fs::path& dir) {
   if (!c.label) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir, ec)) {
-      auto n = e.path().filename().string();
-      if (n.ends_with(".nii.gz") || n.ends_with(".nii")) {
+      if (is_volume_path(e.path())) {
         c.label = e.path();
         break;
       }
@@ -85,6 +106,8 @@ Result<nlohmann::json> inspect_case_folder(const fs::path& dir) {
   if (loaded.label) {
     j["labels"] = distinct_values(loaded.label->voxels);
     j["label_path"] = c.label->string();
+    if (auto names = label_names_near(dir.parent_path(), j["labels"]); !names.empty())
+      j["label_names"] = names;
   }
   if (!skipped.empty()) {
     j["skipped"] = nlohmann::json::array();
@@ -122,12 +145,9 @@ Result<nlohmann::json> inspect_path(const fs::path& path) {
       if (series.is_ok() && !series->empty()) {
         const bool has_seg = std::any_of(series->begin(), series->end(),
                                          [](const DicomSeriesInfo& s) { return s.modality == "SEG"; });
-        bool has_nifti = false;
-        for (const auto& e : fs::directory_iterator(path, ec)) {
-          auto n = e.path().filename().string();
-          has_nifti |= n.ends_with(".nii.gz") || n.ends_with(".nii");
-        }
-        if (has_seg || has_nifti) return inspect_case_folder(path);
+        bool has_volume = false;
+        for (const auto& e : fs::directory_iterator(path, ec)) has_volume |= is_volume_path(e.path());
+        if (has_seg || has_volume) return inspect_case_folder(path);
       }
       // A folder of case folders: a DICOM dataset.
       bool has_subdirs = false;
@@ -143,7 +163,11 @@ Result<nlohmann::json> inspect_path(const fs::path& path) {
     j["path"] = path.string();
     j["format"] = to_string(format);
     if (dicom && dicom_report.slices > 0) j.update(nlohmann::json(dicom_report));
-    if (looks_like_label(img, path)) j["labels"] = distinct_values(img.voxels);
+    if (looks_like_label(img, path)) {
+      j["labels"] = distinct_values(img.voxels);
+      if (auto names = label_names_near(path.parent_path(), j["labels"]); !names.empty())
+        j["label_names"] = names;
+    }
     return j;
   } catch (const std::exception& e) {
     return internal_error(path.string() + ": " + e.what());

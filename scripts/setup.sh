@@ -16,6 +16,7 @@ debs=(
   nlohmann-json3-dev libsqlite3-dev libgloo-dev sqlite3 zlib1g-dev libssl-dev libsodium-dev
   python3-pydicom python3-venv clang-format
   libopenjp2-7-dev
+  libinsighttoolkit5-dev  # ITK's NrrdIO and MetaIO libraries: NRRD and MetaImage files
 )
 missing=()
 for p in "${debs[@]}"; do

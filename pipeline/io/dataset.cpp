@@ -35,14 +35,14 @@ bool hidden(const fs::path& p) {
   return n.empty() || n[0] == '.';  // includes macOS "._x.nii.gz" resource forks in MSD tarballs
 }
 
-/// Name without .nii.gz / .nii / .npy.
-std::string stem_of(const fs::path& p) {
-  std::string n = p.filename().string();
-  for (const char* ext : {".nii.gz", ".nii", ".npy"}) {
-    const std::string e = ext;
-    if (n.size() > e.size() && n.ends_with(e)) return n.substr(0, n.size() - e.size());
-  }
-  return p.stem().string();
+/// Name without its image extension (.nii.gz, .nrrd, .mha, .npy, ...).
+std::string stem_of(const fs::path& p) { return image_stem(p); }
+
+/// The data file of a detached header (.nhdr -> x.raw / x.raw.gz, .mhd -> x.raw / x.zraw):
+/// read through its header, not a case of its own.
+bool is_detached_data(const fs::path& p) {
+  const std::string n = p.filename().string();
+  return n.ends_with(".raw") || n.ends_with(".raw.gz") || n.ends_with(".zraw");
 }
 
 std::vector<fs::path> sorted_entries(const fs::path& dir) {
@@ -54,8 +54,10 @@ std::vector<fs::path> sorted_entries(const fs::path& dir) {
   return out;
 }
 
-/// Label names from dataset.json: MSD {"0": "background"} or nnU-Net v2 {"background": 0}.
-std::vector<std::string> label_names_from(const nlohmann::json& labels) {
+}  // namespace
+
+std::vector<std::string> label_names_from_json(const nlohmann::json& labels) {
+  if (!labels.is_object()) return {};
   std::map<int, std::string> m;
   for (auto it = labels.begin(); it != labels.end(); ++it) {
     if (it->is_string()) {
@@ -68,22 +70,33 @@ std::vector<std::string> label_names_from(const nlohmann::json& labels) {
     }
   }
   std::vector<std::string> out;
-  if (m.empty() || m.begin()->first < 0) return out;
+  if (m.empty() || m.begin()->first < 0 || m.rbegin()->first > 65535) return out;
   out.resize(static_cast<std::size_t>(m.rbegin()->first) + 1);
   for (auto& [k, v] : m) out[static_cast<std::size_t>(k)] = v;
   return out;
 }
 
+namespace {
+
 void scan_msd(const fs::path& root, DatasetIndex& idx) {
   const fs::path images = root / "imagesTr", labels = root / "labelsTr";
   static const std::regex channel_re("^(.*)_([0-9]{4})$");
   std::map<std::string, std::map<int, fs::path>> channels;
+  const std::string& ending = idx.file_ending;
   for (const auto& p : sorted_entries(images)) {
-    if (!is_nifti_path(p)) {
-      idx.skipped.push_back({p, "not a NIfTI file (.nii or .nii.gz) in imagesTr/"});
+    if (is_detached_data(p)) continue;
+    const std::string name = p.filename().string();
+    if (!ending.empty() && !(name.size() > ending.size() && name.ends_with(ending))) {
+      idx.skipped.push_back(
+          {p, "does not end with dataset.json's file_ending \"" + ending + "\" in imagesTr/"});
       continue;
     }
-    std::string s = stem_of(p);
+    if (!is_volume_path(p)) {
+      idx.skipped.push_back(
+          {p, "not a NIfTI, NRRD or MetaImage file (.nii.gz, .nii, .nrrd, .nhdr, .mha, .mhd) in imagesTr/"});
+      continue;
+    }
+    std::string s = ending.empty() ? stem_of(p) : name.substr(0, name.size() - ending.size());
     std::smatch m;
     if (std::regex_match(s, m, channel_re))
       channels[m[1]][std::stoi(m[2])] = p;
@@ -106,7 +119,10 @@ void scan_msd(const fs::path& root, DatasetIndex& idx) {
       c.images.push_back(p);
     }
     if (!ok) continue;
-    for (const char* ext : {".nii.gz", ".nii"}) {
+    const std::vector<std::string> exts =
+        ending.empty() ? std::vector<std::string>{".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd"}
+                       : std::vector<std::string>{ending};
+    for (const auto& ext : exts) {
       fs::path l = labels / (id + ext);
       if (fs::exists(l)) {
         c.label = l;
@@ -164,7 +180,7 @@ void scan_dicom_cases(const fs::path& root, DatasetIndex& idx) {
     c.images.push_back(dir);
     if (!c.label) {
       for (const auto& p : sorted_entries(dir))
-        if (is_nifti_path(p)) {
+        if (is_volume_path(p)) {
           c.label = p;
           break;
         }
@@ -190,7 +206,8 @@ Result<DatasetIndex> scan_dataset(const fs::path& root, const ScanOptions& opts)
     try {
       std::ifstream f(dj);
       auto j = nlohmann::json::parse(f);
-      if (j.contains("labels")) idx.label_names = label_names_from(j["labels"]);
+      if (j.contains("labels")) idx.label_names = label_names_from_json(j["labels"]);
+      if (j.contains("file_ending") && j["file_ending"].is_string()) idx.file_ending = j["file_ending"];
     } catch (const std::exception& e) {
       idx.skipped.push_back({dj, std::string("invalid JSON, label names ignored: ") + e.what()});
     }

@@ -1,7 +1,10 @@
 #pragma once
 // Dataset layouts: the MSD / nnU-Net layout (dataset.json, imagesTr/, labelsTr/, _0000
-// channel suffix), a folder of DICOM case folders (a series plus a DICOM SEG or a NIfTI
-// label beside it), and MedSAM's npy layout (imgs/ and gts/ with the same file names).
+// channel suffix; NIfTI, NRRD or MetaImage files, nnU-Net's `file_ending`), a folder of DICOM
+// case folders (a series plus a DICOM SEG or a NIfTI/NRRD/MetaImage label beside it), and
+// MedSAM's npy layout (imgs/ and gts/ with the same file names).
+
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <optional>
@@ -31,6 +34,9 @@ struct DatasetIndex {
   std::vector<CaseEntry> cases;
   std::vector<SkippedFile> skipped;
   std::vector<std::string> label_names;  ///< index = label value, from dataset.json when given
+  /// nnU-Net v2 dataset.json `file_ending` (".nii.gz", ".nrrd", ".mha", ...): images and labels
+  /// of the MSD layout must end with it. Empty: any of .nii.gz, .nii, .nrrd, .nhdr, .mha, .mhd.
+  std::string file_ending;
 };
 
 /// Scan options.
@@ -39,6 +45,11 @@ struct ScanOptions {
   /// or whose files are unreadable. Costs one header read per file.
   bool validate = true;
 };
+
+/// Label names from a dataset.json `labels` object: MSD {"0": "background", "1": "spleen"} or
+/// nnU-Net v2 {"background": 0, "spleen": 1}; index = label value, "" where a value has no
+/// name (nnU-Net region lists are skipped). Empty when nothing usable.
+std::vector<std::string> label_names_from_json(const nlohmann::json& labels);
 
 /// Detects the layout and indexes the cases of `root`. Bad cases are skipped and listed in
 /// `skipped`; only an unreadable root or an unknown layout is an error.

@@ -3,8 +3,10 @@
 #include <torch/torch.h>
 
 #include "pipeline/io/dicom.hpp"
+#include "pipeline/io/metaimage.hpp"
 #include "pipeline/io/nifti.hpp"
 #include "pipeline/io/npy.hpp"
+#include "pipeline/io/nrrd.hpp"
 
 namespace segflow::pipeline {
 
@@ -14,6 +16,8 @@ ImageFormat detect_format(const fs::path& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return ImageFormat::dicom_folder;
   if (is_nifti_path(path)) return ImageFormat::nifti;
+  if (is_nrrd_path(path)) return ImageFormat::nrrd;
+  if (is_metaimage_path(path)) return ImageFormat::metaimage;
   if (path.extension() == ".npy") return ImageFormat::npy;
   auto ext = path.extension().string();
   if (ext == ".dcm" || ext == ".DCM" || ext == ".ima" || ext == ".IMA" || ext.empty() ||
@@ -26,6 +30,10 @@ const char* to_string(ImageFormat f) {
   switch (f) {
     case ImageFormat::nifti:
       return "nifti";
+    case ImageFormat::nrrd:
+      return "nrrd";
+    case ImageFormat::metaimage:
+      return "metaimage";
     case ImageFormat::npy:
       return "npy";
     case ImageFormat::dicom_file:
@@ -44,6 +52,10 @@ Result<Image> read_image(const fs::path& path) {
   switch (detect_format(path)) {
     case ImageFormat::nifti:
       return read_nifti(path);
+    case ImageFormat::nrrd:
+      return read_nrrd(path);
+    case ImageFormat::metaimage:
+      return read_metaimage(path);
     case ImageFormat::npy:
       return read_npy_image(path);
     case ImageFormat::dicom_file:
@@ -53,8 +65,21 @@ Result<Image> read_image(const fs::path& path) {
       break;
   }
   return unsupported(path.string() +
-                     ": unknown image format: expected .nii, .nii.gz, .npy, a DICOM file or a "
-                     "folder with a DICOM series");
+                     ": unknown image format: expected .nii, .nii.gz, .nrrd, .nhdr, .mha, .mhd, .npy, "
+                     "a DICOM file or a folder with a DICOM series");
+}
+
+bool is_volume_path(const fs::path& path) {
+  return is_nifti_path(path) || is_nrrd_path(path) || is_metaimage_path(path);
+}
+
+std::string image_stem(const fs::path& path) {
+  const std::string n = path.filename().string();
+  for (const char* ext : {".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd", ".npy"}) {
+    const std::string e = ext;
+    if (n.size() > e.size() && n.ends_with(e)) return n.substr(0, n.size() - e.size());
+  }
+  return path.stem().string();
 }
 
 }  // namespace segflow::pipeline

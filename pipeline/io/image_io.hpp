@@ -9,15 +9,22 @@
 
 namespace segflow::pipeline {
 
-enum class ImageFormat { nifti, npy, dicom_file, dicom_folder, unknown };
+enum class ImageFormat { nifti, nrrd, metaimage, npy, dicom_file, dicom_folder, unknown };
 
 /// Detects the format from the name and, for DICOM, the content.
 ImageFormat detect_format(const std::filesystem::path& path);
-/// "nifti", "npy", "dicom", ...
+/// "nifti", "nrrd", "metaimage", "npy", "dicom", ...
 const char* to_string(ImageFormat f);
 
-/// Reads a NIfTI file, an npy file, a DICOM file or a folder with one DICOM image series.
-/// Errors name the file; a missing path is not_found.
+/// Reads a NIfTI, NRRD (.nrrd, .nhdr), MetaImage (.mha, .mhd) or npy file, a DICOM file or a
+/// folder with one DICOM image series. Errors name the file; a missing path is not_found.
 Result<Image> read_image(const std::filesystem::path& path);
+
+/// True for a volume file with geometry by its name: .nii, .nii.gz, .nrrd, .nhdr, .mha, .mhd.
+bool is_volume_path(const std::filesystem::path& path);
+
+/// The file name without its image extension (.nii.gz, .nii, .nrrd, .nhdr, .mha, .mhd, .npy):
+/// "case_001_0000.nii.gz" -> "case_001_0000".
+std::string image_stem(const std::filesystem::path& path);
 
 }  // namespace segflow::pipeline
