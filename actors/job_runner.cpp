@@ -14,6 +14,7 @@
 #include "actors/run_folder.hpp"
 #include "actors/run_outputs.hpp"
 #include "messages/log.hpp"
+#include "models/class_names.hpp"
 #include "models/device_memory.hpp"
 #include "pipeline/options.hpp"
 #include "pipeline/pipeline_spec.hpp"
@@ -175,6 +176,7 @@ Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& 
 
   SEGFLOW_ASSIGN_OR_RETURN(c10::Device device, models::resolve_device(cfg.train.device));
   SEGFLOW_ASSIGN_OR_RETURN(job.trainer, models::Trainer::create(cfg, device));
+  job.trainer->set_class_names(models::job_class_names(cfg, index.label_names));
 
   pipeline::LoaderOptions lo;
   lo.cases = job.split.train;
@@ -278,10 +280,13 @@ void JsonlMetricsObserver::on_epoch_end(const models::EpochInfo& i) {
 void JsonlMetricsObserver::on_validation(const models::ValidationInfo& i) {
   json per = json::array();
   for (double d : i.dice_per_class) per.push_back(std::isfinite(d) ? json(d) : json(nullptr));
+  json named = json::object();  // the same Dice keyed by class name (models/class_names.hpp)
+  for (std::size_t k = 0; k < i.dice_per_class.size(); ++k) named[models::class_key(i, k)] = per[k];
   impl_->write({{"type", "validation"},
                 {"epoch", i.epoch},
                 {"mean_dice", std::isfinite(i.mean_dice) ? json(i.mean_dice) : json(nullptr)},
                 {"dice_per_class", per},
+                {"dice_by_class", named},
                 {"cases", i.cases},
                 {"seconds", i.seconds},
                 {"best", i.best}});

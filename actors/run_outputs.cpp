@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "messages/log.hpp"
+#include "models/class_names.hpp"
 
 namespace segflow::actors {
 
@@ -349,8 +350,11 @@ void TensorBoardObserver::on_epoch_end(const models::EpochInfo& i) {
 void TensorBoardObserver::on_validation(const models::ValidationInfo& i) {
   if (std::isfinite(i.mean_dice)) w_.scalar("val/mean_dice", i.epoch, i.mean_dice);
   for (std::size_t k = 0; k < i.dice_per_class.size(); ++k)
-    if (std::isfinite(i.dice_per_class[k]))
+    if (std::isfinite(i.dice_per_class[k])) {
       w_.scalar("val/dice_class_" + std::to_string(k + 1), i.epoch, i.dice_per_class[k]);
+      if (k + 1 < i.class_names.size() && !i.class_names[k + 1].empty())  // val/dice_spleen
+        w_.scalar("val/dice_" + models::class_key(i, k), i.epoch, i.dice_per_class[k]);
+    }
   w_.flush();
 }
 

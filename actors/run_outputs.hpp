@@ -45,7 +45,8 @@ class TensorBoardWriter {
 
 /// Scalars to TensorBoard: train/loss, train/lr, train/step_ms, train/data_wait_ms (every
 /// log_every steps), epoch/loss, epoch/samples_per_s, epoch/seconds, epoch/data_wait_s,
-/// val/mean_dice, val/dice_class_<k>, and memory/gpu_peak_mb when `gpu_peak_mb` is given.
+/// val/mean_dice, val/dice_class_<k> (and val/dice_<name> for named classes, e.g.
+/// val/dice_spleen), and memory/gpu_peak_mb when `gpu_peak_mb` is given.
 class TensorBoardObserver : public models::TrainObserver {
  public:
   TensorBoardObserver(const std::filesystem::path& dir, std::int64_t log_every,

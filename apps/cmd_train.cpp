@@ -14,6 +14,7 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "messages/log.hpp"
+#include "models/class_names.hpp"
 #include "models/job_config.hpp"
 #include "pipeline/plugin.hpp"
 #include "pipeline/stage_registry.hpp"
@@ -73,9 +74,11 @@ class ProgressObserver : public models::TrainObserver {
   void on_validation(const models::ValidationInfo& v) override {
     if (quiet_) return;
     std::string per;
-    for (double d : v.dice_per_class) {
+    for (std::size_t k = 0; k < v.dice_per_class.size(); ++k) {
       char buf[24];
-      std::snprintf(buf, sizeof buf, "%s%.3f", per.empty() ? "" : " ", d);
+      std::snprintf(buf, sizeof buf, "%.3f", v.dice_per_class[k]);
+      if (!per.empty()) per += ' ';
+      if (!v.class_names.empty()) per += models::class_key(v, k) + ' ';  // "spleen 0.912"
       per += buf;
     }
     std::fprintf(stderr, "validation epoch %lld: mean Dice %.4f [%s] over %lld cases (%.1f s)%s\n",

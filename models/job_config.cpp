@@ -8,6 +8,7 @@
 #include <regex>
 #include <sstream>
 
+#include "models/class_names.hpp"
 #include "pipeline/options.hpp"
 #include "pipeline/stage_registry.hpp"
 
@@ -224,6 +225,9 @@ Result<JobConfig> parse_job_config(const std::string& text, const std::string& f
   if (!root.IsMap())
     return invalid_config((file.empty() ? "config" : file) + ": expected a mapping at the top level");
   for (const auto& ov : overrides) SEGFLOW_RETURN_IF_ERROR(apply_override(root, ov, file));
+  if (const auto dup = pipeline::duplicate_yaml_key(root); !dup.empty())  // e.g. a map_labels source
+    return invalid_config((file.empty() ? "config" : file) + ": " + dup +
+                          ": duplicate key; expected each key once");
   JobConfig c;
   c.file = file;
   SEGFLOW_RETURN_IF_ERROR(parse_into(pipeline::yaml_to_json(root), file, c));
@@ -248,6 +252,7 @@ Result<JobConfig> job_config_from_json(const json& j, const std::string& file) {
 Status validate_job_config(const JobConfig& cfg, const pipeline::StageRegistry& registry) {
   const std::string label = cfg.file.empty() ? std::string("config") : cfg.file;
   SEGFLOW_RETURN_IF_ERROR(pipeline::build_pipeline(cfg.stages, registry, cfg.file).status());
+  SEGFLOW_RETURN_IF_ERROR(check_label_mapping(cfg));  // map_labels targets < the number of classes
   if (cfg.train.amp == "fp16" && cfg.train.device == "cpu")
     return invalid_config(label +
                           ": train.amp: fp16 needs a CUDA device (use bf16 on the CPU), got device cpu");

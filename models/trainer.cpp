@@ -538,6 +538,7 @@ Result<ValidationInfo> Trainer::validate(const std::vector<Sample>& samples) {
     ValidationInfo v;
     v.epoch = state_.epoch - 1;
     v.dice_per_class = metric.per_class();
+    v.class_names = class_names_;
     v.mean_dice = metric.mean();
     v.cases = static_cast<std::int64_t>(samples.size());
     v.seconds = seconds_since(t0);

@@ -84,6 +84,8 @@ struct ValidationInfo {
   std::int64_t cases = 0;
   double seconds = 0.0;
   bool best = false;  ///< a new best (best.pt written)
+  /// Names of the classes 0..K-1, background first (Trainer::set_class_names); empty = unnamed.
+  std::vector<std::string> class_names;
 };
 
 /// Receives the trainer's events. Default methods do nothing.
@@ -186,6 +188,8 @@ class Trainer {
   /// Attaches a data-parallel gradient synchroniser (null: single rank). Attach before
   /// training; the synchroniser owns broadcasting the initial weights.
   void set_gradient_sync(std::shared_ptr<GradientSync> sync) { sync_ = std::move(sync); }
+  /// Names of the classes 0..K-1 (background first) that validation results carry.
+  void set_class_names(std::vector<std::string> names) { class_names_ = std::move(names); }
   /// The parameters the optimizer updates, in a fixed order (what a synchroniser reduces).
   const std::vector<at::Tensor>& parameters() const;
 
@@ -210,6 +214,7 @@ class Trainer {
   std::int64_t num_classes_ = 2;
   TrainState state_;
   std::shared_ptr<GradientSync> sync_;
+  std::vector<std::string> class_names_;
   std::unique_ptr<Impl> impl_;
 };
 

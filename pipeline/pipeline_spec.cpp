@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <set>
 
 #include "pipeline/io/dataset.hpp"
 #include "pipeline/options.hpp"
@@ -77,6 +78,22 @@ nlohmann::json yaml_to_json(const YAML::Node& node) {
   }
 }
 
+std::string duplicate_yaml_key(const YAML::Node& node, const std::string& path) {
+  if (node.IsSequence()) {
+    for (std::size_t i = 0; i < node.size(); ++i)
+      if (auto d = duplicate_yaml_key(node[i], path + "[" + std::to_string(i) + "]"); !d.empty()) return d;
+  } else if (node.IsMap()) {
+    std::set<std::string> seen;
+    for (const auto& kv : node) {
+      const std::string key = kv.first.Scalar();
+      const std::string at = path.empty() ? key : path + "." + key;
+      if (!seen.insert(key).second) return at;
+      if (auto d = duplicate_yaml_key(kv.second, at); !d.empty()) return d;
+    }
+  }
+  return {};
+}
+
 Result<PipelineSpec> parse_pipeline_spec(const nlohmann::json& stages, const std::string& file,
                                          const std::string& path) {
   PipelineSpec spec;
@@ -117,6 +134,8 @@ Result<PipelineSpec> parse_pipeline_spec(const nlohmann::json& stages, const std
 
 Result<PipelineSpec> parse_pipeline_spec(const YAML::Node& stages, const std::string& file,
                                          const std::string& path) {
+  if (auto d = duplicate_yaml_key(stages, path); !d.empty())
+    return invalid_config(place(file, d) + ": duplicate key; expected each key once");
   return parse_pipeline_spec(yaml_to_json(stages), file, path);
 }
 

@@ -47,6 +47,11 @@ struct PipelineSpec {
 /// such (true/false, ~/null, 12, -3, 1.5, 1e-3), quoted scalars stay strings.
 nlohmann::json yaml_to_json(const YAML::Node& node);
 
+/// The place of the first key that appears twice in one mapping of `node`, e.g.
+/// "stages[1].options.mapping.1" (YAML forbids repeated keys, yaml-cpp keeps them and
+/// yaml_to_json would keep only the last); empty when every key is unique.
+std::string duplicate_yaml_key(const YAML::Node& node, const std::string& path = "");
+
 /// Parses a list of stages (see the header comment). Errors name the file and the entry:
 /// "configs/job.yaml: stages[1]: unknown key 'opts'; expected name, options".
 /// `path` is where `stages` sits in the file ("stages", "train.stages", ...).

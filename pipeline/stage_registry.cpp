@@ -10,6 +10,7 @@ namespace segflow::pipeline {
 Status register_builtin_stages(StageRegistry& r) {
   // Deterministic (cacheable) stages, in the order a pipeline usually lists them.
   SEGFLOW_RETURN_IF_ERROR(register_load_stage(r));
+  SEGFLOW_RETURN_IF_ERROR(register_map_labels_stage(r));
   SEGFLOW_RETURN_IF_ERROR(register_reorient_stage(r));
   SEGFLOW_RETURN_IF_ERROR(register_resample_stage(r));
   SEGFLOW_RETURN_IF_ERROR(register_scale_intensity_range_stage(r));

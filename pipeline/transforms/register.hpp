@@ -9,6 +9,7 @@ namespace segflow::pipeline {
 class StageRegistry;
 
 Status register_load_stage(StageRegistry& r);                   ///< load
+Status register_map_labels_stage(StageRegistry& r);             ///< map_labels
 Status register_reorient_stage(StageRegistry& r);               ///< reorient
 Status register_resample_stage(StageRegistry& r);               ///< resample
 Status register_crop_foreground_stage(StageRegistry& r);        ///< crop_foreground

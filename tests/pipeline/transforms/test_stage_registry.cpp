@@ -13,6 +13,7 @@ namespace {
 const std::vector<std::string> kBuiltins{"crop_foreground",
                                          "fg_bg_indices",
                                          "load",
+                                         "map_labels",
                                          "medsam_box",
                                          "normalize_intensity",
                                          "rand_affine",
