@@ -31,6 +31,8 @@ commands:
   status [JOB]                          state, epoch, step, loss, best Dice, samples/s, devices
   list | datasets | stages | ping
   shutdown [--now]                      stop the daemon (running jobs checkpoint first)
+  dicom [send FILE ...]                 the DICOM node (associations, instances, failures) and
+                                        the send queue; `send` queues result files for dicom.send_to
   keygen --out DIR                      write a CURVE key pair: DIR/public.key, DIR/secret.key
 
 --endpoint defaults to $SEGFLOW_CTL_ENDPOINT or ipc://state/control.sock (segflowd's default
@@ -177,6 +179,48 @@ void print_stages(const json& stages) {
   }
 }
 
+bool has_text(const json& v) { return v.is_string() && !v.get<std::string>().empty(); }
+
+void print_dicom(const json& r) {
+  const json node = field(r, "node");
+  if (node.value("listening", false)) {
+    std::printf("DICOM node %s at %s, dataset %s: %s active\n", str(field(node, "ae_title")).c_str(),
+                str(field(node, "address")).c_str(), str(field(node, "dataset")).c_str(),
+                str(field(node, "active")).c_str());
+    std::printf(
+        "  associations: %s received, %s completed, %s refused, %s aborted, %s failed; %s bad connections\n",
+        str(field(node, "associations_received")).c_str(), str(field(node, "associations_completed")).c_str(),
+        str(field(node, "associations_refused")).c_str(), str(field(node, "associations_aborted")).c_str(),
+        str(field(node, "associations_failed")).c_str(), str(field(node, "bad_connections")).c_str());
+    std::printf("  instances: %s stored (%s bytes, %s cases written), %s refused; %s echoes\n",
+                str(field(node, "instances_stored")).c_str(), str(field(node, "bytes_stored")).c_str(),
+                str(field(node, "cases_written")).c_str(), str(field(node, "instances_refused")).c_str(),
+                str(field(node, "echoes")).c_str());
+    if (has_text(field(node, "last_error")))
+      std::printf("  last error: %s\n", str(field(node, "last_error")).c_str());
+    for (const auto& a : field(node, "recent"))
+      std::printf("  #%s %s -> %s (%s): %s%s, %s instances\n", str(field(a, "id")).c_str(),
+                  str(field(a, "calling_ae")).c_str(), str(field(a, "called_ae")).c_str(),
+                  str(field(a, "peer")).c_str(), str(field(a, "outcome")).c_str(),
+                  !has_text(field(a, "reason")) ? "" : (" (" + str(field(a, "reason")) + ")").c_str(),
+                  str(field(a, "instances")).c_str());
+  } else {
+    std::printf("DICOM node: off (dicom.port is 0)\n");
+  }
+  const json sender = field(r, "sender");
+  std::printf("send queue to %s: %s queued, %s sent, %s failed\n",
+              field(sender, "destination").is_null() ? "(dicom.send_to not set)"
+                                                     : str(field(sender, "destination")).c_str(),
+              str(field(sender, "queued")).c_str(), str(field(sender, "sent")).c_str(),
+              str(field(sender, "failed")).c_str());
+  for (const auto& q : field(sender, "sends"))
+    std::printf(
+        "  send %s %s: %s, %s attempts%s\n", str(field(q, "id")).c_str(), str(field(q, "source")).c_str(),
+        str(field(q, "state")).c_str(), str(field(q, "attempts")).c_str(),
+        !has_text(field(q, "last_error")) ? "" : ("; last error: " + str(field(q, "last_error"))).c_str());
+  for (const auto& id : field(r, "queued")) std::printf("queued as send %s\n", str(id).c_str());
+}
+
 Result<std::int64_t> job_arg(const Args& a, const std::string& cmd) {
   if (a.positional.size() != 2) return invalid_argument(cmd + ": expected one JOB id");
   auto v = parse_int("JOB", a.positional[1]);
@@ -275,11 +319,21 @@ int cmd_ctl(int argc, char** argv) {
     req = {{"cmd", cmd}};
     if (cmd == "datasets" && a.positional.size() == 2) req["dataset"] = a.positional[1];
     if (cmd == "shutdown" && a.flag("now")) req["now"] = true;
+  } else if (cmd == "dicom") {
+    req = {{"cmd", "dicom"}};
+    if (a.positional.size() > 1) {
+      if (a.positional[1] != "send" || a.positional.size() < 3)
+        return fail(where, invalid_argument("expected `dicom` or `dicom send FILE ...`"));
+      json files = json::array();
+      for (std::size_t i = 2; i < a.positional.size(); ++i)
+        files.push_back(fs::absolute(a.positional[i]).lexically_normal().string());
+      req["send"] = files;
+    }
   } else {
     return fail("ctl",
                 invalid_argument("unknown command '" + cmd +
                                  "' (start, stop, pause, resume, status, list, datasets, stages, ping, "
-                                 "shutdown, keygen)"));
+                                 "shutdown, dicom, keygen)"));
   }
 
   auto reply = call(c, req);
@@ -323,6 +377,8 @@ int cmd_ctl(int argc, char** argv) {
                 str(field(r, "control")).c_str(), str(field(r, "events")).c_str(), devices_text(r).c_str());
   } else if (cmd == "shutdown") {
     std::printf("segflowd is shutting down (running jobs write a checkpoint first)\n");
+  } else if (cmd == "dicom") {
+    print_dicom(r);
   }
   return 0;
 }

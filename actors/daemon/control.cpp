@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "actors/daemon/dataset_watcher.hpp"
+#include "actors/daemon/dicom_service.hpp"
 #include "actors/daemon/job_manager.hpp"
 #include "actors/daemon/state_db.hpp"
 #include "messages/log.hpp"
@@ -25,7 +26,7 @@ json error_reply(const Status& st) {
 namespace {
 
 constexpr const char* kCommands =
-    "start, stop, pause, resume, status, list, datasets, stages, ping, shutdown";
+    "start, stop, pause, resume, status, list, datasets, stages, ping, shutdown, dicom";
 
 /// The fields of one request (all but "cmd"), read by the option reader: errors name the
 /// field ("job: expected an integer >= 1, got -1", "bogus: unknown field for status; expected
@@ -233,6 +234,13 @@ json ControlHandler::dispatch(const json& req) {
                      {"state_dir", cfg_.state_dir.string()},
                      {"data_root", cfg_.data_root.string()},
                      {"devices", jobs_.devices()}});
+  }
+  if (cmd == "dicom") {
+    SEGFLOW_TRY(send, f.strings("send", "DICOM files (SEG results) to queue for dicom.send_to"));
+    SEGFLOW_CHECK(f.finish());
+    if (!dicom_) return error_reply(internal_error("the DICOM service is not running"));
+    SEGFLOW_TRY(r, dicom_->command(send));
+    return ok_reply(r);
   }
   if (cmd == "shutdown") {
     SEGFLOW_TRY(now, f.boolean("now", "stop running jobs at once instead of after their epoch"));

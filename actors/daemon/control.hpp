@@ -12,6 +12,7 @@
 //   epochs}] datasets  dataset (optional)                                    -> datasets: [...], ready stages
 //   -> stages: describe_stages ping                                                            -> pid,
 //   version, endpoints shutdown  now (bool)                                            -> shutting_down
+//   dicom     send ([FILE, ...], optional)   -> node, sender, queued (actors/daemon/dicom_service.hpp)
 //
 // Validation comes first and names the field: malformed JSON, a non-object, a missing or
 // unknown cmd, unknown fields, missing fields and wrong types are errors and change nothing.
@@ -34,6 +35,7 @@ namespace segflow::actors::daemon {
 class JobManager;
 class DatasetWatcher;
 class StateDb;
+class DicomService;
 
 /// Turns request bytes into reply JSON. Never throws. Called from the control thread only.
 class ControlHandler {
@@ -44,6 +46,10 @@ class ControlHandler {
 
   /// The reply to one request (a single frame of `bytes`, or `frames` > 1: refused).
   nlohmann::json handle(const std::string& bytes, std::size_t frames = 1);
+
+  /// The DICOM node and sender the `dicom` command reports on (dicom_service.hpp); set once
+  /// before the first request.
+  void set_dicom(DicomService* dicom) { dicom_ = dicom; }
 
   /// True once a shutdown request was answered; `shutdown_now()` when it asked for "now".
   bool shutdown_requested() const { return shutdown_; }
@@ -56,6 +62,7 @@ class ControlHandler {
   StateDb& db_;
   const DatasetWatcher& watcher_;
   const pipeline::StageRegistry& registry_;
+  DicomService* dicom_ = nullptr;
   bool shutdown_ = false;
   bool shutdown_now_ = false;
 };

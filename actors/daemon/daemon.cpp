@@ -22,6 +22,7 @@
 #include "actors/daemon/control.hpp"
 #include "actors/daemon/curve.hpp"
 #include "actors/daemon/dataset_watcher.hpp"
+#include "actors/daemon/dicom_service.hpp"
 #include "actors/daemon/job_manager.hpp"
 #include "actors/daemon/state_db.hpp"
 #include "messages/log.hpp"
@@ -193,12 +194,16 @@ int run_daemon(DaemonConfig cfg) {
 
   DatasetWatcher watcher({cfg.data_root, cfg.rescan_interval_s, cfg.settle_s}, **db, nullptr);
   if (Status st = watcher.start(); !st.is_ok()) return start_failure(st.message());
+  ::signal(SIGPIPE, SIG_IGN);  // before the DICOM threads write to peers that may be gone
+  DicomService dicom(cfg.dicom, cfg.data_root, cfg.state_dir, **db);
+  if (Status st = dicom.start(); !st.is_ok()) return start_failure(st.message());
   JobManager jobs(
       {cfg.state_dir, cfg.data_root, cfg.plugin_dir, cfg.devices}, **db, registry,
       [&publisher](const std::string& t, const json& b) { publisher.publish(t, b); },
       [&watcher](const std::string& d) { return watcher.version(d); });
   if (Status st = jobs.recover(); !st.is_ok()) return start_failure(st.message());
   ControlHandler handler(cfg, jobs, **db, watcher, registry);
+  handler.set_dicom(&dicom);
 
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -236,6 +241,7 @@ int run_daemon(DaemonConfig cfg) {
   publisher.publish("daemon", {{"state", "stopping"}});
   jobs.shutdown(handler.shutdown_now() || g_stop_requests.load() >= 2,
                 [] { return g_stop_requests.load() >= 2; });
+  dicom.stop();
   watcher.stop();
   publisher.publish("daemon", {{"state", "stopped"}});
   rep.close();

@@ -71,6 +71,7 @@ void DaemonConfig::bind(OptionParser& p) {
   p.number("settle_s", settle_s, Range::positive(), "s", "a file whose size stays put this long is complete");
   p.choice("log_level", log_level, {"trace", "debug", "info", "warn", "error", "off"}, "log verbosity");
   p.section("curve", curve, "ZeroMQ CURVE keys of the server", "key");
+  p.section("dicom", dicom, "DICOM storage node and result sender (actors/daemon/dicom_config.hpp)", "key");
 }
 
 Result<DaemonConfig> parse_daemon_config(const std::string& text, const std::string& file) {

@@ -14,6 +14,7 @@
 //   settle_s: 1                    # a file whose size stays put this long is complete
 //   log_level: info
 //   curve: {server_secret_key_file, server_public_key_file, authorized_clients_dir}
+//   dicom: {port, ae_title, dataset, allowed_calling_aes, ...}   # actors/daemon/dicom_config.hpp
 //
 // Relative paths are relative to the daemon's working folder; finalize_daemon_config makes
 // them absolute. A tcp endpoint on a non-loopback address is refused without CURVE keys.
@@ -23,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/daemon/dicom_config.hpp"
 #include "messages/status.hpp"
 
 namespace segflow::pipeline {
@@ -56,6 +58,7 @@ struct DaemonConfig {
   double settle_s = 1.0;                         ///< seconds between size-stability checks, > 0
   std::string log_level = "info";                ///< trace|debug|info|warn|error|off
   CurveSettings curve;
+  DicomSettings dicom;  ///< DICOM storage node and result sender; off by default
 
   /// Reads every key but `file` (pipeline/options.hpp): unknown keys and bad values are
   /// errors naming the file and the key.

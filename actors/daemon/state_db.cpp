@@ -51,6 +51,20 @@ CREATE TABLE IF NOT EXISTS cases (
   status TEXT NOT NULL,
   reason TEXT NOT NULL,
   PRIMARY KEY (dataset, case_id));
+CREATE TABLE IF NOT EXISTS dicom_sends (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  file TEXT NOT NULL,
+  source TEXT NOT NULL,
+  sop_class_uid TEXT NOT NULL,
+  sop_instance_uid TEXT NOT NULL,
+  state TEXT NOT NULL,
+  attempts INTEGER NOT NULL,
+  next_attempt REAL NOT NULL,
+  last_error TEXT NOT NULL,
+  destination TEXT NOT NULL,
+  created REAL NOT NULL,
+  updated REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS dicom_sends_due ON dicom_sends (state, next_attempt);
 )sql";
 
 /// A prepared statement, finalized on destruction.
@@ -311,6 +325,96 @@ Result<std::vector<CaseRecord>> StateDb::cases(const std::string& dataset) {
     out.push_back(std::move(c));
   }
   if (rc != SQLITE_DONE) return fail("read cases");
+  return out;
+}
+
+namespace {
+
+constexpr const char* kSendColumns =
+    "id, file, source, sop_class_uid, sop_instance_uid, state, attempts, next_attempt, last_error, "
+    "destination, created, updated";
+
+DicomSendRecord read_send(const Stmt& s) {
+  DicomSendRecord r;
+  r.id = s.integer(0);
+  r.file = s.text(1);
+  r.source = s.text(2);
+  r.sop_class_uid = s.text(3);
+  r.sop_instance_uid = s.text(4);
+  r.state = s.text(5);
+  r.attempts = s.integer(6);
+  r.next_attempt = s.real(7);
+  r.last_error = s.text(8);
+  r.destination = s.text(9);
+  r.created = s.real(10);
+  r.updated = s.real(11);
+  return r;
+}
+
+}  // namespace
+
+Result<std::int64_t> StateDb::insert_dicom_send(const DicomSendRecord& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "INSERT INTO dicom_sends (file, source, sop_class_uid, sop_instance_uid, state, attempts, "
+         "next_attempt, last_error, destination, created, updated) VALUES (?,?,?,?,?,?,?,?,?,?,?)");
+  if (!s.ok()) return fail("queue a DICOM send");
+  const double t = now();
+  s.bind(1, r.file).bind(2, r.source).bind(3, r.sop_class_uid).bind(4, r.sop_instance_uid).bind(5, r.state);
+  s.bind(6, r.attempts).bind(7, r.next_attempt).bind(8, r.last_error).bind(9, r.destination);
+  s.bind(10, t).bind(11, t);
+  if (s.step() != SQLITE_DONE) return fail("queue a DICOM send");
+  return static_cast<std::int64_t>(sqlite3_last_insert_rowid(db_));
+}
+
+Status StateDb::update_dicom_send(const DicomSendRecord& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "UPDATE dicom_sends SET state=?, attempts=?, next_attempt=?, last_error=?, destination=?, updated=? "
+         "WHERE id=?");
+  if (!s.ok()) return fail("update DICOM send");
+  s.bind(1, r.state).bind(2, r.attempts).bind(3, r.next_attempt).bind(4, r.last_error).bind(5, r.destination);
+  s.bind(6, now()).bind(7, r.id);
+  if (s.step() != SQLITE_DONE) return fail("update DICOM send " + std::to_string(r.id));
+  return Status::ok();
+}
+
+Result<std::vector<DicomSendRecord>> StateDb::due_dicom_sends(double at, std::int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string sql = std::string("SELECT ") + kSendColumns +
+                          " FROM dicom_sends WHERE state='queued' AND next_attempt<=? ORDER BY id LIMIT ?";
+  Stmt s(db_, sql.c_str());
+  if (!s.ok()) return fail("read DICOM sends");
+  s.bind(1, at).bind(2, limit);
+  std::vector<DicomSendRecord> out;
+  int rc;
+  while ((rc = s.step()) == SQLITE_ROW) out.push_back(read_send(s));
+  if (rc != SQLITE_DONE) return fail("read DICOM sends");
+  return out;
+}
+
+Result<std::vector<DicomSendRecord>> StateDb::dicom_sends(std::int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string sql =
+      std::string("SELECT ") + kSendColumns + " FROM dicom_sends ORDER BY id DESC LIMIT ?";
+  Stmt s(db_, sql.c_str());
+  if (!s.ok()) return fail("read DICOM sends");
+  s.bind(1, limit);
+  std::vector<DicomSendRecord> out;
+  int rc;
+  while ((rc = s.step()) == SQLITE_ROW) out.push_back(read_send(s));
+  if (rc != SQLITE_DONE) return fail("read DICOM sends");
+  return out;
+}
+
+Result<std::vector<std::pair<std::string, std::int64_t>>> StateDb::dicom_send_counts() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_, "SELECT state, COUNT(*) FROM dicom_sends GROUP BY state ORDER BY state");
+  if (!s.ok()) return fail("count DICOM sends");
+  std::vector<std::pair<std::string, std::int64_t>> out;
+  int rc;
+  while ((rc = s.step()) == SQLITE_ROW) out.emplace_back(s.text(0), s.integer(1));
+  if (rc != SQLITE_DONE) return fail("count DICOM sends");
   return out;
 }
 

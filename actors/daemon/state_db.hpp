@@ -1,7 +1,8 @@
 #pragma once
 // The daemon's durable state: one SQLite database (state_dir/state.db, WAL mode) with the
-// jobs (spec, state, progress, run folder) and the indexed datasets and cases. Everything
-// the daemon needs after a crash is here; the run folders hold the checkpoints.
+// jobs (spec, state, progress, run folder), the indexed datasets and cases, and the queue
+// of DICOM results to send (dicom_sender.hpp). Everything the daemon needs after a crash is
+// here; the run folders hold the checkpoints.
 //
 // Threading: one connection guarded by a mutex; every method is thread-safe and each write
 // is its own transaction (replace_dataset is one transaction for the whole dataset).
@@ -13,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "messages/status.hpp"
@@ -64,6 +66,22 @@ struct DatasetRecord {
   double updated = 0.0;
 };
 
+/// One queued C-STORE of a result file (dicom.send_to), kept until it is sent or gives up.
+struct DicomSendRecord {
+  std::int64_t id = 0;           ///< assigned by insert_dicom_send
+  std::string file;              ///< the daemon's copy (state_dir/dicom-outbox/...), removed once sent
+  std::string source;            ///< the path it was queued from
+  std::string sop_class_uid;     ///< of the file
+  std::string sop_instance_uid;  ///< of the file
+  std::string state = "queued";  ///< queued | sent | failed
+  std::int64_t attempts = 0;     ///< attempts made
+  double next_attempt = 0.0;     ///< unix seconds; not tried before
+  std::string last_error;        ///< why the last attempt failed ("" = none)
+  std::string destination;       ///< AE@host:port of the last attempt
+  double created = 0.0;          ///< unix seconds
+  double updated = 0.0;          ///< unix seconds
+};
+
 class StateDb {
  public:
   /// Opens (creating) the database in WAL mode and makes the tables.
@@ -87,6 +105,17 @@ class StateDb {
   Result<std::vector<DatasetRecord>> datasets();
   /// The cases of one dataset ("" = every dataset), by dataset and id.
   Result<std::vector<CaseRecord>> cases(const std::string& dataset = "");
+
+  /// Queues a DICOM send; returns its id.
+  Result<std::int64_t> insert_dicom_send(const DicomSendRecord& send);
+  /// Writes state, attempts, next_attempt, last_error and destination of a send (by id).
+  Status update_dicom_send(const DicomSendRecord& send);
+  /// Queued sends whose next attempt is due at `at` (unix seconds), oldest first.
+  Result<std::vector<DicomSendRecord>> due_dicom_sends(double at, std::int64_t limit);
+  /// The newest `limit` sends, newest first.
+  Result<std::vector<DicomSendRecord>> dicom_sends(std::int64_t limit);
+  /// (state, count) of every send state present.
+  Result<std::vector<std::pair<std::string, std::int64_t>>> dicom_send_counts();
 
   /// Current time in unix seconds.
   static double now();
