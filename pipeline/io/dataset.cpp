@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -164,18 +166,32 @@ void scan_dicom_cases(const fs::path& root, DatasetIndex& idx) {
     }
     CaseEntry c;
     c.id = dir.filename().string();
-    std::vector<const DicomSeriesInfo*> images;
+    std::size_t images = 0;
     for (const auto& s : *series) {
       if (s.modality == "SEG") {
-        if (!s.files.empty()) c.label = s.files.front();
+        if (!c.label && !s.files.empty()) c.label = s.files.front();
       } else {
-        images.push_back(&s);
+        ++images;
       }
     }
-    if (images.size() != 1) {
-      idx.skipped.push_back({dir, "case folder " + c.id + ": expected exactly one image series, found " +
-                                      std::to_string(images.size())});
+    if (images == 0) {
+      idx.skipped.push_back({dir, "case folder " + c.id + ": expected a DICOM image series, found none"});
       continue;
+    }
+    if (images > 1) {
+      // Several series (localizers, other reconstructions): the case is the volume read_dicom
+      // reads (the largest consistent stack), decided here from the headers so that a folder
+      // with nothing readable is skipped now and what will not be read is listed.
+      auto probe = probe_dicom(dir);
+      if (!probe.is_ok()) {
+        idx.skipped.push_back({dir, "case folder " + c.id + ": " + probe.status().message()});
+        continue;
+      }
+      for (const auto& st : probe->skipped_stacks)
+        idx.skipped.push_back({st.files.empty() ? dir : st.files.front(),
+                               "case folder " + c.id + ": not read: " + st.stack + " (" +
+                                   std::to_string(st.slices) + (st.slices == 1 ? " slice" : " slices") +
+                                   "): " + st.reason});
     }
     c.images.push_back(dir);
     if (!c.label) {
@@ -189,12 +205,101 @@ void scan_dicom_cases(const fs::path& root, DatasetIndex& idx) {
   }
 }
 
+/// Class names from the segment labels of the first case whose label is a DICOM SEG (later
+/// SEGs are not read); empty when none names its segments.
+std::vector<std::string> seg_label_names(DatasetIndex& idx) {
+  for (const auto& c : idx.cases) {
+    if (!c.label || c.label->extension() != ".dcm") continue;
+    auto segments = read_dicom_seg_segments(*c.label);
+    if (!segments.is_ok()) {
+      idx.skipped.push_back(
+          {*c.label, "segment labels not used as class names: " + segments.status().message()});
+      continue;
+    }
+    return segment_class_names(*segments);
+  }
+  return {};
+}
+
+/// `label` (C, Z', Y', X') on the grid of an image (geometry `g`, size `size`) when the two
+/// grids are one lattice of voxel centres whose axes are stored flipped or in another order
+/// (a row axis stored bottom-up, say): each image axis is a label axis with the same step or
+/// its opposite, and after reordering the geometry agrees within `tol` mm. The voxels are
+/// only reindexed (nothing is interpolated). Empty when the grids are not such a pair.
+std::optional<at::Tensor> reorder_onto_grid(const Image& label, const Geometry& g, const Size3& size,
+                                            double tol) {
+  const Geometry& l = label.geometry;
+  const Size3 ls = label.size();
+  std::array<int, 3> axis{};
+  std::array<int, 3> sign{};
+  std::array<bool, 3> used{};
+  for (int a = 0; a < 3; ++a) {
+    int best = -1;
+    double best_dot = 0;
+    for (int b = 0; b < 3; ++b) {
+      double d = 0;
+      for (int r = 0; r < 3; ++r) d += g.direction[r * 3 + a] * l.direction[r * 3 + b];
+      if (std::abs(d) > std::abs(best_dot)) {
+        best = b;
+        best_dot = d;
+      }
+    }
+    if (best < 0 || used[best] || std::abs(best_dot) < 1.0 - 1e-3 || ls[best] != size[a]) return std::nullopt;
+    used[best] = true;
+    axis[a] = best;
+    sign[a] = best_dot > 0 ? 1 : -1;
+  }
+  // The grid of the reordered label: image axis a runs along label axis axis[a], from its
+  // last voxel when flipped.
+  Geometry r;
+  r.origin = l.origin;
+  for (int a = 0; a < 3; ++a) {
+    const int b = axis[a];
+    r.spacing[a] = l.spacing[b];
+    for (int k = 0; k < 3; ++k) {
+      r.direction[k * 3 + a] = sign[a] * l.direction[k * 3 + b];
+      if (sign[a] < 0) r.origin[k] += l.direction[k * 3 + b] * l.spacing[b] * static_cast<double>(ls[b] - 1);
+    }
+  }
+  if (!geometry_close(r, g, tol)) return std::nullopt;
+  std::vector<std::int64_t> flips;
+  for (int a = 0; a < 3; ++a)
+    if (sign[a] < 0) flips.push_back(3 - axis[a]);  // label axis b is tensor dim 3 - b
+  at::Tensor v = flips.empty() ? label.voxels : label.voxels.flip(flips);
+  return v.permute({0, 3 - axis[2], 3 - axis[1], 3 - axis[0]}).contiguous();
+}
+
 bool is_integral_type(at::ScalarType t) {
   return t == at::kByte || t == at::kChar || t == at::kShort || t == at::kInt || t == at::kLong ||
          t == at::kUInt16 || t == at::kUInt32 || t == at::kUInt64 || t == at::kBool;
 }
 
 }  // namespace
+
+std::vector<std::string> dataset_label_names(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return {};
+  const fs::path dj = root / "dataset.json";
+  if (fs::is_regular_file(dj, ec)) {
+    std::ifstream f(dj);
+    const auto j = nlohmann::json::parse(f, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.contains("labels")) {
+      auto names = label_names_from_json(j["labels"]);
+      if (!names.empty()) return names;
+    }
+  }
+  if (fs::is_directory(root / "imagesTr", ec) || fs::is_directory(root / "imgs", ec)) return {};
+  // A folder of DICOM case folders: the first case folder holding a SEG, as scan_dataset.
+  for (const auto& dir : sorted_entries(root)) {
+    if (!fs::is_directory(dir, ec)) continue;
+    for (const auto& p : sorted_entries(dir)) {
+      if (!is_dicom_seg_file(p)) continue;
+      auto segments = read_dicom_seg_segments(p);
+      return segments.is_ok() ? segment_class_names(*segments) : std::vector<std::string>{};
+    }
+  }
+  return {};
+}
 
 Result<DatasetIndex> scan_dataset(const fs::path& root, const ScanOptions& opts) {
   std::error_code ec;
@@ -221,6 +326,7 @@ Result<DatasetIndex> scan_dataset(const fs::path& root, const ScanOptions& opts)
   } else {
     idx.layout = DatasetLayout::dicom;
     scan_dicom_cases(root, idx);
+    if (idx.label_names.empty()) idx.label_names = seg_label_names(idx);
     if (idx.cases.empty() && idx.skipped.empty())
       return invalid_argument(root.string() +
                               ": unknown dataset layout: expected imagesTr/ (MSD, nnU-Net), imgs/ "
@@ -268,6 +374,14 @@ Result<LoadedCase> load_case(const CaseEntry& entry) {
       if (label.channels() != 1)
         return corrupt_data(lp.string() + ": label map: expected 1 channel, got " +
                             std::to_string(label.channels()));
+      // A label stored on the image's lattice with flipped or permuted axes is reindexed onto
+      // the image's grid (through patient coordinates; nothing interpolated).
+      if (!geometry_close(label.geometry, out.image.geometry, 1e-3)) {
+        if (auto v = reorder_onto_grid(label, out.image.geometry, out.image.size(), 1e-3)) {
+          label.voxels = *v;
+          label.geometry = out.image.geometry;
+        }
+      }
       auto ls = label.size(), is = out.image.size();
       if (ls != is)
         return corrupt_data(lp.string() + ": label size [" + std::to_string(ls[0]) + ", " +
@@ -275,8 +389,10 @@ Result<LoadedCase> load_case(const CaseEntry& entry) {
                             "] does not match image size [" + std::to_string(is[0]) + ", " +
                             std::to_string(is[1]) + ", " + std::to_string(is[2]) + "]");
       if (!geometry_close(label.geometry, out.image.geometry, 1e-3))
-        return corrupt_data(lp.string() + ": label geometry does not match the image: label " +
-                            describe(label.geometry) + ", image " + describe(out.image.geometry));
+        return corrupt_data(lp.string() +
+                            ": label geometry does not match the image (nor is it the image's " +
+                            "grid with axes flipped or permuted): label " + describe(label.geometry) +
+                            ", image " + describe(out.image.geometry));
       at::Tensor v = label.voxels;
       if (!is_integral_type(v.scalar_type())) {
         if (!torch::equal(v, v.round()))

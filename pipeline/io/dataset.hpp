@@ -1,8 +1,10 @@
 #pragma once
 // Dataset layouts: the MSD / nnU-Net layout (dataset.json, imagesTr/, labelsTr/, _0000
 // channel suffix; NIfTI, NRRD or MetaImage files, nnU-Net's `file_ending`), a folder of DICOM
-// case folders (a series plus a DICOM SEG or a NIfTI/NRRD/MetaImage label beside it), and
-// MedSAM's npy layout (imgs/ and gts/ with the same file names).
+// case folders (a series plus a DICOM SEG or a NIfTI/NRRD/MetaImage label beside it; a folder
+// with several series or localizers is the volume read_dicom reads, the largest consistent
+// stack, and the other stacks are listed as skipped), and MedSAM's npy layout (imgs/ and
+// gts/ with the same file names).
 
 #include <nlohmann/json.hpp>
 
@@ -33,7 +35,10 @@ struct DatasetIndex {
   DatasetLayout layout = DatasetLayout::msd;
   std::vector<CaseEntry> cases;
   std::vector<SkippedFile> skipped;
-  std::vector<std::string> label_names;  ///< index = label value, from dataset.json when given
+  /// Index = label value: from dataset.json's `labels` when given; else, for DICOM case
+  /// folders, the segment labels of the first case whose label is a DICOM SEG
+  /// (segment_class_names). Empty when neither names anything.
+  std::vector<std::string> label_names;
   /// nnU-Net v2 dataset.json `file_ending` (".nii.gz", ".nrrd", ".mha", ...): images and labels
   /// of the MSD layout must end with it. Empty: any of .nii.gz, .nii, .nrrd, .nhdr, .mha, .mhd.
   std::string file_ending;
@@ -51,6 +56,11 @@ struct ScanOptions {
 /// name (nnU-Net region lists are skipped). Empty when nothing usable.
 std::vector<std::string> label_names_from_json(const nlohmann::json& labels);
 
+/// The label names scan_dataset gives `root` (DatasetIndex::label_names) without indexing
+/// it: dataset.json's `labels`; else, in a folder of DICOM case folders, the segment labels of
+/// the first case folder (by name) that holds a DICOM SEG. Empty when nothing names a label.
+std::vector<std::string> dataset_label_names(const std::filesystem::path& root);
+
 /// Detects the layout and indexes the cases of `root`. Bad cases are skipped and listed in
 /// `skipped`; only an unreadable root or an unknown layout is an error.
 Result<DatasetIndex> scan_dataset(const std::filesystem::path& root, const ScanOptions& opts = {});
@@ -63,7 +73,9 @@ struct LoadedCase {
 };
 
 /// Loads a case; channels are stacked (they must share one grid) and the label must share
-/// the image grid (size and geometry within 1e-3 mm): otherwise a clear error.
+/// the image grid (size and geometry within 1e-3 mm): otherwise a clear error. A label on
+/// the image's lattice with flipped or permuted axes (the same voxel centres in patient
+/// space, e.g. a row axis stored bottom-up) is reindexed onto the image grid first.
 Result<LoadedCase> load_case(const CaseEntry& entry);
 
 }  // namespace segflow::pipeline

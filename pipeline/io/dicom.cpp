@@ -157,13 +157,23 @@ std::string join_steps(const SpacingStats& s) {
   return os.str();
 }
 
-Result<Image> read_series_impl(const std::vector<fs::path>& files, DicomReadReport* report) {
+/// What a read decides before any pixel is decoded: the headers, the stack chosen, its
+/// slices in order and the volume geometry.
+struct SeriesPlan {
+  std::vector<std::unique_ptr<DcmFileFormat>> ffs;  ///< pixel data still on disk
+  std::vector<Header> hs;
+  StackChoice choice;
+  std::vector<Slice> slices;  ///< of the chosen stack, ordered along the normal
+  SpacingStats stats;
+  Geometry geometry;
+};
+
+Result<SeriesPlan> plan_series(const std::vector<fs::path>& files) {
   ensure_dcmtk_ready();
   if (files.empty()) return invalid_argument("read_dicom_series: expected at least one file, got none");
-  std::vector<std::unique_ptr<DcmFileFormat>> ffs;
-  std::vector<Header> hs;
-  ffs.reserve(files.size());
-  hs.reserve(files.size());
+  SeriesPlan plan;
+  plan.ffs.reserve(files.size());
+  plan.hs.reserve(files.size());
   for (const fs::path& f : files) {
     SEGFLOW_ASSIGN_OR_RETURN(auto ff, load_file(f));
     SEGFLOW_ASSIGN_OR_RETURN(Header h, parse_header(f, *ff));
@@ -177,47 +187,35 @@ Result<Image> read_series_impl(const std::vector<fs::path>& files, DicomReadRepo
     if (h.samples != 1 && h.samples != 3)
       return unsupported(f.string() + ": " + tag_name(DCM_SamplesPerPixel) + ": expected 1 or 3, got " +
                          std::to_string(h.samples));
-    ffs.push_back(std::move(ff));
-    hs.push_back(std::move(h));
+    plan.ffs.push_back(std::move(ff));
+    plan.hs.push_back(std::move(h));
   }
+  SEGFLOW_ASSIGN_OR_RETURN(plan.choice, choose_stack(plan.hs));
+  plan.slices = std::move(plan.choice.chosen.slices);
+  SEGFLOW_ASSIGN_OR_RETURN(plan.geometry, assemble_geometry(plan.hs, plan.slices, plan.stats));
+  return plan;
+}
 
-  SEGFLOW_ASSIGN_OR_RETURN(StackChoice choice, choose_stack(hs));
-  std::vector<Slice> slices = std::move(choice.chosen.slices);
-  SpacingStats stats;
-  SEGFLOW_ASSIGN_OR_RETURN(Geometry geometry, assemble_geometry(hs, slices, stats));
-
-  std::vector<std::vector<std::int64_t>> z_of(hs.size());
-  for (std::size_t z = 0; z < slices.size(); ++z) {
-    auto& zs = z_of[slices[z].file];
-    if (zs.empty()) zs.assign(static_cast<std::size_t>(hs[slices[z].file].frames), -1);
-    zs[static_cast<std::size_t>(slices[z].frame)] = static_cast<std::int64_t>(z);
-  }
+/// What a plan reads and skips, with its warnings (not yet logged).
+DicomReadReport plan_report(const std::vector<fs::path>& files, SeriesPlan& plan) {
+  const std::vector<Header>& hs = plan.hs;
+  const std::vector<Slice>& slices = plan.slices;
+  const SpacingStats& stats = plan.stats;
+  StackChoice& choice = plan.choice;
   const Header& h0 = hs[slices.front().file];
-  for (std::size_t i = 0; i < hs.size(); ++i)
-    if (!z_of[i].empty()) SEGFLOW_RETURN_IF_ERROR(check_transfer_syntax(hs[i].file, *ffs[i]));
-
-  const std::int64_t C = h0.samples, Z = static_cast<std::int64_t>(slices.size()), Y = *h0.rows,
-                     X = *h0.columns;
-  at::Tensor voxels = torch::empty({C, Z, Y, X}, torch::kFloat32);
-  float* out = voxels.data_ptr<float>();
-  for (std::size_t i = 0; i < hs.size(); ++i) {
-    if (!z_of[i].empty()) SEGFLOW_RETURN_IF_ERROR(decode_file(*ffs[i], hs[i], z_of[i], out, Z));
-    ffs[i].reset();  // frees the decoded pixel data of this file
-  }
-
-  // What was read and what was not: a report for inspect, warnings for logs.
   DicomReadReport rep;
   rep.series = h0.series_uid.empty() ? series_identity(h0) : h0.series_uid;
   rep.identity = !h0.series_uid.empty()               ? "SeriesInstanceUID"
                  : !h0.frame_of_reference_uid.empty() ? "FrameOfReferenceUID + orientation + geometry"
                                                       : "orientation + geometry";
   rep.slices = slices.size();
-  rep.slice_spacing_mm = geometry.spacing[2];
+  rep.slice_spacing_mm = plan.geometry.spacing[2];
   rep.slice_spacing_max_deviation_mm = stats.max_deviation;
   rep.split_tag = choice.chosen.split_tag;
   rep.split_value = choice.chosen.split_value;
-  for (auto& s : choice.skipped)
-    rep.skipped_stacks.push_back({s.key, std::move(s.files), s.slices, s.reason});
+  for (const Slice& s : slices)
+    if (rep.files.empty() || rep.files.back() != hs[s.file].file) rep.files.push_back(hs[s.file].file);
+  for (auto& s : choice.skipped) rep.skipped_stacks.push_back({s.key, s.files, s.slices, s.reason});
   for (auto& [path, reason] : choice.duplicate_files) rep.skipped_files.push_back({path, reason});
   const std::string where = files.size() == 1 ? files.front().string() : files.front().parent_path().string();
   const FrameInfo& fi = *slices.front().info;
@@ -241,12 +239,41 @@ Result<Image> read_series_impl(const std::vector<fs::path>& files, DicomReadRepo
     if (rep.skipped_stacks.size() > 3) w += "; ... (inspect lists them all)";
     rep.warnings.push_back(std::move(w));
   }
+  return rep;
+}
+
+Result<Image> read_series_impl(const std::vector<fs::path>& files, DicomReadReport* report) {
+  SEGFLOW_ASSIGN_OR_RETURN(SeriesPlan plan, plan_series(files));
+  std::vector<Header>& hs = plan.hs;
+  const std::vector<Slice>& slices = plan.slices;
+
+  std::vector<std::vector<std::int64_t>> z_of(hs.size());
+  for (std::size_t z = 0; z < slices.size(); ++z) {
+    auto& zs = z_of[slices[z].file];
+    if (zs.empty()) zs.assign(static_cast<std::size_t>(hs[slices[z].file].frames), -1);
+    zs[static_cast<std::size_t>(slices[z].frame)] = static_cast<std::int64_t>(z);
+  }
+  const Header& h0 = hs[slices.front().file];
+  for (std::size_t i = 0; i < hs.size(); ++i)
+    if (!z_of[i].empty()) SEGFLOW_RETURN_IF_ERROR(check_transfer_syntax(hs[i].file, *plan.ffs[i]));
+
+  const std::int64_t C = h0.samples, Z = static_cast<std::int64_t>(slices.size()), Y = *h0.rows,
+                     X = *h0.columns;
+  at::Tensor voxels = torch::empty({C, Z, Y, X}, torch::kFloat32);
+  float* out = voxels.data_ptr<float>();
+  for (std::size_t i = 0; i < hs.size(); ++i) {
+    if (!z_of[i].empty()) SEGFLOW_RETURN_IF_ERROR(decode_file(*plan.ffs[i], hs[i], z_of[i], out, Z));
+    plan.ffs[i].reset();  // frees the decoded pixel data of this file
+  }
+
+  // What was read and what was not: a report for inspect, warnings for logs.
+  DicomReadReport rep = plan_report(files, plan);
   for (const auto& w : rep.warnings) log::warn(w);
   if (report) *report = std::move(rep);
 
   Image img;
   img.voxels = std::move(voxels);
-  img.geometry = geometry;
+  img.geometry = plan.geometry;
   img.source = files.size() == 1 ? files.front() : files.front().parent_path();
   img.modality = h0.modality;
   return img;
@@ -363,6 +390,27 @@ Result<Image> read_dicom_series(const std::vector<fs::path>& files, DicomReadRep
   }
 }
 
+namespace {
+
+/// The files of the image series of a folder (SEG, RTSTRUCT, SR, ... left out), sorted: what
+/// read_dicom assembles the volume from. `skipped` gets the files that are no DICOM.
+Result<std::vector<fs::path>> image_files_of(const fs::path& dir, std::vector<SkippedFile>& skipped) {
+  SEGFLOW_ASSIGN_OR_RETURN(auto all, scan_dicom_folder(dir, &skipped));
+  std::vector<fs::path> files;
+  for (auto& s : all)
+    if (!is_non_image(s)) files.insert(files.end(), s.files.begin(), s.files.end());
+  if (files.empty()) {
+    std::string msg = dir.string() + ": expected one DICOM image series, found none";
+    if (!skipped.empty())
+      msg += " (" + std::to_string(skipped.size()) + " files skipped; first: " + skipped.front().reason + ")";
+    return not_found(msg);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace
+
 Result<Image> read_dicom(const fs::path& file_or_dir, DicomReadReport* report) {
   std::error_code ec;
   if (!fs::exists(file_or_dir, ec)) return not_found(file_or_dir.string() + ": no such file or folder");
@@ -371,23 +419,52 @@ Result<Image> read_dicom(const fs::path& file_or_dir, DicomReadReport* report) {
     return read_dicom_series({file_or_dir}, report);
   }
   std::vector<SkippedFile> skipped;
-  SEGFLOW_ASSIGN_OR_RETURN(auto all, scan_dicom_folder(file_or_dir, &skipped));
-  std::vector<fs::path> files;
-  for (auto& s : all)
-    if (!is_non_image(s)) files.insert(files.end(), s.files.begin(), s.files.end());
-  if (files.empty()) {
-    std::string msg = file_or_dir.string() + ": expected one DICOM image series, found none";
-    if (!skipped.empty())
-      msg += " (" + std::to_string(skipped.size()) + " files skipped; first: " + skipped.front().reason + ")";
-    return not_found(msg);
-  }
-  std::sort(files.begin(), files.end());
+  SEGFLOW_ASSIGN_OR_RETURN(auto files, image_files_of(file_or_dir, skipped));
   DicomReadReport local;
   DicomReadReport& rep = report ? *report : local;
   SEGFLOW_ASSIGN_OR_RETURN(Image img, read_dicom_series(files, &rep));
   rep.skipped_files.insert(rep.skipped_files.end(), skipped.begin(), skipped.end());
   img.source = file_or_dir;
   return img;
+}
+
+Result<DicomReadReport> probe_dicom(const fs::path& file_or_dir) {
+  try {
+    std::error_code ec;
+    if (!fs::exists(file_or_dir, ec)) return not_found(file_or_dir.string() + ": no such file or folder");
+    std::vector<SkippedFile> skipped;
+    std::vector<fs::path> files;
+    if (fs::is_directory(file_or_dir, ec)) {
+      SEGFLOW_ASSIGN_OR_RETURN(files, image_files_of(file_or_dir, skipped));
+    } else {
+      files = {file_or_dir};
+    }
+    SEGFLOW_ASSIGN_OR_RETURN(SeriesPlan plan, plan_series(files));
+    DicomReadReport rep = plan_report(files, plan);
+    rep.skipped_files.insert(rep.skipped_files.end(), skipped.begin(), skipped.end());
+    return rep;
+  } catch (const c10::Error& e) {
+    return internal_error(file_or_dir.string() + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return internal_error(file_or_dir.string() + ": " + e.what());
+  }
+}
+
+Result<DicomSeriesInfo> dicom_source_series(const fs::path& file_or_dir) {
+  SEGFLOW_ASSIGN_OR_RETURN(DicomReadReport rep, probe_dicom(file_or_dir));
+  try {
+    DicomSeriesInfo info;
+    info.files = rep.files;
+    SEGFLOW_ASSIGN_OR_RETURN(auto ff, load_file(rep.files.front()));
+    SEGFLOW_ASSIGN_OR_RETURN(Header h, parse_header(rep.files.front(), *ff));
+    info.series_uid = h.series_uid;
+    info.identity = series_identity(h);
+    info.modality = h.modality;
+    info.sop_class_uid = h.sop_class_uid;
+    return info;
+  } catch (const std::exception& e) {
+    return internal_error(file_or_dir.string() + ": " + e.what());
+  }
 }
 
 void to_json(nlohmann::json& j, const DicomReadReport& r) {

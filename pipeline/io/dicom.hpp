@@ -47,6 +47,7 @@ struct DicomReadReport {
   double slice_spacing_max_deviation_mm = 0;  ///< largest |step - mean step|, mm
   std::string split_tag;                      ///< tag repeats were split by (empty: none)
   double split_value = 0;                     ///< its value in the stack read
+  std::vector<std::filesystem::path> files;   ///< the files read, in slice order (each once)
   std::vector<DicomSkippedStack> skipped_stacks;
   std::vector<SkippedFile> skipped_files;  ///< unreadable files, copies of one instance
   std::vector<std::string> warnings;       ///< also logged (warn)
@@ -82,6 +83,16 @@ Result<Image> read_dicom_series(const std::vector<std::filesystem::path>& files,
 /// stacks, see read_dicom_series; SEG, RTSTRUCT, SR and other non-image series ignored).
 Result<Image> read_dicom(const std::filesystem::path& file_or_dir, DicomReadReport* report = nullptr);
 
+/// What read_dicom would read from a file or folder, and what it would skip, decided from
+/// the headers alone (no pixel data decoded): the same rules, the same errors for gaps,
+/// uneven spacing, tilt and repeats. Warnings are returned, not logged.
+Result<DicomReadReport> probe_dicom(const std::filesystem::path& file_or_dir);
+
+/// The image series read_dicom reads from a file or folder, as write_dicom_seg references it:
+/// the files of the stack read (in slice order; localizers and other series left out), its
+/// SeriesInstanceUID (empty when the files have none), identity, modality and SOP class.
+Result<DicomSeriesInfo> dicom_source_series(const std::filesystem::path& file_or_dir);
+
 /// Reads a DICOM SEG file as a label map (1, Z, Y, X) uint8 on the grid of `reference`
 /// (segment number = label value). Errors when frames do not fit the reference grid.
 Result<Image> read_dicom_seg(const std::filesystem::path& seg_file, const Image& reference);
@@ -92,6 +103,26 @@ Result<Image> read_dicom_seg(const std::filesystem::path& seg_file);
 
 /// True when the file is a DICOM SEG (SOPClassUID Segmentation Storage).
 bool is_dicom_seg_file(const std::filesystem::path& path);
+
+/// One segment of a DICOM SEG, as its SegmentSequence item describes it.
+struct DicomSegment {
+  int number = 0;              ///< SegmentNumber: the label value read_dicom_seg gives its pixels
+  std::string label;           ///< SegmentLabel
+  std::string description;     ///< SegmentDescription ("" when absent)
+  std::string algorithm_type;  ///< SegmentAlgorithmType: AUTOMATIC, SEMIAUTOMATIC or MANUAL
+  std::string category;        ///< CodeMeaning of SegmentedPropertyCategoryCodeSequence ("" when absent)
+  std::string type;            ///< CodeMeaning of SegmentedPropertyTypeCodeSequence ("" when absent)
+};
+
+/// The segments of a DICOM SEG file in file order, from its header (pixel data not read).
+/// Errors name the file and the tag: not a SEG, no SegmentSequence, a segment without a
+/// SegmentNumber or with one outside 1..65535, a number used twice.
+Result<std::vector<DicomSegment>> read_dicom_seg_segments(const std::filesystem::path& seg_file);
+
+/// Class names by label value from segments: index = SegmentNumber, "background" at 0, ""
+/// where no segment has that number and for segflow's placeholder "label_<number>" (an
+/// unnamed class). Empty when no segment has a name.
+std::vector<std::string> segment_class_names(const std::vector<DicomSegment>& segments);
 
 /// Compression for written series.
 enum class DicomCompression { none, rle, jpeg_ls, jpeg_lossless };
@@ -117,8 +148,12 @@ Result<DicomSeriesInfo> write_dicom_series(const std::filesystem::path& dir, con
                                            const DicomWriteOptions& options = {});
 
 /// Writes a label map (1, Z, Y, X) integer as a DICOM SEG (binary, one segment per label
-/// value > 0, labeled "label_<v>") referencing `series` (as returned by write_dicom_series,
-/// whose files it reads for the UIDs), on the geometry of `labels`.
+/// value > 0, labeled "label_<v>") referencing `series` (as returned by write_dicom_series or
+/// dicom_source_series, whose files it reads for the UIDs), on the geometry of `labels`.
+/// UIDs the source files leave empty are taken as the reader takes them: SOPClassUID and
+/// SOPInstanceUID from the file meta header (MediaStorageSOPClassUID/InstanceUID); a missing
+/// StudyInstanceUID or SeriesInstanceUID is derived from the series' FrameOfReferenceUID and
+/// SOP instance UIDs ("2.25." + a 128-bit FNV-1a hash), the same for every SEG of that series.
 Status write_dicom_seg(const std::filesystem::path& file, const Image& labels, const DicomSeriesInfo& series);
 
 /// True when the file starts with the DICM preamble (or parses as DICOM without meta).

@@ -45,6 +45,55 @@ struct SourceRef {
   fs::path file;
 };
 
+/// A dataset's UID, else the meta header's copy (anonymisers blank the dataset's and leave
+/// MediaStorageSOPClassUID/InstanceUID), as the reader takes them (parse_header).
+std::string uid_or_meta(DcmFileFormat& ff, const DcmTagKey& tag, const DcmTagKey& meta_tag) {
+  std::string v = get_string(*ff.getDataset(), tag).value_or("");
+  if (v.empty() && ff.getMetaInfo()) v = get_string(*ff.getMetaInfo(), meta_tag).value_or("");
+  return v;
+}
+
+/// "2.25." + a 128-bit FNV-1a hash of `text` in decimal: a UID (UUID-derived form, at most
+/// 44 characters) that is the same every time for the same text.
+std::string derived_uid(const std::string& text) {
+  using u128 = unsigned __int128;
+  u128 h = (static_cast<u128>(0x6c62272e07bb0142ULL) << 64) | 0x62b821756295c58dULL;
+  const u128 prime = (static_cast<u128>(1) << 88) | 0x13BULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= prime;
+  }
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), static_cast<char>('0' + static_cast<int>(h % 10)));
+    h /= 10;
+  } while (h != 0);
+  return "2.25." + digits;
+}
+
+/// Study, series and frame of reference of the source series: the files' own UIDs, else
+/// (anonymised away) UIDs derived from what identifies the series: its FrameOfReferenceUID
+/// and its SOP instance UIDs.
+struct SourceIdentity {
+  std::string patient_id, study_uid, series_uid, frame_of_reference_uid;
+};
+
+SourceIdentity source_identity(DcmDataset& first, const std::vector<SourceRef>& sources) {
+  SourceIdentity id;
+  id.patient_id = get_string(first, DCM_PatientID).value_or("");
+  id.study_uid = get_string(first, DCM_StudyInstanceUID).value_or("");
+  id.series_uid = get_string(first, DCM_SeriesInstanceUID).value_or("");
+  id.frame_of_reference_uid = get_string(first, DCM_FrameOfReferenceUID).value_or("");
+  std::vector<std::string> instances;
+  for (const auto& r : sources) instances.push_back(r.sop_instance);
+  std::sort(instances.begin(), instances.end());
+  std::string key = id.frame_of_reference_uid;
+  for (const auto& i : instances) key += "\\" + i;
+  if (id.study_uid.empty()) id.study_uid = derived_uid("segflow study of " + key);
+  if (id.series_uid.empty()) id.series_uid = derived_uid("segflow series of " + key);
+  return id;
+}
+
 Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeriesInfo& series) {
   ensure_dcmtk_ready();
   const std::string where = file.string();
@@ -75,6 +124,7 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
 
   // Map each label slice to the source image at its position.
   std::vector<std::optional<SourceRef>> refs(static_cast<std::size_t>(Z));
+  std::vector<SourceRef> sources;  // every source file, in the order given
   for (const fs::path& f : series.files) {
     SEGFLOW_ASSIGN_OR_RETURN(auto ff, load_file(f));
     DcmDataset& ds = *ff->getDataset();
@@ -96,13 +146,17 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
                               format_numbers(pos->data(), 3) + " is not a slice of the label map's grid (" +
                               describe(g) + ")");
     SourceRef r;
-    r.sop_class = get_string(ds, DCM_SOPClassUID).value_or("");
-    r.sop_instance = get_string(ds, DCM_SOPInstanceUID).value_or("");
+    r.sop_class = uid_or_meta(*ff, DCM_SOPClassUID, DCM_MediaStorageSOPClassUID);
+    r.sop_instance = uid_or_meta(*ff, DCM_SOPInstanceUID, DCM_MediaStorageSOPInstanceUID);
     r.file = f;
     if (r.sop_class.empty() || r.sop_instance.empty())
-      return corrupt_data(f.string() + ": SOPClassUID/SOPInstanceUID: required tags are missing");
+      return corrupt_data(f.string() + ": SOPClassUID/SOPInstanceUID: required tags are missing " +
+                          "(also in the file meta header)");
     refs[static_cast<std::size_t>(kz)] = r;
+    sources.push_back(r);
   }
+  SEGFLOW_ASSIGN_OR_RETURN(auto first_file, load_file(series.files.front()));
+  const SourceIdentity source = source_identity(*first_file->getDataset(), sources);
 
   IODGeneralEquipmentModule::EquipmentInfo equipment("segflow", "segflow", "0", "0.1");
   ContentIdentificationMacro content("1", "SEGFLOW", "segflow label map", "segflow");
@@ -113,6 +167,9 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
   std::unique_ptr<DcmSegmentation> seg(raw);
   SEGFLOW_DCM(seg->importFromSourceImage(OFString(series.files.front().c_str())),
               "importFromSourceImage(" + series.files.front().string() + ")");
+  // The SEG belongs to the study of its source series (derived when anonymised away) and
+  // shares its frame of reference (imported above when the source has one).
+  SEGFLOW_DCM(seg->getStudy().setStudyInstanceUID(source.study_uid.c_str()), "StudyInstanceUID");
   SEGFLOW_DCM(seg->getSeries().setSeriesInstanceUID(generate_uid(SITE_SERIES_UID_ROOT).c_str()),
               "SeriesInstanceUID");
   SEGFLOW_DCM(seg->getSeries().setSeriesDescription("segflow labels"), "SeriesDescription");
@@ -214,11 +271,21 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
     }
   }
 
+  // ReferencedSeriesSequence: every source instance, with the UIDs the frames use.
   IODReferences references;
-  OFVector<OFString> ref_files;
-  for (const auto& f : series.files) ref_files.push_back(f.c_str());
-  references.addFromFiles(ref_files);
-  seg->getCommonInstanceReference().addReferences(references);
+  for (const auto& r : sources) {
+    auto* ref = new IODImageReference(source.patient_id.c_str(), source.study_uid.c_str(),
+                                      source.series_uid.c_str(), r.sop_instance.c_str(), r.sop_class.c_str());
+    ref->m_Level = IODReference::LEVEL_SERIES;
+    if (!references.add(ref)) {
+      delete ref;
+      return internal_error(where + ": " + r.file.string() + ": cannot reference SOP instance \"" +
+                            r.sop_instance + "\" of series " + source.series_uid);
+    }
+  }
+  if (seg->getCommonInstanceReference().addReferences(references, source.study_uid.c_str()) != sources.size())
+    return internal_error(where + ": ReferencedSeriesSequence: expected " + std::to_string(sources.size()) +
+                          " referenced instances");
 
   std::error_code ec;
   if (file.has_parent_path()) fs::create_directories(file.parent_path(), ec);
@@ -449,6 +516,65 @@ Result<Image> read_dicom_seg(const fs::path& seg_file) {
   } catch (const std::exception& e) {
     return internal_error(seg_file.string() + ": " + e.what());
   }
+}
+
+Result<std::vector<DicomSegment>> read_dicom_seg_segments(const fs::path& seg_file) {
+  try {
+    ensure_dcmtk_ready();
+    const std::string where = seg_file.string();
+    SEGFLOW_ASSIGN_OR_RETURN(auto ff, load_file(seg_file));  // pixel data stays on disk
+    DcmDataset& ds = *ff->getDataset();
+    const std::string sop = uid_or_meta(*ff, DCM_SOPClassUID, DCM_MediaStorageSOPClassUID);
+    if (sop != UID_SegmentationStorage)
+      return invalid_argument(where + ": " + tag_name(DCM_SOPClassUID) + ": expected Segmentation Storage (" +
+                              UID_SegmentationStorage + "), got \"" + sop + "\"");
+    DcmSequenceOfItems* seq = nullptr;
+    if (ds.findAndGetSequence(DCM_SegmentSequence, seq).bad() || !seq || seq->card() == 0)
+      return corrupt_data(where + ": " + tag_name(DCM_SegmentSequence) +
+                          ": expected at least one segment, got none");
+    std::vector<DicomSegment> out;
+    std::map<long, std::size_t> seen;
+    for (unsigned long i = 0; i < seq->card(); ++i) {
+      DcmItem& item = *seq->getItem(i);
+      const std::string at = where + ": " + tag_name(DCM_SegmentSequence) + " item " + std::to_string(i + 1);
+      auto number = get_integer(item, DCM_SegmentNumber);
+      if (!number) return corrupt_data(at + ": " + tag_name(DCM_SegmentNumber) + ": required tag is missing");
+      if (*number < 1 || *number > 65535)
+        return corrupt_data(at + ": " + tag_name(DCM_SegmentNumber) + ": expected 1..65535, got " +
+                            std::to_string(*number));
+      if (auto [it, inserted] = seen.emplace(*number, i); !inserted)
+        return corrupt_data(at + ": " + tag_name(DCM_SegmentNumber) + ": expected each number once, got " +
+                            std::to_string(*number) + " also in item " + std::to_string(it->second + 1));
+      DicomSegment s;
+      s.number = static_cast<int>(*number);
+      s.label = get_string(item, DCM_SegmentLabel).value_or("");
+      s.description = get_string(item, DCM_SegmentDescription).value_or("");
+      s.algorithm_type = get_string(item, DCM_SegmentAlgorithmType).value_or("");
+      if (DcmItem* c = sequence_item(item, DCM_SegmentedPropertyCategoryCodeSequence))
+        s.category = get_string(*c, DCM_CodeMeaning).value_or("");
+      if (DcmItem* t = sequence_item(item, DCM_SegmentedPropertyTypeCodeSequence))
+        s.type = get_string(*t, DCM_CodeMeaning).value_or("");
+      out.push_back(std::move(s));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return internal_error(seg_file.string() + ": " + e.what());
+  }
+}
+
+std::vector<std::string> segment_class_names(const std::vector<DicomSegment>& segments) {
+  std::vector<std::string> names;
+  bool any = false;
+  for (const auto& s : segments) {
+    if (s.number < 1 || s.label.empty() || s.label == "label_" + std::to_string(s.number)) continue;
+    if (names.size() <= static_cast<std::size_t>(s.number))
+      names.resize(static_cast<std::size_t>(s.number) + 1);
+    names[static_cast<std::size_t>(s.number)] = s.label;
+    any = true;
+  }
+  if (!any) return {};
+  names[0] = "background";  // no segment: what no segment covers
+  return names;
 }
 
 bool is_dicom_seg_file(const fs::path& path) {
