@@ -1,5 +1,8 @@
 #include "models/layers.hpp"
 
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 #include <cmath>
 #include <ostream>
 
@@ -95,6 +98,15 @@ at::Tensor ConvNdImpl::forward(const at::Tensor& x) {
   if (o.transposed)
     return o.spatial_dims == 3 ? at::conv_transpose3d(x, weight, bias, stride, padding, out_pad, 1, dilation)
                                : at::conv_transpose2d(x, weight, bias, stride, padding, out_pad, 1, dilation);
+  // LibTorch 2.11's CPU bfloat16 conv3d returns garbage weight gradients (1e30, inf, NaN, at
+  // random) when the input's depth is at least 2 and less than the kernel size, as at the
+  // bottom of a UNet on small crops (tests/models/test_amp.cpp has the case). Such layers are
+  // tiny: under CPU autocast they run in float32.
+  if (o.spatial_dims == 3 && x.is_cpu() && x.size(2) >= 2 && x.size(2) < o.kernel_size &&
+      at::autocast::is_autocast_enabled(c10::DeviceType::CPU)) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
+    return at::conv3d(x.to(weight.scalar_type()), weight, bias, stride, padding, dilation, 1);
+  }
   return o.spatial_dims == 3 ? at::conv3d(x, weight, bias, stride, padding, dilation, 1)
                              : at::conv2d(x, weight, bias, stride, padding, dilation, 1);
 }
