@@ -33,16 +33,40 @@ struct RunOptions {
   std::int64_t world_size = 1;
 };
 
+/// The case ids of one cross-validation fold.
+struct FoldIds {
+  std::vector<std::string> train;
+  std::vector<std::string> val;
+};
+
 /// The train/validation split of a dataset (deterministic for a seed).
 struct Split {
   std::vector<pipeline::CaseEntry> train;
   std::vector<pipeline::CaseEntry> val;
+  std::int64_t fold = -1;       ///< the cross-validation fold this is; -1 = a val_fraction split
+  std::vector<FoldIds> folds;   ///< with fold >= 0: every fold of the table (splits.json)
 };
-/// Holds out val_cases (or round(val_fraction * n), at least 1 when n > 1 and the fraction
-/// is > 0) chosen by a seeded shuffle of the case ids.
+
+/// nnU-Net's cross-validation table (its generate_crossval_split, sklearn's KFold with
+/// shuffling): the ids sorted, shuffled by a Fisher-Yates pass seeded with `seed`, cut in
+/// `folds` consecutive parts whose sizes differ by at most one (the first n % folds parts
+/// one larger); fold k validates on part k (in sorted order) and trains on the others.
+/// The parts partition the ids. Needs 2 <= folds <= ids.size() (invalid_argument otherwise).
+Result<std::vector<FoldIds>> cross_validation_folds(std::vector<std::string> ids, std::int64_t folds,
+                                                    std::uint64_t seed);
+
+/// Without data.fold: holds out val_cases (or round(val_fraction * n), at least 1 when n > 1
+/// and the fraction is > 0) chosen by a seeded shuffle of the case ids. With data.fold = k:
+/// fold k of cross_validation_folds(ids, data.folds, seed), the whole table in `folds`;
+/// an invalid_config error naming data.folds when there are fewer cases than folds.
+Result<Split> make_split(const std::vector<pipeline::CaseEntry>& cases, const models::JobConfig& cfg);
+/// make_split for a config whose folds fit the cases (what prepare_job has checked); with
+/// too few cases for data.folds it returns an empty split.
 Split split_cases(const std::vector<pipeline::CaseEntry>& cases, const models::JobConfig& cfg);
-/// Writes the split to run_dir/split.json ({"train": [ids], "val": [ids]}, like nnU-Net's
-/// splits_final.json), so that other tools can train and score on the same cases.
+/// Writes the split to run_dir/split.json ({"train": [ids], "val": [ids]}, like one entry of
+/// nnU-Net's splits_final.json, with "fold" and "folds" for a cross-validation fold), so that
+/// other tools can train and score on the same cases; for a fold also run_dir/splits.json,
+/// the whole table as nnU-Net's splits_final.json: [{"train": [...], "val": [...]}, ...].
 Status write_split(const std::filesystem::path& run_dir, const Split& split);
 
 /// Makes the dataset of `cfg` when data.root does not exist and data.synth is set.

@@ -109,15 +109,66 @@ class ProgressObserver : public models::TrainObserver {
 
 }  // namespace
 
+namespace {
+
+/// The configs `segflow train` runs: one, or one per --fold (K, or "all" for 0..folds-1),
+/// each read with data.fold=K after the --set overrides; all read and checked before any runs.
+Result<std::vector<models::JobConfig>> train_configs(const Args& a) {
+  const std::string file = a.positional[0];
+  std::vector<std::string> sets = a.all("set");
+  SEGFLOW_ASSIGN_OR_RETURN(models::JobConfig base, models::load_job_config(file, sets));
+  if (!a.has("fold")) return std::vector<models::JobConfig>{std::move(base)};
+  std::vector<std::int64_t> folds;
+  for (const std::string& v : a.all("fold")) {
+    if (v == "all") {
+      for (std::int64_t k = 0; k < base.data.folds; ++k) folds.push_back(k);
+      continue;
+    }
+    auto k = parse_int("--fold", v);
+    if (!k.is_ok()) return invalid_argument("--fold: expected a fold number 0.." +
+                                            std::to_string(base.data.folds - 1) + " or all, got '" + v + "'");
+    folds.push_back(*k);
+  }
+  if (folds.size() > 1 && a.has("resume"))
+    return invalid_argument("--resume names one checkpoint: train one --fold with it, or use --resume-last");
+  if (folds.size() > 1 && a.has("run-dir"))
+    return invalid_argument("--run-dir names one folder: train one --fold with it");
+  std::vector<models::JobConfig> out;
+  for (std::int64_t k : folds) {
+    std::vector<std::string> with_fold = sets;
+    with_fold.push_back("data.fold=" + std::to_string(k));
+    SEGFLOW_ASSIGN_OR_RETURN(models::JobConfig c, models::load_job_config(file, with_fold));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+int train_one(const Args& a, Result<models::JobConfig> cfg);
+
+}  // namespace
+
 int cmd_train(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {"set", "resume", "plugins", "run-dir", "ranks", "devices"},
+  auto a = parse_args(argc, argv, 2, {"set", "resume", "plugins", "run-dir", "ranks", "devices", "fold"},
                       {"quiet", "resume-last"});
   if (!a.is_ok()) return fail("train", a.status());
   if (a->positional.size() != 1)
     return fail("train",
                 invalid_argument("expected one CONFIG file, got " + std::to_string(a->positional.size())));
-  auto cfg = models::load_job_config(a->positional[0], a->all("set"));
-  if (!cfg.is_ok()) return fail("train", cfg.status());
+  auto cfgs = train_configs(*a);
+  if (!cfgs.is_ok()) return fail("train", cfgs.status());
+  for (std::size_t i = 0; i < cfgs->size(); ++i) {
+    if (cfgs->size() > 1)
+      std::fprintf(stderr, "fold %lld (%zu of %zu)\n", static_cast<long long>((*cfgs)[i].data.fold), i + 1,
+                   cfgs->size());
+    if (const int rc = train_one(*a, std::move((*cfgs)[i])); rc != 0) return rc;
+  }
+  return 0;
+}
+
+namespace {
+
+int train_one(const Args& args, Result<models::JobConfig> cfg) {
+  const Args* a = &args;
   actors::RunOptions ro;
   if (a->has("resume")) ro.resume = a->get("resume");
   if (a->has("run-dir")) ro.run_dir = a->get("run-dir");
@@ -177,8 +228,11 @@ int cmd_train(int argc, char** argv) {
     run = actors::run_training(*cfg, ro, progress);
   if (!run.is_ok()) return fail("train", run.status());
   if (!run->empty()) std::printf("run folder: %s\n", run->string().c_str());
+  std::fflush(stdout);
   return 0;
 }
+
+}  // namespace
 
 int cmd_stages(int argc, char** argv) {
   auto a = parse_args(argc, argv, 2, {"plugins"}, {"json"});

@@ -24,9 +24,10 @@ commands:
   stages   [--json] [--plugins DIR]
                          every pipeline stage with its options and defaults
   train    CONFIG [--set key=value ...] [--resume PATH] [--plugins DIR] [--quiet]
-           [--ranks N] [--devices cuda:0,cuda:1]
+           [--ranks N] [--devices cuda:0,cuda:1] [--fold K ... | --fold all]
                          train in the foreground; writes a run folder under runs/
-                         (data parallel with --ranks/--devices, or under torchrun/srun)
+                         (data parallel with --ranks/--devices, or under torchrun/srun;
+                         --fold: cross-validation folds of data.folds, one run each)
   ctl      COMMAND ...    talk to segflowd (start, stop, pause, resume, status, list, ...)
   infer    --checkpoint PATH [--checkpoint PATH2 ...] --input SCAN|DIR|DATASET
            --output out.nii.gz|seg.dcm|DIR [--tta none|mirror] [--save-probabilities]

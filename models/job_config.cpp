@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <regex>
@@ -36,6 +37,13 @@ void DataSettings::bind(OptionParser& p) {
             "cases held out for validation; -1 = use val_fraction");
   p.integer("num_classes", num_classes, Range::non_negative(), "",
             "label values 0..n-1 incl. background; 0 = the model's out_channels");
+  p.integer("folds", folds, Range::at_least(2), "folds",
+            "cross-validation folds (at most the number of cases)");
+  p.integer("fold", fold, Range::at_least(-1), "",
+            "the cross-validation fold to train, 0..folds-1; -1 = the val_fraction/val_cases split");
+  if (p.ok() && fold >= folds)
+    p.fail("fold", "expected -1 (no cross-validation) or a fold in [0, " + std::to_string(folds - 1) +
+                       "] (data.folds " + std::to_string(folds) + "), got " + std::to_string(fold));
 }
 
 void TrainSettings::bind(OptionParser& p) {
@@ -78,6 +86,12 @@ void TrainSettings::bind(OptionParser& p) {
   p.number("cache_rate", cache_rate, Range::closed(0, 1), "", "fraction of cases cached in memory");
   p.integer("cache_bytes", cache_bytes, Range::non_negative(), "bytes", "memory cache budget");
   p.string("disk_cache", disk_cache, "persistent cache folder; \"\" = none");
+  p.choice("cache_dtype", cache_dtype, {"exact", "float16", "bfloat16", "none"},
+           "form of cached samples: exact (lossless), float16/bfloat16 (non-integer images rounded), none");
+  p.choice("cache_device", cache_device, {"cpu", "cuda"}, "where the memory cache lives (cuda: the training GPU)");
+  if (p.ok() && cache_device == "cuda" &&
+      (device == "cpu" || std::find(devices.begin(), devices.end(), "cpu") != devices.end()))
+    p.fail("cache_device", "expected cpu when training on the CPU (train.device/devices), got cuda");
   p.integer("threads", threads, Range::closed(0, 1024), "threads",
             "intra-op threads; 0 = LibTorch's default");
   p.boolean("cudnn_benchmark", cudnn_benchmark, "cuDNN autotuner on CUDA");
@@ -283,14 +297,26 @@ Status validate_job_config(const JobConfig& cfg, const pipeline::StageRegistry& 
 std::string run_name(const JobConfig& cfg) {
   json key = cfg.resolved;
   // Settings that do not change the result do not change the folder.
-  for (const char* k : {"loader", "decode_workers", "prefetch", "cache_bytes", "disk_cache", "log_every"})
+  for (const char* k :
+       {"loader", "decode_workers", "prefetch", "cache_bytes", "disk_cache", "cache_device", "log_every"})
     key["train"].erase(k);
+  // Lossless cache forms give the same batches; float16/bfloat16 do not.
+  if (const std::string d = key["train"].value("cache_dtype", ""); d == "exact" || d == "none")
+    key["train"].erase("cache_dtype");
+  // The folds of one config share a hash (the fold is spelled out after it); without
+  // cross-validation neither key is hashed, so such runs keep the names they had before.
+  if (json& d = key["data"]; d.is_object()) {
+    d.erase("fold");
+    if (cfg.data.fold < 0) d.erase("folds");
+  }
   const std::string text = key.dump();
   std::uint64_t h = 1469598103934665603ULL;  // FNV-1a
   for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
   char buf[16];
   std::snprintf(buf, sizeof buf, "%08llx", static_cast<unsigned long long>(h & 0xffffffffULL));
-  return cfg.name + "-s" + std::to_string(cfg.seed) + "-" + buf;
+  std::string name = cfg.name + "-s" + std::to_string(cfg.seed) + "-" + buf;
+  if (cfg.data.fold >= 0) name += "-fold" + std::to_string(cfg.data.fold);
+  return name;
 }
 
 }  // namespace segflow::models

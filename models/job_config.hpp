@@ -15,7 +15,7 @@
 //   name: spleen-ct-unet3d        # run folder prefix
 //   seed: 0                       # model init, data order, augmentation
 //   data:   {root, synth: {cases, size, format, compress, seed}, val_fraction, val_cases,
-//            num_classes}
+//            num_classes, folds, fold}
 //   stages: [...]                 # pipeline (pipeline/pipeline_spec.hpp)
 //   model:  {name: unet|plain_unet|sam, ...options}   # models/registry.hpp
 //   loss:   {name: dice_ce, ...}  # models/losses.hpp
@@ -23,8 +23,8 @@
 //   schedule:  {name: constant|poly|cosine, warmup_steps, poly_exponent, min_lr}
 //   train:  {epochs, batch_size, accumulate, grad_clip, amp, device, devices, val_interval,
 //            checkpoint_interval, steps_per_epoch, loader, decode_workers, prefetch,
-//            cache_rate, cache_bytes, disk_cache, threads, cudnn_benchmark, channels_last,
-//            log_every}
+//            cache_rate, cache_bytes, disk_cache, cache_dtype, cache_device, threads,
+//            cudnn_benchmark, channels_last, log_every}
 //   validation: {roi_size, overlap, mode, sw_batch_size}
 //   output: {runs_dir}
 //
@@ -63,6 +63,13 @@ struct DataSettings {
   double val_fraction = 0.2;     ///< fraction of cases held out for validation, [0, 1)
   std::int64_t val_cases = -1;   ///< >= 0 overrides val_fraction (count of cases); -1 = unset
   std::int64_t num_classes = 0;  ///< label values 0..n-1 incl. background, >= 0; 0 = model out_channels
+  /// Cross-validation (nnU-Net's): the sorted case ids are shuffled by the job seed and cut
+  /// into `folds` parts of near-equal size; fold k validates on part k and trains on the
+  /// rest (actors/job_runner.hpp cross_validation_folds). >= 2 and at most the case count.
+  std::int64_t folds = 5;
+  /// The fold this job trains, [0, folds - 1]; -1 = no cross-validation (the val_fraction /
+  /// val_cases split). `segflow train --fold K` sets it.
+  std::int64_t fold = -1;
 
   void bind(pipeline::OptionParser& p);
 };
@@ -88,6 +95,13 @@ struct TrainSettings {
   double cache_rate = 1.0;               ///< fraction of cases cached in memory, [0, 1]
   std::int64_t cache_bytes = 8LL << 30;  ///< memory cache budget in bytes, >= 0
   std::string disk_cache;                ///< persistent cache folder ("" = none)
+  /// Form of cached samples (pipeline/cache/compact.hpp): exact (lossless: narrow integer
+  /// types, palettes, packed crop-centre sets) | float16 | bfloat16 (non-integer images
+  /// rounded) | none (as decoded: float32 image, int64 indices).
+  std::string cache_dtype = "exact";
+  /// Where the memory cache lives: cpu | cuda (the training GPU itself; needs a CUDA
+  /// device, crops then read device memory only). cache_bytes is the budget either way.
+  std::string cache_device = "cpu";
   std::int64_t threads = 0;              ///< intra-op threads, [0, 1024]; 0 = LibTorch's default
   bool cudnn_benchmark = true;           ///< cuDNN autotuner on CUDA
   bool channels_last = false;            ///< channels-last memory format on CUDA
@@ -143,7 +157,9 @@ Result<JobConfig> job_config_from_json(const nlohmann::json& j, const std::strin
 /// draws from LibTorch's default CPU generator (the trainer seeds it again before its own).
 Status validate_job_config(const JobConfig& cfg, const pipeline::StageRegistry& registry);
 
-/// Deterministic run folder name: "<name>-s<seed>-<8 hex of the resolved config's hash>".
+/// Deterministic run folder name: "<name>-s<seed>-<8 hex of the resolved config's hash>",
+/// and "-fold<K>" after it for a cross-validation fold (the folds of one config share the
+/// rest of the name; data.fold is left out of the hash, data.folds is in it).
 std::string run_name(const JobConfig& cfg);
 
 }  // namespace segflow::models
