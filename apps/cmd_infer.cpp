@@ -78,6 +78,9 @@ nlohmann::json result_json(const models::InferResult& r) {
                       {"labels", r.labels},
                       {"seconds", r.seconds}};
   if (!r.probabilities.empty()) j["probabilities"] = r.probabilities.string();
+  nlohmann::json axes = nlohmann::json::array();
+  for (int a : r.tta_axes) axes.push_back(std::string(1, "xyz"[a]));
+  j["tta_axes"] = axes;
   return j;
 }
 

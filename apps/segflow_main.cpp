@@ -30,7 +30,7 @@ commands:
                          --fold: cross-validation folds of data.folds, one run each)
   ctl      COMMAND ...    talk to segflowd (start, stop, pause, resume, status, list, ...)
   infer    --checkpoint PATH [--checkpoint PATH2 ...] --input SCAN|DIR|DATASET
-           --output out.nii.gz|seg.dcm|DIR [--tta none|mirror] [--save-probabilities]
+           --output out.nii.gz|seg.dcm|DIR [--tta none|mirror|mirror-all] [--save-probabilities]
            [--format nifti|seg] [--class-names bg,liver,...] [--device D] [--quiet]
                          sliding-window inference (an ensemble with several checkpoints);
                          label maps in each input's geometry, one per case into DIR

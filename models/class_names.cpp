@@ -1,7 +1,9 @@
 #include "models/class_names.hpp"
 
 #include <cctype>
+#include <filesystem>
 
+#include "pipeline/io/dataset.hpp"
 #include "pipeline/options.hpp"
 #include "pipeline/transforms/map_labels.hpp"
 
@@ -87,6 +89,16 @@ std::vector<std::string> job_class_names(const JobConfig& cfg,
   bool any = false;
   for (const auto& n : names) any = any || !n.empty();
   return any ? names : std::vector<std::string>{};
+}
+
+std::vector<std::string> job_class_names(const JobConfig& cfg) {
+  namespace fs = std::filesystem;
+  const fs::path root = cfg.data.root;
+  std::vector<std::string> names = pipeline::dataset_label_names(root);
+  std::error_code ec;
+  if (names.empty() && !fs::is_directory(root, ec) && root.is_relative() && !cfg.file.empty())
+    names = pipeline::dataset_label_names(fs::path(cfg.file).parent_path() / root);
+  return job_class_names(cfg, names);
 }
 
 std::string metric_name(const std::string& name) {

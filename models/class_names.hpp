@@ -9,7 +9,9 @@
 //      {"spleen": 1}) carried through the map_labels stages: a target is named by its
 //      sources ("kidney_right+kidney_left" when merged);
 //   3. the dataset's label names as they are (no map_labels stage).
-// DICOM SEG segment labels are not used yet: the SEG reader does not return them.
+// The dataset's label names are dataset.json's `labels`, else (DICOM case folders) the segment
+// labels of the first case whose label is a DICOM SEG (pipeline::read_dicom_seg_segments;
+// segflow's placeholder "label_<v>" names nothing).
 
 #include <cstdint>
 #include <string>
@@ -34,6 +36,12 @@ Status check_label_mapping(const JobConfig& cfg);
 /// Names of the classes 0..K-1 of the job (see the header comment); `dataset_names` are the
 /// dataset's label names by value (pipeline::DatasetIndex::label_names). Empty when unknown.
 std::vector<std::string> job_class_names(const JobConfig& cfg, const std::vector<std::string>& dataset_names);
+
+/// Names of the classes 0..K-1 of a trained job, for what it writes (segflow infer's DICOM
+/// SEG segments): job_class_names over pipeline::dataset_label_names(data.root), data.root
+/// taken relative to the config file's folder when it is not found as given. Empty when the
+/// dataset is gone and no map_labels stage names the classes.
+std::vector<std::string> job_class_names(const JobConfig& cfg);
 
 /// A class name as metric keys and TensorBoard tags use it: letters, digits and "_-+." kept,
 /// anything else becomes '_' ("Left Atrium" -> "Left_Atrium").

@@ -15,6 +15,7 @@
 #include "messages/geometry.hpp"
 #include "models/detail/case_files.hpp"
 #include "models/inference.hpp"
+#include "pipeline/io/dataset.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/image_io.hpp"
 
@@ -65,14 +66,12 @@ Result<pipeline::Image> read_label_source(const fs::path& path) {
 Result<std::pair<at::Tensor, std::vector<std::int64_t>>> label_map_of(const pipeline::Image& img,
                                                                       const fs::path& path) {
   const std::string where = path.string();
-  const at::Tensor& v = img.voxels;
+  const at::Tensor v = img.voxels.scalar_type() == at::kBool ? img.voxels.to(at::kByte) : img.voxels;
   if (!v.defined() || v.dim() != 4 || v.numel() == 0)
     return invalid_argument(where + ": expected a label map (1, Z, Y, X), got no voxels");
   if (v.size(0) != 1)
     return invalid_argument(where + ": expected a single-channel label map, got " +
                             std::to_string(v.size(0)) + " channels");
-  if (v.scalar_type() == at::kBool)
-    return std::make_pair(v[0].to(at::kInt).contiguous(), std::vector<std::int64_t>{});
   if (at::isFloatingType(v.scalar_type())) {
     at::Tensor frac = (v - v.round()).abs();
     if (frac.max().item<double>() > 0) {
@@ -88,14 +87,17 @@ Result<std::pair<at::Tensor, std::vector<std::int64_t>>> label_map_of(const pipe
                             ", got values in [" + std::to_string(static_cast<long long>(lo)) + ", " +
                             std::to_string(static_cast<long long>(hi)) + "] (an intensity image?)");
   at::Tensor lab = v[0].to(at::kInt).contiguous();
-  at::Tensor counts = torch::bincount(lab.flatten().to(at::kLong));
-  at::Tensor present = counts.nonzero().flatten();
-  if (present.numel() > kMaxDistinctLabels)
+  // Which values occur: one pass over the int32 copy (no 8-byte copy for bincount).
+  std::vector<std::uint8_t> seen(static_cast<std::size_t>(hi) + 1, 0);
+  const std::int32_t* d = lab.data_ptr<std::int32_t>();
+  for (std::int64_t i = 0, n = lab.numel(); i < n; ++i) seen[static_cast<std::size_t>(d[i])] = 1;
+  std::vector<std::int64_t> values;
+  for (std::size_t k = 0; k < seen.size(); ++k)
+    if (seen[k]) values.push_back(static_cast<std::int64_t>(k));
+  if (static_cast<std::int64_t>(values.size()) > kMaxDistinctLabels)
     return invalid_argument(where + ": expected a label map with at most " +
                             std::to_string(kMaxDistinctLabels) + " distinct values, got " +
-                            std::to_string(present.numel()) + " (an intensity image?)");
-  std::vector<std::int64_t> values;
-  for (std::int64_t i = 0; i < present.numel(); ++i) values.push_back(present[i].item<std::int64_t>());
+                            std::to_string(values.size()) + " (an intensity image?)");
   return std::make_pair(lab, values);
 }
 
@@ -105,34 +107,35 @@ std::string describe_grid(const pipeline::Image& img) {
          describe(img.geometry);
 }
 
-/// Label names from a dataset.json beside the ground truth: MSD {"1": "liver"} or nnU-Net
-/// v2 {"liver": 1}.
+/// Label names of the ground truth, index = label value: the dataset.json `labels` of its
+/// folder or of up to two folders above it (pipeline::label_names_from_json: MSD {"1": "liver"}
+/// or nnU-Net v2 {"liver": 1}); else the segment labels of a DICOM SEG ground truth, or of a
+/// folder of DICOM case folders (pipeline::dataset_label_names).
 std::map<std::int64_t, std::string> find_label_names(const fs::path& gt) {
+  const auto by_value = [](const std::vector<std::string>& names) {
+    std::map<std::int64_t, std::string> m;
+    for (std::size_t v = 0; v < names.size(); ++v)
+      if (!names[v].empty()) m[static_cast<std::int64_t>(v)] = names[v];
+    return m;
+  };
   std::error_code ec;
-  std::vector<fs::path> candidates;
   fs::path dir = fs::is_directory(gt, ec) ? gt : gt.parent_path();
   for (int up = 0; up < 3 && !dir.empty(); ++up, dir = dir.parent_path()) {
-    candidates.push_back(dir / "dataset.json");
-    if (dir == dir.parent_path()) break;
-  }
-  for (const auto& c : candidates) {
-    if (!fs::is_regular_file(c, ec)) continue;
-    std::ifstream in(c);
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("labels") || !j["labels"].is_object()) continue;
-    std::map<std::int64_t, std::string> names;
-    for (auto it = j["labels"].begin(); it != j["labels"].end(); ++it) {
-      if (it->is_string()) {
-        try {
-          names[std::stoll(it.key())] = it->get<std::string>();
-        } catch (const std::exception&) {
-        }
-      } else if (it->is_number_integer()) {
-        names[it->get<std::int64_t>()] = it.key();
+    const fs::path file = dir / "dataset.json";
+    if (fs::is_regular_file(file, ec)) {
+      std::ifstream in(file);
+      const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.contains("labels")) {
+        auto names = by_value(pipeline::label_names_from_json(j["labels"]));
+        if (!names.empty()) return names;
       }
     }
-    if (!names.empty()) return names;
+    if (dir == dir.parent_path()) break;
   }
+  if (fs::is_directory(gt, ec)) return by_value(pipeline::dataset_label_names(gt));
+  if (pipeline::is_dicom_seg_file(gt))
+    if (auto segments = pipeline::read_dicom_seg_segments(gt); segments.is_ok())
+      return by_value(pipeline::segment_class_names(*segments));
   return {};
 }
 

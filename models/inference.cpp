@@ -11,7 +11,9 @@
 #include <map>
 #include <optional>
 #include <regex>
+#include <set>
 
+#include "models/class_names.hpp"
 #include "models/detail/case_files.hpp"
 #include "models/sliding_window.hpp"
 #include "models/trainer.hpp"
@@ -77,10 +79,29 @@ at::Tensor resample_to_grid(const at::Tensor& data, const Geometry& src, const G
 Result<TtaMode> parse_tta(const std::string& text) {
   if (text == "none") return TtaMode::none;
   if (text == "mirror") return TtaMode::mirror;
-  return invalid_argument("--tta: expected none or mirror, got '" + text + "'");
+  if (text == "mirror-all") return TtaMode::mirror_all;
+  return invalid_argument("--tta: expected none, mirror or mirror-all, got '" + text + "'");
 }
 
-at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image, TtaMode tta) {
+std::vector<int> tta_mirror_axes(TtaMode tta, const nlohmann::json& training_stages, int spatial_dims) {
+  std::set<int> axes;
+  if (tta == TtaMode::mirror_all) {
+    for (int a = 0; a < spatial_dims; ++a) axes.insert(a);
+  } else if (tta == TtaMode::mirror && training_stages.is_array()) {
+    for (const auto& st : training_stages) {
+      if (st.value("name", "") != "rand_flip" || !st.contains("options")) continue;
+      const auto& o = st["options"];
+      if (o.value("prob", 0.0) <= 0.0 || !o.contains("spatial_axis")) continue;
+      for (const auto& a : o["spatial_axis"])
+        if (a.is_number_integer() && a.get<int>() >= 0 && a.get<int>() < spatial_dims)
+          axes.insert(a.get<int>());
+    }
+  }
+  return {axes.begin(), axes.end()};
+}
+
+at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image,
+                                 const std::vector<int>& mirror_axes) {
   torch::NoGradGuard ng;
   const ModelHandle& model = trainer.model();
   const ModelInfo& info = model.info();
@@ -102,17 +123,21 @@ at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image
     }
     return torch::softmax(logits, 1);
   };
+  // Window dims of the mirrored axes: windows are (B, C, *spatial), spatial in (z,) y, x order.
+  std::vector<std::int64_t> dims;
+  for (int a : mirror_axes)
+    if (a >= 0 && a < nd) dims.push_back(2 + (nd - 1 - a));
   const Predictor predictor = [&](const at::Tensor& w) -> at::Tensor {
-    if (tta == TtaMode::none) return probabilities_of(w);
-    // Every subset of the spatial axes (dims 2 .. 2 + nd - 1 of the window batch), the
-    // empty one included; each prediction flipped back before averaging.
+    if (dims.empty()) return probabilities_of(w);
+    // Every subset of the mirrored dims, the empty one included; each prediction flipped
+    // back before averaging.
     at::Tensor sum;
-    const int combos = 1 << nd;
+    const int combos = 1 << dims.size();
     for (int m = 0; m < combos; ++m) {
-      std::vector<std::int64_t> axes;
-      for (int d = 0; d < nd; ++d)
-        if ((m >> d) & 1) axes.push_back(2 + d);
-      at::Tensor p = axes.empty() ? probabilities_of(w) : probabilities_of(w.flip(axes)).flip(axes);
+      std::vector<std::int64_t> flip;
+      for (std::size_t d = 0; d < dims.size(); ++d)
+        if ((m >> d) & 1) flip.push_back(dims[d]);
+      at::Tensor p = flip.empty() ? probabilities_of(w) : probabilities_of(w.flip(flip)).flip(flip);
       sum = sum.defined() ? sum + p : p;
     }
     return sum / static_cast<double>(combos);
@@ -131,31 +156,6 @@ at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image
 
 namespace {
 
-/// Label names from the "labels" of a dataset.json: MSD {"1": "liver"} or nnU-Net v2
-/// {"liver": 1}; index = label value.
-std::vector<std::string> names_from_dataset_json(const fs::path& file) {
-  std::error_code ec;
-  if (!fs::is_regular_file(file, ec)) return {};
-  std::ifstream in(file);
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("labels") || !j["labels"].is_object()) return {};
-  std::map<std::int64_t, std::string> m;
-  for (auto it = j["labels"].begin(); it != j["labels"].end(); ++it) {
-    if (it->is_string()) {
-      try {
-        m[std::stoll(it.key())] = it->get<std::string>();
-      } catch (const std::exception&) {
-      }
-    } else if (it->is_number_integer()) {
-      m[it->get<std::int64_t>()] = it.key();
-    }
-  }
-  if (m.empty() || m.begin()->first < 0 || m.rbegin()->first > 4096) return {};
-  std::vector<std::string> out(static_cast<std::size_t>(m.rbegin()->first) + 1);
-  for (const auto& [k, v] : m) out[static_cast<std::size_t>(k)] = v;
-  return out;
-}
-
 /// Sizes (x, y, z) of a (C, Z, Y, X) tensor.
 Size3 size_of(const at::Tensor& t) { return {t.size(3), t.size(2), t.size(1)}; }
 
@@ -168,7 +168,8 @@ struct Member {
   fs::path path;
   std::unique_ptr<Trainer> trainer;
   pipeline::Pipeline pipe;
-  std::string stages;  ///< the stage list as JSON text: members with equal text share preprocessing
+  std::string stages;         ///< the stage list as JSON text: members with equal text share preprocessing
+  std::vector<int> tta_axes;  ///< what this member mirrors
 };
 
 /// Probabilities and labels of one case on the input's grid.
@@ -217,31 +218,25 @@ class Ensemble {
       Member m;
       m.path = p;
       m.stages = pipeline::to_json(cfg.stages).dump();
+      m.tta_axes = tta_mirror_axes(o.tta, pipe.to_json(), info.spatial_dims);
       m.pipe = std::move(pipe);
       m.trainer = std::move(trainer);
       e.members_.push_back(std::move(m));
     }
     e.names_ = o.class_names;
-    // The dataset's names fit the model's classes only when no stage maps label values.
-    const auto& stages = e.members_.front().trainer->config().stages.stages;
-    const bool remapped = std::any_of(stages.begin(), stages.end(),
-                                      [](const pipeline::StageSpec& s) { return s.name == "map_labels"; });
-    if (e.names_.empty() && !remapped) {
-      const JobConfig& cfg = e.members_.front().trainer->config();
-      fs::path root = cfg.data.root;
-      e.names_ = names_from_dataset_json(root / "dataset.json");
-      if (e.names_.empty() && root.is_relative() && !cfg.file.empty())
-        e.names_ = names_from_dataset_json(fs::path(cfg.file).parent_path() / root / "dataset.json");
-    }
+    // The training's class names: the dataset's (dataset.json, SEG segment labels) carried
+    // through the job's map_labels stages, or their `names`.
+    if (e.names_.empty()) e.names_ = job_class_names(e.members_.front().trainer->config());
     return e;
   }
 
   std::int64_t in_channels() const { return in_channels_; }
   const std::vector<std::string>& names() const { return names_; }
+  const std::vector<int>& tta_axes() const { return members_.front().tta_axes; }
 
   /// Predicts one case (image (C, Z, Y, X) on `input.geometry`).
   Result<CasePrediction> predict(const at::Tensor& image, const Geometry& geometry, const std::string& id,
-                                 TtaMode tta, bool want_probabilities) const {
+                                 bool want_probabilities) const {
     if (image.size(0) != in_channels_)
       return invalid_argument(id + ": the model takes " + std::to_string(in_channels_) + " image channel" +
                               (in_channels_ == 1 ? "" : "s") + ", got " + std::to_string(image.size(0)));
@@ -263,7 +258,7 @@ class Ensemble {
         it = preprocessed.emplace(m.stages, std::move(pre)).first;
       }
       const Sample& pre = it->second;
-      at::Tensor p = predict_probabilities(*m.trainer, pre.at("image"), tta);
+      at::Tensor p = predict_probabilities(*m.trainer, pre.at("image"), m.tta_axes);
       const Size3 p_size = size_of(p);
       if (!sum.defined()) {
         sum = p;
@@ -325,16 +320,13 @@ Result<InferResult> write_case(const CasePrediction& pred, const pipeline::Image
     if (dicom_source.empty())
       return invalid_argument(out.string() + ": DICOM SEG output needs a DICOM input, got " +
                               input.source.string());
-    const fs::path dir = fs::is_directory(dicom_source) ? dicom_source : dicom_source.parent_path();
-    SEGFLOW_ASSIGN_OR_RETURN(auto series, pipeline::scan_dicom_folder(dir));
-    const pipeline::DicomSeriesInfo* ref = nullptr;
-    for (const auto& si : series)
-      if (si.modality != "SEG") ref = &si;
-    if (!ref) return not_found(dir.string() + ": no image series to reference from the DICOM SEG");
+    // The SEG references the slices read: the stack read_dicom chose (not localizers or
+    // other series of the folder).
+    SEGFLOW_ASSIGN_OR_RETURN(pipeline::DicomSeriesInfo ref, pipeline::dicom_source_series(dicom_source));
     std::vector<pipeline::SegmentStyle> styles(names.size());
     for (std::size_t v = 0; v < names.size(); ++v)
       styles[v] = {names[v], pipeline::default_segment_colour(static_cast<std::int64_t>(v))};
-    SEGFLOW_RETURN_IF_ERROR(pipeline::write_dicom_seg(out, seg, *ref, styles));
+    SEGFLOW_RETURN_IF_ERROR(pipeline::write_dicom_seg(out, seg, ref, styles));
   } else if (pipeline::is_nifti_path(out)) {
     SEGFLOW_RETURN_IF_ERROR(pipeline::write_nifti(out, seg));
   } else {
@@ -492,10 +484,11 @@ Result<InferResult> run_inference(const InferOptions& o) {
     }
     const std::string id = detail::strip_channel_zero(detail::case_id_of(o.input));
     SEGFLOW_ASSIGN_OR_RETURN(CasePrediction pred,
-                             ensemble.predict(input.voxels, input.geometry, id, o.tta, o.save_probabilities));
+                             ensemble.predict(input.voxels, input.geometry, id, o.save_probabilities));
     SEGFLOW_ASSIGN_OR_RETURN(InferResult r,
                              write_case(pred, input, out, dicom ? o.input : fs::path(), ensemble.names()));
     r.case_id = id;
+    r.tta_axes = ensemble.tta_axes();
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   } catch (const c10::Error& e) {
@@ -516,8 +509,6 @@ Result<InferBatchResult> run_inference_batch(const InferOptions& o,
   if (fs::exists(o.output, ec) && !fs::is_directory(o.output, ec))
     return invalid_argument(o.output.string() + ": --output: expected a folder for the " +
                             std::to_string(cases.size()) + " cases of " + o.input.string() + ", got a file");
-  fs::create_directories(o.output, ec);
-  if (ec) return io_error(o.output.string() + ": cannot create the folder: " + ec.message());
   Result<Ensemble> loaded = [&]() -> Result<Ensemble> {
     try {
       return Ensemble::load(o);
@@ -526,6 +517,8 @@ Result<InferBatchResult> run_inference_batch(const InferOptions& o,
     }
   }();
   if (!loaded.is_ok()) return loaded.status();
+  fs::create_directories(o.output, ec);
+  if (ec) return io_error(o.output.string() + ": cannot create the folder: " + ec.message());
   const Ensemble& ensemble = *loaded;
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const InferCase& c = cases[i];
@@ -540,8 +533,8 @@ Result<InferBatchResult> run_inference_batch(const InferOptions& o,
     Result<InferResult> r = [&]() -> Result<InferResult> {
       try {
         SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image input, read_case(c));
-        SEGFLOW_ASSIGN_OR_RETURN(CasePrediction pred, ensemble.predict(input.voxels, input.geometry, c.id,
-                                                                       o.tta, o.save_probabilities));
+        SEGFLOW_ASSIGN_OR_RETURN(CasePrediction pred,
+                                 ensemble.predict(input.voxels, input.geometry, c.id, o.save_probabilities));
         return write_case(pred, input, out, c.dicom ? c.channels.front() : fs::path(), ensemble.names());
       } catch (const c10::Error& e) {
         return internal_error(c.id + ": " + e.what_without_backtrace());
@@ -553,6 +546,7 @@ Result<InferBatchResult> run_inference_batch(const InferOptions& o,
     p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
     if (r.is_ok()) {
       r->case_id = c.id;
+      r->tta_axes = ensemble.tta_axes();
       r->seconds = p.seconds;
       p.output = r->output;
       result.outputs.push_back(std::move(*r));

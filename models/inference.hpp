@@ -7,12 +7,13 @@
 // How a case is predicted: each checkpoint runs the deterministic stages of its own
 // training pipeline, then sliding-window inference whose windows are turned into
 // probabilities (softmax; sigmoid as [1 - p, p] for one-channel models) before blending,
-// optionally averaged over every flip of the window's spatial axes (nnU-Net's mirroring:
-// 8 passes in 3D, 4 in 2D). The checkpoints' probabilities are averaged on the first one's
-// preprocessed grid; the label map is their argmax, mapped back to the input's grid
-// (nearest, through patient coordinates); saved probabilities are mapped back linearly.
+// optionally averaged over every combination of flips of the window's spatial axes
+// (nnU-Net's mirroring: the axes the training flipped, or all of them). The checkpoints' probabilities are
+// averaged on the first one's preprocessed grid; the label map is their argmax, mapped back to the input's
+// grid (nearest, through patient coordinates); saved probabilities are mapped back linearly.
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -28,14 +29,23 @@ namespace segflow::models {
 
 class Trainer;
 
-/// Test-time augmentation.
+/// Test-time augmentation: the softmax averaged over every combination of flips of a set of
+/// spatial axes, window by window (nnU-Net's mirroring).
 enum class TtaMode {
   none,
-  mirror,  ///< mean of the softmax over all flips of the spatial axes, per window
+  /// The axes the checkpoint's training pipeline flips (its rand_flip stages), as nnU-Net
+  /// mirrors its inference_allowed_mirroring_axes; none when the training never flipped.
+  mirror,
+  mirror_all,  ///< every spatial axis (8 passes in 3D, 4 in 2D)
 };
 
-/// "none" | "mirror".
+/// "none" | "mirror" | "mirror-all".
 Result<TtaMode> parse_tta(const std::string& text);
+
+/// The axes (0 = x, 1 = y, 2 = z) `tta` mirrors for a model with `spatial_dims` trained
+/// through `training_stages` (a built pipeline's to_json(): [{name, options}], options
+/// resolved). Ascending.
+std::vector<int> tta_mirror_axes(TtaMode tta, const nlohmann::json& training_stages, int spatial_dims);
 
 /// Options of one inference run.
 struct InferOptions {
@@ -69,6 +79,7 @@ struct InferResult {
   double seconds = 0.0;
   std::string case_id;                  ///< case id (batch) or the input's name
   std::filesystem::path probabilities;  ///< the probabilities file, when saved
+  std::vector<int> tta_axes;            ///< axes mirrored (of the first checkpoint; 0 = x)
 };
 
 /// Runs inference on one scan. A folder output gets "<input name>_seg.nii.gz" (NIfTI input)
@@ -121,9 +132,11 @@ Result<InferBatchResult> run_inference_batch(const InferOptions& options,
 
 /// Class probabilities (K, *spatial) float32 on the CPU of one model for one preprocessed
 /// image (C, *spatial): sliding windows with the run's validation settings, softmax per
-/// window (or [1 - sigmoid, sigmoid]), averaged over mirrored windows with TtaMode::mirror.
-/// A 2D model on a volume runs slice by slice. The model is put in eval mode.
-at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image, TtaMode tta);
+/// window (or [1 - sigmoid, sigmoid]), averaged over the 2^n flips of `mirror_axes` (0 = x,
+/// 1 = y, 2 = z; empty: no TTA). A 2D model on a volume runs slice by slice (z is not
+/// mirrored). The model is put in eval mode.
+at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image,
+                                 const std::vector<int>& mirror_axes = {});
 
 /// Resamples an integer label map or float maps (C, Z, Y, X) from grid `src` onto the grid
 /// `dst` of size `dst_size` through patient coordinates (nearest for integer types, linear

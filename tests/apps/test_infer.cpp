@@ -9,9 +9,11 @@
 #include <filesystem>
 
 #include "actors/job_runner.hpp"
+#include "models/class_names.hpp"
 #include "models/inference.hpp"
 #include "models/job_config.hpp"
 #include "models/trainer.hpp"
+#include "pipeline/io/dicom.hpp"
 #include "pipeline/io/dicom_seg_style.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "pipeline/io/nifti.hpp"
@@ -24,9 +26,9 @@ namespace fs = std::filesystem;
 namespace {
 
 /// A small job on 5 synthetic 24^3 NIfTI cases in `dir` (made on first use). `model`
-/// replaces the 3x3x3 UNet; `stages_extra` goes after load.
+/// replaces the 3x3x3 UNet; `stages_extra` goes after load, `random_extra` after the crop.
 std::string infer_job(const fs::path& dir, const std::string& model = "",
-                      const std::string& stages_extra = "") {
+                      const std::string& stages_extra = "", const std::string& random_extra = "") {
   return "name: infer-tiny\n"
          "seed: 5\n"
          "data:\n"
@@ -43,8 +45,8 @@ std::string infer_job(const fs::path& dir, const std::string& model = "",
          "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
          "  - name: fg_bg_indices\n"
          "  - name: rand_crop_pos_neg\n"
-         "    options: {spatial_size: [16, 16, 16], pos: 3, neg: 1, num_samples: 2}\n"
-         "model: " +
+         "    options: {spatial_size: [16, 16, 16], pos: 3, neg: 1, num_samples: 2}\n" +
+         random_extra + "model: " +
          (model.empty()
               ? "{name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, 16], "
                 "strides: [2, 2], num_res_units: 1, norm: batch}"
@@ -130,7 +132,8 @@ TEST_CASE("mirroring TTA of a flip-equivariant model equals no TTA, and of a 3x3
     return *r;
   };
   auto plain = run(pointwise, models::TtaMode::none, "pw.nii.gz");
-  auto mirrored = run(pointwise, models::TtaMode::mirror, "pw_tta.nii.gz");
+  auto mirrored = run(pointwise, models::TtaMode::mirror_all, "pw_tta.nii.gz");
+  CHECK(mirrored.tta_axes == std::vector<int>{0, 1, 2});
   CHECK(torch::allclose(read_voxels(plain.probabilities), read_voxels(mirrored.probabilities), 1e-5, 1e-6));
   CHECK(torch::equal(read_voxels(plain.output), read_voxels(mirrored.output)));
 
@@ -142,16 +145,14 @@ TEST_CASE("mirroring TTA of a flip-equivariant model equals no TTA, and of a 3x3
   REQUIRE_MESSAGE(t.is_ok(), t.status().message());
   torch::manual_seed(1);
   at::Tensor image = torch::rand({1, 32, 32, 32});
-  at::Tensor none = models::predict_probabilities(**t, image, models::TtaMode::none);
-  at::Tensor tta = models::predict_probabilities(**t, image, models::TtaMode::mirror);
+  at::Tensor none = models::predict_probabilities(**t, image);
+  at::Tensor tta = models::predict_probabilities(**t, image, {0, 1, 2});
   at::Tensor manual = torch::zeros_like(none);
   for (int m = 0; m < 8; ++m) {
     std::vector<std::int64_t> axes;
     for (int d = 0; d < 3; ++d)
       if ((m >> d) & 1) axes.push_back(1 + d);
-    manual += axes.empty()
-                  ? none
-                  : models::predict_probabilities(**t, image.flip(axes), models::TtaMode::none).flip(axes);
+    manual += axes.empty() ? none : models::predict_probabilities(**t, image.flip(axes)).flip(axes);
   }
   manual /= 8.0;
   CHECK(torch::allclose(tta, manual, 1e-5, 1e-6));
@@ -159,9 +160,10 @@ TEST_CASE("mirroring TTA of a flip-equivariant model equals no TTA, and of a 3x3
   CHECK((tta.sum(0) - 1).abs().max().item<double>() < 1e-5);
 
   // On a scan through the CLI: a valid label map on the input's grid (nibabel agrees).
-  auto r = run_segflow("infer --checkpoint " + q(unet) + " --input " + q(input) + " --output " +
-                           q(dir.path() / "tta.nii.gz") + " --tta mirror --device cpu --save-probabilities",
-                       dir.path());
+  auto r =
+      run_segflow("infer --checkpoint " + q(unet) + " --input " + q(input) + " --output " +
+                      q(dir.path() / "tta.nii.gz") + " --tta mirror-all --device cpu --save-probabilities",
+                  dir.path());
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
   auto ours = testing::reference_read("nibabel", dir.path() / "tta.nii.gz");
   auto in = testing::reference_read("nibabel", input);
@@ -179,7 +181,7 @@ TEST_CASE("mirroring TTA of a flip-equivariant model equals no TTA, and of a 3x3
                              q(dir.path() / "x.nii.gz") + " --tta flips",
                          dir.path());
   CHECK(bad.exit_code == 2);
-  CHECK(bad.err == "segflow infer: --tta: expected none or mirror, got 'flips'\n");
+  CHECK(bad.err == "segflow infer: --tta: expected none, mirror or mirror-all, got 'flips'\n");
 }
 
 TEST_CASE(
@@ -247,7 +249,7 @@ TEST_CASE("saved probabilities sum to 1 per voxel on the input's grid, also when
       train(infer_job(dir.path(), "", "  - name: resample\n    options: {spacing: [2.0, 2.0, 3.5]}\n"));
   const fs::path input = dir.path() / "data" / "imagesTr" / "case_002_0000.nii.gz";  // oblique
   auto r = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(input) + " --output " +
-                           q(dir.path() / "seg.nii.gz") + " --save-probabilities --tta mirror",
+                           q(dir.path() / "seg.nii.gz") + " --save-probabilities --tta mirror-all",
                        dir.path());
   REQUIRE_MESSAGE(r.exit_code == 0, r.err);
   auto j = nlohmann::json::parse(r.out);
@@ -398,4 +400,144 @@ TEST_CASE("DICOM SEG output names and colours its segments from the training dat
                        dir.path());
   REQUIRE_MESSAGE(f.exit_code == 0, f.err);
   CHECK(fs::exists(dir.path() / "nii" / "case_001.nii.gz"));
+}
+
+TEST_CASE("--tta mirror averages over flips of the axes the training flipped, mirror-all over every axis") {
+  TempDir dir("infer_tta_axes");
+  // The training flips x and z (rand_flip), never y; a second job never flips, a third has
+  // a rand_flip that never fires (prob 0).
+  const fs::path xz = untrained(
+      infer_job(dir.path(), "", "", "  - name: rand_flip\n    options: {prob: 0.5, spatial_axis: [2, 0]}\n"),
+      dir.path() / "xz.pt");
+  const fs::path plain = untrained(infer_job(dir.path()), dir.path() / "plain.pt");
+  const fs::path never = untrained(
+      infer_job(dir.path(), "", "", "  - name: rand_flip\n    options: {prob: 0.0, spatial_axis: [1]}\n"),
+      dir.path() / "never.pt");
+  // A scan of 24 x 32 x 40 (z, y, x) voxels: every axis its own length, so that a flip of the
+  // wrong axis cannot give the same numbers.
+  torch::manual_seed(3);
+  pipeline::Image scan;
+  scan.voxels = torch::rand({1, 24, 32, 40}) * 500.0 - 200.0;
+  scan.geometry.spacing = {1.0, 1.5, 2.0};
+  scan.geometry.origin = {-10.0, 20.0, 5.0};
+  const fs::path input = dir.path() / "scan.nii.gz";
+  REQUIRE(pipeline::write_nifti(input, scan).is_ok());
+
+  models::InferOptions o{
+      .checkpoint = xz, .input = input, .output = dir.path() / "m.nii.gz", .device = "cpu"};
+  o.tta = models::TtaMode::mirror;
+  o.save_probabilities = true;
+  auto mirrored = models::run_inference(o);
+  REQUIRE_MESSAGE(mirrored.is_ok(), mirrored.status().message());
+  CHECK(mirrored->tta_axes == std::vector<int>{0, 2});
+  o.tta = models::TtaMode::mirror_all;
+  o.output = dir.path() / "all.nii.gz";
+  auto all = models::run_inference(o);
+  REQUIRE_MESSAGE(all.is_ok(), all.status().message());
+  CHECK(all->tta_axes == std::vector<int>{0, 1, 2});
+
+  // The saved probabilities are the mean of the predictions of the scan flipped along x
+  // (tensor dim 3) and z (dim 1), each flipped back: the job's stages (intensity scaling
+  // only, no resampling) applied by hand.
+  auto t = models::load_for_inference(xz, "cpu");
+  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
+  const at::Tensor pre = ((scan.voxels + 200.0) / 500.0).clamp(0.0, 1.0);
+  at::Tensor manual = torch::zeros({5, 24, 32, 40});
+  for (const std::vector<std::int64_t>& dims :
+       {std::vector<std::int64_t>{}, std::vector<std::int64_t>{3}, std::vector<std::int64_t>{1},
+        std::vector<std::int64_t>{1, 3}})
+    manual += dims.empty() ? models::predict_probabilities(**t, pre)
+                           : models::predict_probabilities(**t, pre.flip(dims)).flip(dims);
+  manual /= 4.0;
+  const at::Tensor saved = read_voxels(mirrored->probabilities).to(torch::kFloat32);
+  REQUIRE((saved.sizes() == manual.sizes()));
+  CHECK(torch::allclose(saved, manual, 1e-4, 1e-5));
+  CHECK(torch::allclose(models::predict_probabilities(**t, pre, {0, 2}), manual, 1e-5, 1e-6));
+  // Mirroring y as well, or nothing, gives other numbers (the model is not flip-invariant).
+  const at::Tensor saved_all = read_voxels(all->probabilities).to(torch::kFloat32);
+  CHECK((saved_all - saved).abs().max().item<double>() > 1e-4);
+  CHECK((models::predict_probabilities(**t, pre) - saved).abs().max().item<double>() > 1e-4);
+
+  // Through the CLI: the axes mirrored, by name, in the JSON line.
+  const auto axes = [&](const fs::path& ckpt, const std::string& tta) {
+    auto r = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(input) + " --output " +
+                             q(dir.path() / ("cli_" + tta + ".nii.gz")) + " --tta " + tta + " --device cpu",
+                         dir.path());
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    return nlohmann::json::parse(r.out)["tta_axes"];
+  };
+  CHECK(axes(xz, "mirror") == nlohmann::json::array({"x", "z"}));
+  CHECK(axes(xz, "mirror-all") == nlohmann::json::array({"x", "y", "z"}));
+  CHECK(axes(xz, "none") == nlohmann::json::array());
+  CHECK(axes(plain, "mirror") == nlohmann::json::array());
+  CHECK(axes(never, "mirror") == nlohmann::json::array());
+}
+
+TEST_CASE(
+    "DICOM SEG segments are named by the training's classes: dataset.json names through map_labels, and "
+    "a DICOM dataset's SEG segment labels") {
+  TempDir dir("infer_seg_mapped");
+  // The training swaps liver (1) and spleen (2) of synth's dataset.json: class 1 is spleen.
+  const fs::path ckpt = train(
+      infer_job(dir.path(), "", "  - name: map_labels\n    options: {mapping: {1: 2, 2: 1, 3: 3, 4: 4}}\n"));
+  auto s = run_segflow("synth --cases 2 --size 24 --format dicom --seed 9 --out " + q(dir.path() / "dicom"),
+                       dir.path());
+  REQUIRE_MESSAGE(s.exit_code == 0, s.err);
+  const fs::path case_dir = dir.path() / "dicom" / "case_000";
+  auto r = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(case_dir) + " --output " +
+                           q(dir.path() / "mapped.dcm") + " --device cpu",
+                       dir.path());
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  const std::int64_t max_label = nlohmann::json::parse(r.out)["labels"].back().get<std::int64_t>();
+  REQUIRE(max_label >= 1);
+  const std::vector<std::string> mapped = {"background", "spleen", "liver", "kidney", "spine"};
+  auto c = infer_check("seg " + q(dir.path() / "mapped.dcm"));
+  REQUIRE(c["segments"].size() == static_cast<std::size_t>(max_label));
+  for (std::int64_t v = 1; v <= max_label; ++v) {
+    CHECK(c["segments"][v - 1]["number"] == v);
+    CHECK(c["segments"][v - 1]["label"] == mapped[static_cast<std::size_t>(v)]);
+  }
+
+  // A folder of DICOM case folders whose SEGs name their segments (synth's SEGs rewritten
+  // with names): those names are the classes of a job on it, carried through map_labels.
+  const fs::path root = dir.path() / "dcm" / "data";
+  fs::create_directories(root);
+  fs::copy(dir.path() / "dicom", root, fs::copy_options::recursive);
+  const std::vector<std::string> seg_names = {"", "Liver", "Spleen", "Left Kidney", "Spine"};
+  for (const char* id : {"case_000", "case_001"}) {
+    const fs::path cd = root / id;
+    auto img = pipeline::read_dicom(cd);
+    REQUIRE_MESSAGE(img.is_ok(), img.status().message());
+    auto lab = pipeline::read_dicom_seg(cd / "seg.dcm", *img);
+    REQUIRE_MESSAGE(lab.is_ok(), lab.status().message());
+    auto src = pipeline::dicom_source_series(cd);
+    REQUIRE_MESSAGE(src.is_ok(), src.status().message());
+    std::vector<pipeline::SegmentStyle> styles;
+    for (std::size_t v = 0; v < seg_names.size(); ++v)
+      styles.push_back({seg_names[v], pipeline::default_segment_colour(static_cast<std::int64_t>(v))});
+    REQUIRE(pipeline::write_dicom_seg(cd / "seg.dcm", *lab, *src, styles).is_ok());
+  }
+  // synth's dataset.json beside the case folders comes first; without it, the SEG's names.
+  CHECK(models::job_class_names(job(infer_job(dir.path() / "dcm"))) ==
+        std::vector<std::string>{"background", "liver", "spleen", "kidney", "spine"});
+  REQUIRE(fs::remove(root / "dataset.json"));
+  CHECK(models::job_class_names(job(infer_job(dir.path() / "dcm"))) ==
+        std::vector<std::string>{"background", "Liver", "Spleen", "Left Kidney", "Spine"});
+  const std::string kept = infer_job(
+      dir.path() / "dcm", "", "  - name: map_labels\n    options: {mapping: {1: 3, 3: 1, 2: 2, 4: 4}}\n");
+  CHECK(models::job_class_names(job(kept)) ==
+        std::vector<std::string>{"background", "Left Kidney", "Spleen", "Liver", "Spine"});
+  // segflow infer with a checkpoint of that job names the SEG's segments so (its initial
+  // weights: only the names are under test here).
+  const fs::path init = untrained(kept, dir.path() / "kept.pt");
+  auto k = run_segflow("infer --checkpoint " + q(init) + " --input " + q(case_dir) + " --output " +
+                           q(dir.path() / "kept.dcm") + " --device cpu",
+                       dir.path());
+  REQUIRE_MESSAGE(k.exit_code == 0, k.err);
+  const std::int64_t kept_max = nlohmann::json::parse(k.out)["labels"].back().get<std::int64_t>();
+  auto kc = infer_check("seg " + q(dir.path() / "kept.dcm"));
+  REQUIRE(kc["segments"].size() == static_cast<std::size_t>(kept_max));
+  const std::vector<std::string> kept_names = {"background", "Left Kidney", "Spleen", "Liver", "Spine"};
+  for (std::int64_t v = 1; v <= kept_max; ++v)
+    CHECK(kc["segments"][v - 1]["label"] == kept_names[static_cast<std::size_t>(v)]);
 }
