@@ -54,6 +54,9 @@ Result<std::unique_ptr<ActorBatchSource>> ActorBatchSource::build(std::unique_pt
   ctx->cases = o.cases;
   ctx->pipeline = o.pipeline;
   ctx->det_spec = pipeline::deterministic_spec(*o.pipeline);
+  SEGFLOW_ASSIGN_OR_RETURN(ctx->cache_dtype, pipeline::loader_cache_dtype(o));
+  SEGFLOW_ASSIGN_OR_RETURN(ctx->cache_device, pipeline::loader_cache_device(o));
+  ctx->cacheable = pipeline::cacheable_cases(static_cast<std::int64_t>(o.cases.size()), o.cache_rate);
   if (!o.disk_cache_dir.empty()) {
     pipeline::DiskCacheOptions dco;
     dco.dir = o.disk_cache_dir;
@@ -76,6 +79,7 @@ Result<std::unique_ptr<ActorBatchSource>> ActorBatchSource::build(std::unique_pt
   cc.cacheable = pipeline::cacheable_cases(static_cast<std::int64_t>(o.cases.size()), o.cache_rate);
   cc.budget_bytes = o.cache_bytes;
   cc.decode_workers = o.decode_workers;
+  cc.device = ctx->cache_device;
   // Detached too: CAF 0.17's work-stealing workers, when idle, poll their queues with sleeps
   // of up to 10 ms (scheduler.relaxed-sleep-duration), which a scheduled cache would add to
   // every fetch; a detached actor wakes on its mailbox at once.

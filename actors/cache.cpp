@@ -42,6 +42,7 @@ void on_decoded(self_ptr self, std::size_t slot, std::uint64_t gen, std::int64_t
   if (st.decoders[slot].generation == gen) st.decoders[slot].busy = false;
   --st.counters.decodes_in_flight;
   ++(r.from_disk ? st.counters.disk_hits : st.counters.decodes);
+  st.counters.decode_seconds += r.seconds;
   st.memory.offer(index, r.sample);
   st.counters.max_bytes_seen = std::max(st.counters.max_bytes_seen, st.memory.bytes());
   finish(self, index, &r.sample, nullptr);
@@ -97,7 +98,7 @@ cache_actor::behavior_type cache(cache_actor::stateful_pointer<CacheState> self,
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.collector = std::move(collector);
-  st.memory = pipeline::MemoryCache(config.cacheable, config.budget_bytes);
+  st.memory = pipeline::MemoryCache(config.cacheable, config.budget_bytes, config.device);
   st.counters.budget_bytes = config.budget_bytes;
   st.counters.cacheable_cases = config.cacheable;
   st.counters.decode_limit = std::max(1, config.decode_workers);
@@ -155,6 +156,7 @@ cache_actor::behavior_type cache(cache_actor::stateful_pointer<CacheState> self,
         CacheStats c = s.counters;
         c.entries = s.memory.entries();
         c.bytes = s.memory.bytes();
+        c.voxels = s.memory.voxels();
         c.not_admitted = s.memory.not_admitted();
         c.queued = static_cast<std::int64_t>(s.queue.size());
         return c;

@@ -15,7 +15,8 @@
 // exit is trapped; a request that met a dead decoder is queued again, up to twice).
 // Backpressure: at most one request per decoder in flight (decode_limit =
 // decode_workers); the rest wait in the cache's queue, which is bounded by what its
-// requesters have in flight (each augmenter's window). Memory: cached bytes <= budget.
+// requesters have in flight (each augmenter's window). Memory: cached bytes <= budget,
+// wherever the cache lives (host, or CUDA memory with cache_device cuda).
 
 #include <caf/typed_response_promise.hpp>
 
@@ -34,8 +35,11 @@ namespace segflow::actors {
 /// Configuration of the cache actor.
 struct CacheConfig {
   std::int64_t cacheable = 0;     ///< indices [0, cacheable) may stay in memory
-  std::int64_t budget_bytes = 0;  ///< memory budget of the cached tensors
+  std::int64_t budget_bytes = 0;  ///< memory budget of the cached tensors (host or device)
   int decode_workers = 1;         ///< decoders to spawn, >= 1
+  /// Where cached tensors live: the CPU, or a CUDA device (DecodeContext::cache_device; the
+  /// decoders copy cacheable cases there, so admission copies nothing on this actor).
+  c10::Device device{c10::kCPU};
 };
 
 /// One decoder of the pool, as the cache sees it.

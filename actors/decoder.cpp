@@ -22,6 +22,7 @@ decoder_actor::behavior_type decoder(decoder_actor::stateful_pointer<DecoderStat
   st.live = std::make_unique<LiveDecoder>(*st.ctx);
   st.collector = std::move(collector);
   st.source = "decoder[" + std::to_string(index) + "]";
+  st.stream = std::make_unique<detail::DeviceStream>(st.ctx->cache_device);
   detail::install_exception_handler(self, st.collector, st.source);
   return {
       [self](decode_atom, std::int64_t index) -> caf::result<DecodeResult> {
@@ -33,7 +34,20 @@ decoder_actor::behavior_type decoder(decoder_actor::stateful_pointer<DecoderStat
         Result<pipeline::DecodedCase> r = internal_error("not decoded");
         try {
           r = pipeline::decode_case(c.cases[static_cast<std::size_t>(index)], *c.pipeline, c.disk.get(),
-                                    c.det_spec);
+                                    c.det_spec, c.cache_dtype);
+          if (r.is_ok() && c.cache_device.is_cuda() && index < c.cacheable) {
+            // Into the CUDA cache here, off the cache actor: on this decoder's own stream,
+            // waited for, so that any stream may read the tensors afterwards.
+            auto& ds = *self->state.stream;
+            detail::StreamScope scope(ds);
+            auto moved = pipeline::move_to_cache_device(r.value().sample, c.cache_device);
+            ds.synchronize();
+            if (!moved.is_ok()) {
+              r = moved.status();
+            } else {
+              r.value().sample = std::move(moved).value();
+            }
+          }
         } catch (const c10::Error& e) {
           r = internal_error("case '" + c.cases[static_cast<std::size_t>(index)].id +
                              "': " + e.what_without_backtrace());

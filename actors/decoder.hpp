@@ -14,12 +14,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <c10/core/Device.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "actors/detail/device_stream.hpp"
 #include "actors/interfaces.hpp"
+#include "pipeline/cache/compact.hpp"
 #include "pipeline/io/dataset.hpp"
 
 namespace segflow::pipeline {
@@ -31,10 +35,15 @@ namespace segflow::actors {
 
 /// What every decoder shares (read-only).
 struct DecodeContext {
-  std::vector<pipeline::CaseEntry> cases;        ///< by dataset index
-  const pipeline::Pipeline* pipeline = nullptr;  ///< must outlive the actors
-  std::shared_ptr<pipeline::DiskCache> disk;     ///< may be null
-  nlohmann::json det_spec;                       ///< deterministic_spec(*pipeline)
+  std::vector<pipeline::CaseEntry> cases;                         ///< by dataset index
+  const pipeline::Pipeline* pipeline = nullptr;                   ///< must outlive the actors
+  std::shared_ptr<pipeline::DiskCache> disk;                      ///< may be null
+  nlohmann::json det_spec;                                        ///< deterministic_spec(*pipeline)
+  pipeline::CacheDtype cache_dtype = pipeline::CacheDtype::none;  ///< form of decoded samples
+  /// Where cacheable samples go (a CUDA cache): decoders copy cases with an index below
+  /// `cacheable` there on a side stream of their own, and wait for the copy.
+  c10::Device cache_device{c10::kCPU};
+  std::int64_t cacheable = 0;
   /// Decoders alive (their state exists): the owner waits for 0 before the pipeline goes.
   mutable std::atomic<int> live_decoders{0};
 };
@@ -55,8 +64,9 @@ class LiveDecoder {
 struct DecoderState {
   std::shared_ptr<const DecodeContext> ctx;
   collector_actor collector;
-  std::string source;                 ///< "decoder[i]"
-  std::unique_ptr<LiveDecoder> live;  ///< released with the state, when the decoder exits
+  std::string source;                            ///< "decoder[i]"
+  std::unique_ptr<LiveDecoder> live;             ///< released with the state, when the decoder exits
+  std::unique_ptr<detail::DeviceStream> stream;  ///< copies to a CUDA cache device
   static inline const char* name = "segflow.decoder";
 };
 

@@ -88,6 +88,8 @@ struct CacheStats {
   std::int64_t queued = 0;                 ///< misses waiting for a free decoder
   std::int64_t max_queued = 0;             ///< high-water mark of the above
   std::int64_t decoder_restarts = 0;       ///< decoders respawned after dying
+  std::int64_t voxels = 0;                 ///< spatial voxels of the samples held (bytes / voxels)
+  double decode_seconds = 0;               ///< decoder time of the answered decodes, summed
 };
 
 /// Counters of one augmenter (a snapshot).
@@ -130,7 +132,7 @@ typename Inspector::result_type inspect(Inspector& f, CacheStats& x) {
   return f(caf::meta::type_name("CacheStats"), x.entries, x.bytes, x.budget_bytes, x.max_bytes_seen,
            x.cacheable_cases, x.hits, x.misses, x.not_admitted, x.decodes, x.disk_hits, x.failures,
            x.decodes_in_flight, x.max_decodes_in_flight, x.decode_limit, x.queued, x.max_queued,
-           x.decoder_restarts);
+           x.decoder_restarts, x.voxels, x.decode_seconds);
 }
 
 template <class Inspector>

@@ -30,8 +30,13 @@ struct LoaderOptions {
   int decode_workers = 2;                ///< decode pool size (actors) / ignored (simple loader)
   int max_inflight_batches = 2;          ///< prefetch bound per trainer (actors)
   double cache_rate = 1.0;               ///< fraction of cases kept in the memory cache
-  std::int64_t cache_bytes = 8LL << 30;  ///< memory cache budget
+  std::int64_t cache_bytes = 8LL << 30;  ///< memory cache budget (host or device bytes)
   std::string disk_cache_dir;            ///< persistent cache folder; empty = none
+  /// Form of cached samples: exact | float16 | bfloat16 | none (pipeline/cache/compact.hpp).
+  std::string cache_dtype = "exact";
+  /// Where the memory cache lives: cpu, or cuda (the CUDA `device` itself, which then
+  /// reads crops from device memory only; `device` must be a CUDA device).
+  std::string cache_device = "cpu";
 };
 
 /// A case that failed (bad file, a stage that threw); it is skipped and reported.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <utility>
 
+#include "pipeline/cache/compact.hpp"
 #include "pipeline/cache/disk_cache.hpp"
 #include "pipeline/collate.hpp"
 #include "pipeline/pipeline_spec.hpp"
@@ -37,6 +38,20 @@ Result<c10::Device> loader_device(const LoaderOptions& o) {
   }
 }
 
+Result<CacheDtype> loader_cache_dtype(const LoaderOptions& o) {
+  return parse_cache_dtype(o.cache_dtype, "loader: cache_dtype");
+}
+
+Result<c10::Device> loader_cache_device(const LoaderOptions& o) {
+  if (o.cache_device == "cpu") return c10::Device(c10::kCPU);
+  if (o.cache_device != "cuda") return bad("cache_device", "cpu or cuda", "'" + o.cache_device + "'");
+  SEGFLOW_ASSIGN_OR_RETURN(c10::Device d, loader_device(o));
+  if (!d.is_cuda())
+    return invalid_argument("loader: cache_device: cuda keeps the cache on the training device, which is " +
+                            d.str() + "; expected a CUDA device or cache_device cpu");
+  return d;
+}
+
 Status validate_loader_options(const LoaderOptions& o) {
   if (!o.pipeline) return invalid_argument("loader: pipeline: expected a built pipeline, got none");
   if (o.cases.empty()) return bad("cases", "at least one case", "none");
@@ -50,6 +65,8 @@ Status validate_loader_options(const LoaderOptions& o) {
   if (!(o.cache_rate >= 0 && o.cache_rate <= 1))
     return bad("cache_rate", "a number in [0, 1]", std::to_string(o.cache_rate));
   if (o.cache_bytes < 0) return bad("cache_bytes", "bytes >= 0", std::to_string(o.cache_bytes));
+  SEGFLOW_RETURN_IF_ERROR(loader_cache_dtype(o).status());
+  SEGFLOW_RETURN_IF_ERROR(loader_cache_device(o).status());
   SEGFLOW_ASSIGN_OR_RETURN(c10::Device d, loader_device(o));
   SEGFLOW_RETURN_IF_ERROR(o.pipeline->check_device(d).with_context("loader: device"));
   return Status::ok();
@@ -70,7 +87,7 @@ Result<Sample> sample_to_device(const Sample& s, const c10::Device& device, bool
   out.geometry = s.geometry;
   try {
     for (const auto& [k, t] : s.tensors) {
-      if (!t.defined() || t.device() == device) {
+      if (!t.defined() || t.device() == device || host_resident_key(k)) {
         out.tensors[k] = t;
       } else if (pinned && device.is_cuda() && t.device().is_cpu()) {
         out.tensors[k] = t.pin_memory().to(device, /*non_blocking=*/true);
@@ -89,6 +106,9 @@ Result<std::vector<Sample>> augment_case(const Pipeline& pipeline, const Sample&
                                          const c10::Device& device, bool pinned) {
   std::vector<Sample> v;
   SEGFLOW_ASSIGN_OR_RETURN(Sample on_device, sample_to_device(cached, device, pinned));
+  if (is_compact(on_device) && !reads_compact(pipeline)) {
+    SEGFLOW_ASSIGN_OR_RETURN(on_device, expand_sample(std::move(on_device)));
+  }
   v.push_back(std::move(on_device));
   Rng rng = Rng::for_sample(seed, static_cast<std::uint64_t>(rank), static_cast<std::uint64_t>(epoch),
                             static_cast<std::uint64_t>(position));
@@ -129,27 +149,31 @@ Result<Batch> BatchAssembler::take_rest() {
 // ------------------------------------------------------------------------- SimpleLoader
 
 SimpleLoader::SimpleLoader(const LoaderOptions& options, EpochSampler sampler, c10::Device device,
-                           std::shared_ptr<DiskCache> disk)
+                           std::shared_ptr<DiskCache> disk, c10::Device cache_device, CacheDtype cache_dtype)
     : options_(options),
       sampler_(std::move(sampler)),
       device_(device),
       disk_(std::move(disk)),
       det_spec_(deterministic_spec(*options.pipeline)),
+      cache_dtype_(cache_dtype),
       memory_(cacheable_cases(static_cast<std::int64_t>(options.cases.size()), options.cache_rate),
-              options.cache_bytes),
+              options.cache_bytes, cache_device),
       assembler_(options.batch_size) {}
 
 Result<std::unique_ptr<SimpleLoader>> SimpleLoader::make(const LoaderOptions& options) {
   SEGFLOW_RETURN_IF_ERROR(validate_loader_options(options));
   SEGFLOW_ASSIGN_OR_RETURN(c10::Device device, loader_device(options));
   SEGFLOW_ASSIGN_OR_RETURN(EpochSampler sampler, loader_sampler(options));
+  SEGFLOW_ASSIGN_OR_RETURN(c10::Device cache_device, loader_cache_device(options));
+  SEGFLOW_ASSIGN_OR_RETURN(CacheDtype cache_dtype, loader_cache_dtype(options));
   std::shared_ptr<DiskCache> disk;
   if (!options.disk_cache_dir.empty()) {
     DiskCacheOptions dco;
     dco.dir = options.disk_cache_dir;
     SEGFLOW_ASSIGN_OR_RETURN(disk, DiskCache::open(dco));
   }
-  return std::make_unique<SimpleLoader>(options, std::move(sampler), device, std::move(disk));
+  return std::make_unique<SimpleLoader>(options, std::move(sampler), device, std::move(disk), cache_device,
+                                        cache_dtype);
 }
 
 Status SimpleLoader::start_epoch(std::int64_t epoch) {
@@ -167,10 +191,13 @@ Result<Sample> SimpleLoader::deterministic(std::int64_t index) {
     ++stats_.memory_hits;
     return *s;
   }
-  SEGFLOW_ASSIGN_OR_RETURN(DecodedCase d, decode_case(options_.cases[static_cast<std::size_t>(index)],
-                                                      *options_.pipeline, disk_.get(), det_spec_));
+  const auto t0 = std::chrono::steady_clock::now();
+  SEGFLOW_ASSIGN_OR_RETURN(DecodedCase d,
+                           decode_case(options_.cases[static_cast<std::size_t>(index)], *options_.pipeline,
+                                       disk_.get(), det_spec_, cache_dtype_));
+  stats_.decode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ++(d.from_disk ? stats_.disk_hits : stats_.decodes);
-  memory_.offer(index, d.sample);
+  if (memory_.offer(index, d.sample)) return *memory_.find(index);  // (on the cache device)
   return std::move(d.sample);
 }
 
@@ -227,6 +254,7 @@ SimpleLoaderStats SimpleLoader::stats() const {
   SimpleLoaderStats s = stats_;
   s.cache_entries = memory_.entries();
   s.cache_bytes = memory_.bytes();
+  s.cache_voxels = memory_.voxels();
   s.not_admitted = memory_.not_admitted();
   return s;
 }

@@ -38,26 +38,34 @@ namespace segflow::pipeline {
 class DiskCache;
 
 /// Checks LoaderOptions (pipeline set, cases present, batch_size >= 1, decode_workers >= 1,
-/// max_inflight_batches >= 1, cache_rate in [0, 1], cache_bytes >= 0, a device that exists
-/// and on which every random stage can run). Errors name the field:
+/// max_inflight_batches >= 1, cache_rate in [0, 1], cache_bytes >= 0, a known cache_dtype,
+/// cache_device cpu or cuda (cuda only with a CUDA device), a device that exists and on
+/// which every random stage can run). Errors name the field:
 /// "loader: batch_size: expected an integer >= 1, got 0".
 Status validate_loader_options(const LoaderOptions& options);
 
 /// The device of LoaderOptions::device (validated by validate_loader_options).
 Result<c10::Device> loader_device(const LoaderOptions& options);
+/// Where the memory cache lives: the CPU, or `device` for cache_device cuda.
+Result<c10::Device> loader_cache_device(const LoaderOptions& options);
+/// LoaderOptions::cache_dtype parsed.
+Result<CacheDtype> loader_cache_dtype(const LoaderOptions& options);
 
 /// The sampler of LoaderOptions (shuffle on, drop_last off).
 Result<EpochSampler> loader_sampler(const LoaderOptions& options);
 
 /// A cached sample on `device`, ready for the random stages. On the CPU the tensors are
-/// shared, not copied (stages never write their inputs). To a CUDA device with `pinned`,
-/// tensors are staged through pinned host memory and copied asynchronously on the current
-/// stream (the caller synchronizes that stream before handing results to another one).
+/// shared, not copied (stages never write their inputs); so are tensors already on `device`
+/// (a CUDA cache), and host-resident ones (host_resident_key: crop-centre sets and compact
+/// markers, read on the host) stay where they are. To a CUDA device with `pinned`, tensors
+/// are staged through pinned host memory and copied asynchronously on the current stream
+/// (the caller synchronizes that stream before handing results to another one).
 Result<Sample> sample_to_device(const Sample& sample, const c10::Device& device, bool pinned = false);
 
 /// Step 3 of the epoch semantics for position `position` of `epoch`: the cached sample on
-/// `device`, then Pipeline::run_random with Rng::for_sample(seed, rank, epoch, position).
-/// Thread-safe (const pipeline, own Rng).
+/// `device` (expanded from its compact form first unless the first random stage reads it:
+/// reads_compact), then Pipeline::run_random with Rng::for_sample(seed, rank, epoch,
+/// position). Thread-safe (const pipeline, own Rng).
 Result<std::vector<Sample>> augment_case(const Pipeline& pipeline, const Sample& cached, std::uint64_t seed,
                                          std::int64_t rank, std::int64_t epoch, std::int64_t position,
                                          const c10::Device& device, bool pinned = false);
@@ -90,7 +98,9 @@ struct SimpleLoaderStats {
   std::int64_t memory_hits = 0;    ///< cases served from the memory cache
   std::int64_t cache_entries = 0;  ///< samples in the memory cache
   std::int64_t cache_bytes = 0;    ///< their tensor bytes
+  std::int64_t cache_voxels = 0;   ///< their spatial voxels (MemoryCache::voxels)
   std::int64_t not_admitted = 0;   ///< cacheable samples left out for the budget
+  double decode_seconds = 0;       ///< time spent in decode_case (disk reads included)
 };
 
 /// The synchronous BatchSource (see the header comment). Not thread-safe: one owner.
@@ -108,7 +118,8 @@ class SimpleLoader : public BatchSource {
   SimpleLoaderStats stats() const;
 
   SimpleLoader(const LoaderOptions& options, EpochSampler sampler, c10::Device device,
-               std::shared_ptr<DiskCache> disk);  // use make()
+               std::shared_ptr<DiskCache> disk, c10::Device cache_device = c10::Device(c10::kCPU),
+               CacheDtype cache_dtype = CacheDtype::none);  // use make()
 
  private:
   Result<Sample> deterministic(std::int64_t index);
@@ -118,6 +129,7 @@ class SimpleLoader : public BatchSource {
   c10::Device device_;
   std::shared_ptr<DiskCache> disk_;
   nlohmann::json det_spec_;
+  CacheDtype cache_dtype_;
   MemoryCache memory_;
   std::int64_t epoch_ = -1;
   std::vector<std::int64_t> order_;

@@ -24,20 +24,38 @@ std::int64_t cacheable_cases(std::int64_t n, double rate) {
 }
 
 Result<DecodedCase> decode_case(const CaseEntry& entry, const Pipeline& pipeline, const DiskCache* disk,
-                                const nlohmann::json& det_spec) {
+                                const nlohmann::json& det_spec, CacheDtype dtype) {
   std::optional<std::string> key;
   if (disk) {
     // A case whose files cannot be described is decoded without the disk cache; the reader
-    // then reports the real problem.
-    if (auto k = disk->key_for(entry, det_spec); k.is_ok()) key = std::move(k).value();
+    // then reports the real problem. Uncompacted entries keep the keys they always had.
+    const nlohmann::json spec =
+        dtype == CacheDtype::none
+            ? det_spec
+            : nlohmann::json{{"deterministic", det_spec}, {"cache_dtype", cache_dtype_name(dtype)}};
+    if (auto k = disk->key_for(entry, spec); k.is_ok()) key = std::move(k).value();
   }
   if (key) {
     auto hit = disk->load(*key);
     if (hit.is_ok() && hit.value()) return DecodedCase{std::move(*hit.value()), true};
   }
   SEGFLOW_ASSIGN_OR_RETURN(Sample s, pipeline.run_deterministic(entry));
+  SEGFLOW_ASSIGN_OR_RETURN(s, compact_sample(s, dtype));
   if (key) (void)disk->store(*key, s);  // failures are counted in DiskCache::stats()
   return DecodedCase{std::move(s), false};
+}
+
+Result<Sample> move_to_cache_device(const Sample& sample, const c10::Device& device) {
+  if (device.is_cpu()) return sample;
+  Sample out = sample;
+  try {
+    for (auto& [k, t] : out.tensors)
+      if (t.defined() && !host_resident_key(k) && t.device() != device) t = t.to(device);
+  } catch (const c10::Error& e) {
+    return internal_error("cache: sample '" + sample.id + "' to " + device.str() + ": " +
+                          e.what_without_backtrace());
+  }
+  return out;
 }
 
 const Sample* MemoryCache::find(std::int64_t index) const {
@@ -52,13 +70,19 @@ bool MemoryCache::offer(std::int64_t index, const Sample& sample) {
     ++not_admitted_;
     return false;
   }
-  Sample kept = sample;
+  auto moved = move_to_cache_device(sample, device_);
+  if (!moved.is_ok()) {  // e.g. out of device memory: served, not kept
+    ++not_admitted_;
+    return false;
+  }
+  Sample kept = std::move(moved).value();
   for (auto& [k, t] : kept.tensors) {
     if (!t.defined()) continue;
     const auto held = static_cast<std::int64_t>(t.storage().nbytes());
     if (!t.is_contiguous() || held > t.numel() * static_cast<std::int64_t>(t.element_size())) t = t.clone();
   }
   bytes_ += n;
+  voxels_ += sample_voxels(kept);
   map_.emplace(index, std::move(kept));
   return true;
 }

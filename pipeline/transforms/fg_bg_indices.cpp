@@ -1,5 +1,6 @@
 #include <torch/torch.h>
 
+#include "pipeline/cache/compact.hpp"
 #include "pipeline/options.hpp"
 #include "pipeline/stage_registry.hpp"
 #include "pipeline/transforms/crop.hpp"
@@ -14,6 +15,8 @@ void FgBgIndicesOptions::bind(OptionParser& p) {
   p.number("image_threshold", image_threshold, Range::any(), "image units", "see image_key");
   p.integer("max_per_class", max_per_class, Range::non_negative(), "voxels",
             "keep at most this many indices of each class (even stride); 0 = all");
+  p.choice("format", format, {"int64", "packed"},
+           "int64 index lists (MONAI) or packed index sets (a bit per voxel; same crops)");
   if (label_key.empty()) p.fail("label_key", "expected a non-empty name");
 }
 
@@ -27,19 +30,31 @@ at::Tensor stride_subsample(const at::Tensor& idx, std::int64_t max) {
                  .to(idx.device());
   return idx.index_select(0, sel);
 }
+
+/// Flat fg and bg masks of `label` (C, ...); `image` may be undefined.
+std::pair<at::Tensor, at::Tensor> fg_bg_masks(const at::Tensor& label, const at::Tensor& image,
+                                              double image_threshold) {
+  const at::Tensor fg_mask = (label > 0).any(0).flatten();
+  at::Tensor bg_mask = fg_mask.logical_not();
+  if (image.defined()) bg_mask = bg_mask.logical_and((image > image_threshold).any(0).flatten());
+  return {fg_mask, bg_mask};
+}
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> fg_bg_indices(const at::Tensor& label, const at::Tensor& image,
                                                 double image_threshold, std::int64_t max_per_class) {
-  const at::Tensor fg_mask = (label > 0).any(0).flatten();
-  at::Tensor bg_mask = fg_mask.logical_not();
-  if (image.defined()) bg_mask = bg_mask.logical_and((image > image_threshold).any(0).flatten());
+  auto [fg_mask, bg_mask] = fg_bg_masks(label, image, image_threshold);
   at::Tensor fg = fg_mask.nonzero().flatten();
   at::Tensor bg = bg_mask.nonzero().flatten();
   return {stride_subsample(fg, max_per_class).contiguous(), stride_subsample(bg, max_per_class).contiguous()};
 }
 
 namespace {
+/// The packed form of one class: straight from the mask, or from the subsampled list.
+at::Tensor packed_class(const at::Tensor& mask, std::int64_t max_per_class) {
+  if (max_per_class <= 0) return pack_index_mask(mask);
+  return pack_index_list(stride_subsample(mask.nonzero().flatten(), max_per_class), mask.numel());
+}
 
 class FgBgIndicesStage final : public MapStage {
  public:
@@ -54,11 +69,18 @@ class FgBgIndicesStage final : public MapStage {
 
   Status apply_sample(Sample& s, Rng&) const override {
     SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, keys(), kName).status());
-    auto [fg, bg] =
-        fg_bg_indices(s.at(o_.label_key), o_.image_key.empty() ? at::Tensor() : s.at(o_.image_key),
-                      o_.image_threshold, o_.max_per_class);
+    const at::Tensor image = o_.image_key.empty() ? at::Tensor() : s.at(o_.image_key);
+    if (o_.format == "packed") {
+      auto [fg_mask, bg_mask] = fg_bg_masks(s.at(o_.label_key), image, o_.image_threshold);
+      put_packed_index_set(s, "fg_indices", packed_class(fg_mask, o_.max_per_class));
+      put_packed_index_set(s, "bg_indices", packed_class(bg_mask, o_.max_per_class));
+      return Status::ok();
+    }
+    auto [fg, bg] = fg_bg_indices(s.at(o_.label_key), image, o_.image_threshold, o_.max_per_class);
     s.tensors["fg_indices"] = fg;
     s.tensors["bg_indices"] = bg;
+    s.tensors.erase(std::string(kCompactMarkerPrefix) + "fg_indices");  // lists now, whatever was there
+    s.tensors.erase(std::string(kCompactMarkerPrefix) + "bg_indices");
     return Status::ok();
   }
 

@@ -1,7 +1,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 
+#include "pipeline/cache/compact.hpp"
 #include "pipeline/options.hpp"
 #include "pipeline/stage_registry.hpp"
 #include "pipeline/transforms/crop.hpp"
@@ -26,17 +28,59 @@ void RandCropPosNegOptions::bind(OptionParser& p) {
             "skip keys a sample lacks (e.g. no label at inference)");
 }
 
-Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& s, const RandCropPosNegOptions& o, Rng& rng) {
+namespace {
+
+/// Candidate centres of one class: an index list (int64/int32, host or device) or a packed
+/// index set (host).
+struct Candidates {
+  at::Tensor list;
+  std::optional<PackedIndexSet> set;
+
+  std::int64_t size() const { return set ? set->size() : list.numel(); }
+  /// One past the largest index (0 when empty).
+  std::int64_t extent() const {
+    if (set) return set->extent();
+    return list.numel() ? list.max().item<std::int64_t>() + 1 : 0;
+  }
+  /// The indices at positions `picks`, read on the host.
+  std::vector<std::int64_t> gather(const std::vector<std::int64_t>& picks) const {
+    if (picks.empty()) return {};
+    if (set) {
+      std::vector<std::int64_t> v;
+      v.reserve(picks.size());
+      for (std::int64_t k : picks) v.push_back(set->select(k));
+      return v;
+    }
+    auto sel = torch::tensor(picks, torch::kLong).to(list.device());
+    at::Tensor v = list.index_select(0, sel).to(torch::kLong).cpu().contiguous();
+    return std::vector<std::int64_t>(v.data_ptr<std::int64_t>(), v.data_ptr<std::int64_t>() + v.numel());
+  }
+};
+
+Result<Candidates> candidates_of(const Sample& s, const std::string& key) {
+  Candidates c;
+  if (is_packed_index_set(s, key)) {
+    SEGFLOW_ASSIGN_OR_RETURN(c.set,
+                             PackedIndexSet::view(s.at(key), "'" + key + "' of sample '" + s.id + "'"));
+  } else {
+    c.list = s.at(key);
+  }
+  return c;
+}
+
+}  // namespace
+
+Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& input, const RandCropPosNegOptions& o, Rng& rng) {
   static constexpr const char* kStage = "rand_crop_pos_neg";
-  const auto keys = detail::present_keys(s, o.keys, o.allow_missing_keys);
+  const auto keys = detail::present_keys(input, o.keys, o.allow_missing_keys);
   std::vector<std::string> all = keys;
   all.push_back(o.label_key);
   if (!o.image_key.empty()) all.push_back(o.image_key);
-  SEGFLOW_ASSIGN_OR_RETURN(const std::int64_t nsp, detail::check_keys(s, all, kStage));
-  const at::Tensor& label = s.at(o.label_key);
+  SEGFLOW_ASSIGN_OR_RETURN(const std::int64_t nsp, detail::check_keys(input, all, kStage));
 
   // Spatial sizes in tensor order (d = 0 is the first spatial dim: z for 3-D).
-  std::vector<std::int64_t> shape(label.sizes().begin() + 1, label.sizes().end());
+  const auto label_sizes = input.at(o.label_key).sizes();  // the same in the compact form
+  std::vector<std::int64_t> shape(label_sizes.begin() + 1, label_sizes.end());
   std::vector<std::int64_t> crop(nsp), padded(nsp), before(nsp);
   std::int64_t numel = 1;
   for (std::int64_t d = 0; d < nsp; ++d) {
@@ -46,23 +90,36 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& s, const RandCropPos
     before[d] = (padded[d] - shape[d]) / 2;
     numel *= shape[d];
   }
+  bool pad = false;
+  for (std::int64_t d = 0; d < nsp; ++d) pad = pad || padded[d] != shape[d];
+
+  // A compact sample (pipeline/cache/compact.hpp) is cropped as it is and the crops are
+  // expanded; when the volume needs padding or the indices must be computed from the
+  // values, it is expanded first.
+  const bool precomputed = input.has("fg_indices") && input.has("bg_indices");
+  bool compact = is_compact(input);
+  std::optional<Sample> expanded;
+  if (compact && (pad || !precomputed)) {
+    SEGFLOW_ASSIGN_OR_RETURN(expanded, expand_sample(input));
+    compact = false;
+  }
+  const Sample& s = expanded ? *expanded : input;
+  const at::Tensor& label = s.at(o.label_key);
 
   // Candidate centres: precomputed indices when they fit this grid, else computed now.
-  at::Tensor fg, bg;
-  if (s.has("fg_indices") && s.has("bg_indices")) {
-    fg = s.at("fg_indices").to(torch::kLong);
-    bg = s.at("bg_indices").to(torch::kLong);
-    const std::int64_t mx = std::max(fg.numel() ? fg.max().item<std::int64_t>() : -1,
-                                     bg.numel() ? bg.max().item<std::int64_t>() : -1);
-    if (mx >= numel)
+  Candidates fg, bg;
+  if (precomputed) {
+    SEGFLOW_ASSIGN_OR_RETURN(fg, candidates_of(s, "fg_indices"));
+    SEGFLOW_ASSIGN_OR_RETURN(bg, candidates_of(s, "bg_indices"));
+    if (std::max(fg.extent(), bg.extent()) > numel)
       return invalid_argument(std::string(kStage) + ": sample '" + s.id +
                               "': fg_indices/bg_indices do not fit the label grid " +
                               detail::shape_string(label) + " (a spatial stage ran after fg_bg_indices?)");
   } else {
-    std::tie(fg, bg) =
+    std::tie(fg.list, bg.list) =
         fg_bg_indices(label, o.image_key.empty() ? at::Tensor() : s.at(o.image_key), o.image_threshold, 0);
   }
-  const std::int64_t n_fg = fg.numel(), n_bg = bg.numel();
+  const std::int64_t n_fg = fg.size(), n_bg = bg.size();
   const double ratio = o.pos / (o.pos + o.neg);
 
   // Draws: per crop, one uniform (pos or neg) and one integer (which voxel).
@@ -86,18 +143,10 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& s, const RandCropPos
       bg_pick.push_back(rng.integer(0, n_bg - 1));
     }
   }
-  auto gather = [](const at::Tensor& idx, const std::vector<std::int64_t>& picks) {
-    if (picks.empty()) return std::vector<std::int64_t>{};
-    auto sel = torch::tensor(picks, torch::kLong).to(idx.device());
-    at::Tensor v = idx.index_select(0, sel).cpu().contiguous();
-    return std::vector<std::int64_t>(v.data_ptr<std::int64_t>(), v.data_ptr<std::int64_t>() + v.numel());
-  };
-  const std::vector<std::int64_t> fg_flat = gather(fg, fg_pick), bg_flat = gather(bg, bg_pick);
+  const std::vector<std::int64_t> fg_flat = fg.gather(fg_pick), bg_flat = bg.gather(bg_pick);
 
   // Pad (centred, zeros) when the volume is smaller than the crop.
   std::map<std::string, at::Tensor> src;
-  bool pad = false;
-  for (std::int64_t d = 0; d < nsp; ++d) pad = pad || padded[d] != shape[d];
   for (const auto& key : keys) {
     at::Tensor t = s.at(key);
     if (pad) {
@@ -135,12 +184,18 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& s, const RandCropPos
     Sample o_s;
     o_s.id = s.id + "#" + std::to_string(k);
     o_s.geometry = detail::crop_geometry(s.geometry, start_xyz);
+    static const std::string fg_marker = std::string(kCompactMarkerPrefix) + "fg_indices",
+                             bg_marker = std::string(kCompactMarkerPrefix) + "bg_indices";
     for (const auto& [name, t] : s.tensors)
-      if (name != "fg_indices" && name != "bg_indices") o_s.tensors[name] = t;
+      if (name != "fg_indices" && name != "bg_indices" && name != fg_marker && name != bg_marker)
+        o_s.tensors[name] = t;
     for (const auto& key : keys) {
       at::Tensor t = src.at(key);
       for (std::int64_t d = 0; d < nsp; ++d) t = t.narrow(d + 1, start[d], crop[d]);
       o_s.tensors[key] = t.contiguous();
+    }
+    if (compact) {
+      SEGFLOW_ASSIGN_OR_RETURN(o_s, expand_sample(std::move(o_s)));
     }
     out.push_back(std::move(o_s));
   }

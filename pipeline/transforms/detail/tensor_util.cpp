@@ -76,6 +76,8 @@ bool is_floating(const at::Tensor& t) { return at::isFloatingType(t.scalar_type(
 void drop_indices(Sample& s) {
   s.tensors.erase("fg_indices");
   s.tensors.erase("bg_indices");
+  s.tensors.erase("~c:fg_indices");  // their compact markers (pipeline/cache/compact.hpp)
+  s.tensors.erase("~c:bg_indices");
 }
 
 Geometry flip_geometry(const Geometry& g, const Size3& size, int axis) {
