@@ -359,3 +359,46 @@ TEST_CASE(
   }
   CHECK(classes > 20);  // the real label: many organs on these 20 slices
 }
+
+TEST_CASE(
+    "pydicom-data's real Enhanced CT multi-frame file reads the values SimpleITK reads at the same patient "
+    "positions") {
+  // eCT_Supplemental.dcm: 2 frames of 512 x 512, 10 mm apart, geometry in functional groups,
+  // rescale in the shared PixelValueTransformationSequence. segflow keeps the frames along
+  // the slice normal of the orientation (z decreasing here); SimpleITK orders them by
+  // increasing z: the same lattice with the slice axis reversed.
+  const fs::path file = st::testdata_path("pydicom-data/eCT_Supplemental.dcm");
+  auto img = sp::read_dicom(file);
+  REQUIRE_MESSAGE(img.is_ok(), img.status().message());
+  st::TempDir dir("ect_sitk");
+  st::write_file(dir / "list.txt", file.string() + "\n");
+  auto r = st::run_command(st::shell_quote(st::python()) + " " +
+                           st::shell_quote(st::source_path("tests/tools/reference.py").string()) +
+                           " arrays sitk " + st::shell_quote((dir / "list.txt").string()) + " " +
+                           st::shell_quote(dir.path().string()));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  const auto arr = nlohmann::json::parse(r.out)[file.string()];
+  INFO(arr.dump());
+  REQUIRE(arr.contains("npy"));
+  auto sitk = sp::read_npy(arr["npy"].get<std::string>());
+  REQUIRE(sitk.is_ok());
+  const auto ref = st::reference_read("sitk", file);
+
+  const auto& g = img->geometry;
+  CHECK(img->size() == segflow::Size3{512, 512, 2});
+  for (int i = 0; i < 3; ++i) {
+    CHECK(img->size()[i] == ref["size"][i].get<std::int64_t>());
+    CHECK(g.spacing[i] == doctest::Approx(ref["spacing"][i].get<double>()).epsilon(1e-6));
+  }
+  // In-plane axes equal; the slice axis reversed; the last slice of ours is SimpleITK's first.
+  for (int k = 0; k < 3; ++k) {
+    CHECK(std::abs(g.direction[k * 3 + 0] - ref["direction"][k * 3 + 0].get<double>()) < 1e-6);
+    CHECK(std::abs(g.direction[k * 3 + 1] - ref["direction"][k * 3 + 1].get<double>()) < 1e-6);
+    CHECK(std::abs(g.direction[k * 3 + 2] + ref["direction"][k * 3 + 2].get<double>()) < 1e-6);
+  }
+  const auto last = segflow::index_to_physical(g, {0.0, 0.0, 1.0});
+  for (int k = 0; k < 3; ++k) CHECK(std::abs(last[k] - ref["origin"][k].get<double>()) < 1e-4);
+  REQUIRE((img->voxels.sizes() == sitk->sizes()));
+  CHECK(torch::equal(img->voxels.flip({1}), *sitk));
+  CHECK(img->voxels.min().item<double>() == -1024.0);  // the shared rescale applied
+}
