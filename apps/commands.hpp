@@ -13,9 +13,10 @@ int cmd_inspect(int argc, char** argv);
 int cmd_stages(int argc, char** argv);
 int cmd_train(int argc, char** argv);
 int cmd_infer(int argc, char** argv);
-int cmd_bench(int argc, char** argv);  ///< apps/cmd_bench.cpp
-int cmd_ctl(int argc, char** argv);    ///< apps/cmd_ctl.cpp: the daemon client
-int cmd_eval(int argc, char** argv);   ///< apps/cmd_eval.cpp: score predictions against ground truth
+int cmd_bench(int argc, char** argv);   ///< apps/cmd_bench.cpp
+int cmd_ctl(int argc, char** argv);     ///< apps/cmd_ctl.cpp: the daemon client
+int cmd_eval(int argc, char** argv);    ///< apps/cmd_eval.cpp: score predictions against ground truth
+int cmd_export(int argc, char** argv);  ///< apps/cmd_export.cpp: a checkpoint out to PyTorch
 
 /// Prints "segflow CMD: message" on stderr; returns 2 for invalid_argument and
 /// invalid_config (bad usage: a bad flag, a bad config), else 1.

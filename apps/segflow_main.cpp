@@ -37,6 +37,9 @@ commands:
   eval     --pred P --gt G [--tolerance-mm T] [--classes 1,2,...] [--json] [--csv FILE]
                          Dice, IoU, HD95, ASSD, surface Dice and volumes per case and class
                          (files, or folders / datasets matched by case id)
+  export   --checkpoint best.pt --to pytorch OUT.pt
+                         the trained network as a PyTorch state dict for MONAI's UNet or
+                         segment_anything's Sam, and OUT.json with its arguments
   bench    CONFIG [--json] [--seconds S] [--epochs N] [--loaders actors,simple] [--set k=v ...]
                          samples/s of the real data path + trainer vs the compute step alone
   help                   this text
@@ -53,8 +56,9 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   static const std::map<std::string, std::function<int(int, char**)>> commands = {
-      {"synth", cmd_synth}, {"inspect", cmd_inspect}, {"stages", cmd_stages}, {"train", cmd_train},
-      {"infer", cmd_infer}, {"ctl", cmd_ctl},         {"bench", cmd_bench},   {"eval", cmd_eval},
+      {"synth", cmd_synth}, {"inspect", cmd_inspect}, {"stages", cmd_stages},
+      {"train", cmd_train}, {"infer", cmd_infer},     {"ctl", cmd_ctl},
+      {"bench", cmd_bench}, {"eval", cmd_eval},       {"export", cmd_export},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);

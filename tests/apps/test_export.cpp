@@ -1,0 +1,229 @@
+// Models out (issue 14 item 4): `segflow export --to pytorch` writes a state dict that loads,
+// strictly, into MONAI's UNet or segment_anything's Sam, and the loaded module gives segflow's
+// outputs on the same input (tests/tools/export_check.py runs the Python side).
+#include <doctest/doctest.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "actors/job_runner.hpp"
+#include "models/export.hpp"
+#include "models/job_config.hpp"
+#include "models/registry.hpp"
+#include "models/trainer.hpp"
+#include "test_util.hpp"
+
+using namespace segflow;
+using segflow::testing::shell_quote;
+using segflow::testing::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string job(const fs::path& dir, const std::string& model, const std::string& stages) {
+  return "name: export\nseed: 2\ndata:\n  root: " + (dir / "data").string() +
+         "\n  synth: {cases: 4, size: 24, format: nifti, seed: 3}\n  val_cases: 1\n  num_classes: "
+         "5\nstages:\n" +
+         stages + "model: " + model +
+         "\nloss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
+         "optimizer: {name: adam, lr: 0.01}\n"
+         "train: {epochs: 1, batch_size: 2, device: cpu, val_interval: 1, loader: simple, threads: 1}\n"
+         "validation: {roi_size: [16, 16, 16], overlap: 0.0, sw_batch_size: 2}\n"
+         "output: {runs_dir: " +
+         (dir / "runs").string() + "}\n";
+}
+
+const char* kStages =
+    "  - name: load\n"
+    "  - name: scale_intensity_range\n"
+    "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
+    "  - name: fg_bg_indices\n"
+    "  - name: rand_crop_pos_neg\n"
+    "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 1}\n";
+
+void save_io(const fs::path& p, const std::map<std::string, at::Tensor>& tensors) {
+  const std::vector<char> bytes = models::pytorch_state_dict_bytes(
+      std::vector<std::pair<std::string, at::Tensor>>(tensors.begin(), tensors.end()));
+  std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+/// Runs export_check.py; the JSON it printed (REQUIREs a clean run).
+nlohmann::json check_in_python(const fs::path& state, const fs::path& io) {
+  fs::path spec = state;
+  spec.replace_extension(".json");
+  auto r = segflow::testing::run_command(
+      shell_quote(segflow::testing::python()) + " " +
+      shell_quote(segflow::testing::source_path("tests/tools/export_check.py").string()) + " " +
+      shell_quote(state.string()) + " " + shell_quote(spec.string()) + " " + shell_quote(io.string()) +
+      " 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);  // 3: MONAI / segment_anything missing (setup.sh installs them)
+  return nlohmann::json::parse(r.out.substr(r.out.rfind('{')));
+}
+
+/// Exports the freshly built model of `model_yaml` through the API, and checks it in Python.
+void check_untrained(const std::string& name, const std::string& model_yaml, const at::Tensor& x) {
+  CAPTURE(name);
+  TempDir dir("export_" + name);
+  auto cfg = models::parse_job_config(job(dir.path(), model_yaml, kStages), "job.yaml");
+  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
+  auto t = models::Trainer::create(*cfg, c10::Device(c10::kCPU));
+  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
+  auto& module = (*t)->model().module();
+  {
+    torch::NoGradGuard no_grad;  // running statistics away from 0/1, so that they are checked too
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+    for (auto& b : module.named_buffers())
+      if (b.key().find("running_") != std::string::npos)
+        b.value().copy_(at::rand(b.value().sizes(), gen) + 0.5);
+  }
+  auto exported = models::export_model(cfg->model, module);
+  REQUIRE_MESSAGE(exported.is_ok(), exported.status().message());
+  REQUIRE(models::write_pytorch_export(*exported, dir / "net.pt").is_ok());
+  module.eval();
+  torch::NoGradGuard no_grad;
+  const at::Tensor y = (*t)->model().predict(x);
+  save_io(dir / "io.pt", {{"x", x}, {"y", y}});
+  auto j = check_in_python(dir / "net.pt", dir / "io.pt");
+  CHECK(j["target"] == "monai.networks.nets.UNet");
+  CHECK(j["tensors"].get<std::size_t>() == exported->state_dict.size());
+  CHECK(j["max_abs"].get<double>() > 0);
+  CHECK(j["max_abs_diff"].get<double>() <= 1e-4 * j["max_abs"].get<double>() + 1e-6);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "segflow export --to pytorch: a trained UNet loads into MONAI's UNet and predicts what segflow does") {
+  TempDir dir("export_trained");
+  const fs::path config = dir / "job.yaml";
+  segflow::testing::write_file(
+      config, job(dir.path(),
+                  "{name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, 16], "
+                  "strides: [2, 2], num_res_units: 2, norm: batch}",
+                  kStages));
+  auto cfg = models::load_job_config(config);
+  REQUIRE(cfg.is_ok());
+  models::TrainObserver quiet;
+  auto run = actors::run_training(*cfg, {}, quiet);
+  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
+
+  const std::string bin = shell_quote(segflow::testing::segflow_bin());
+  auto r =
+      segflow::testing::run_command(bin + " export --checkpoint " + shell_quote((*run / "best.pt").string()) +
+                                    " --to pytorch " + shell_quote((dir / "unet.pt").string()) + " 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  auto printed = nlohmann::json::parse(r.out.substr(r.out.rfind('{')));
+  CHECK(printed["target"] == "monai.networks.nets.UNet");
+  auto spec = nlohmann::json::parse(segflow::testing::read_file(dir / "unet.json"));
+  CHECK(spec["args"]["channels"] == nlohmann::json::array({4, 8, 16}));
+  CHECK(spec["args"]["num_res_units"] == 2);
+  CHECK(spec["args"]["norm"] == "batch");
+  CHECK_FALSE(segflow::testing::has_temporaries(dir.path()));
+
+  // The same input through segflow's restored model and MONAI's UNet with the exported weights.
+  auto t = models::load_for_inference(*run / "best.pt", "cpu");
+  REQUIRE(t.is_ok());
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(4);
+  const at::Tensor x = at::rand({2, 1, 16, 24, 20}, gen, at::TensorOptions());
+  (*t)->model().module().eval();
+  at::Tensor y;
+  {
+    torch::NoGradGuard no_grad;
+    y = (*t)->model().predict(x);
+  }
+  save_io(dir / "io.pt", {{"x", x}, {"y", y}});
+  auto j = check_in_python(dir / "unet.pt", dir / "io.pt");
+  CHECK(j["shape"] == nlohmann::json::array({2, 5, 16, 24, 20}));
+  INFO(j.dump());
+  CHECK(j["max_abs_diff"].get<double>() <= 1e-4 * j["max_abs"].get<double>() + 1e-6);
+}
+
+TEST_CASE("UNets with plain conv blocks, instance norm, LeakyReLU or in 2D export into MONAI's UNet too") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  check_untrained("plain",
+                  "{name: unet, spatial_dims: 3, in_channels: 1, out_channels: 3, channels: [4, 8, 16], "
+                  "strides: [2, 2], num_res_units: 0, norm: instance, act: leakyrelu}",
+                  at::rand({1, 1, 16, 16, 16}, gen, at::TensorOptions()));
+  check_untrained("res1",
+                  "{name: unet, spatial_dims: 3, in_channels: 2, out_channels: 2, channels: [4, 8], "
+                  "strides: [2], num_res_units: 1, norm: instance, act: relu, kernel_size: 5}",
+                  at::rand({1, 2, 8, 12, 8}, gen, at::TensorOptions()));
+  check_untrained("2d",
+                  "{name: unet, spatial_dims: 2, in_channels: 1, out_channels: 4, channels: [4, 8, 16, 32], "
+                  "strides: [2, 2, 2], num_res_units: 2, norm: batch}",
+                  at::rand({2, 1, 32, 24}, gen, at::TensorOptions()));
+}
+
+TEST_CASE("a SAM checkpoint exports into segment_anything's Sam with the same image embedding") {
+  TempDir dir("export_sam");
+  auto cfg = models::parse_job_config(
+      job(dir.path(), "{name: sam, preset: tiny, spatial_dims: 2, in_channels: 3, out_channels: 1}", kStages),
+      "job.yaml");
+  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
+  auto t = models::Trainer::create(*cfg, c10::Device(c10::kCPU));
+  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
+  auto exported = models::export_model(cfg->model, (*t)->model().module());
+  REQUIRE_MESSAGE(exported.is_ok(), exported.status().message());
+  REQUIRE(models::write_pytorch_export(*exported, dir / "sam.pt").is_ok());
+  const auto& sam_opts = std::get<models::SamModelOptions>(cfg->model.net).sam;
+  const std::int64_t size = sam_opts.image_encoder.img_size;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
+  const at::Tensor image = at::rand({2, 3, size, size}, gen, at::TensorOptions());
+  auto& sam = dynamic_cast<models::SamImpl&>((*t)->model().module());
+  sam.eval();
+  const at::Tensor box = torch::tensor({{5.0f, 7.0f, 40.0f, 50.0f}, {20.0f, 3.0f, 60.0f, 33.0f}}) *
+                         (static_cast<float>(size) / 64.0f);
+  at::Tensor embedding, low_res;
+  {
+    torch::NoGradGuard no_grad;
+    embedding = sam.image_encoder->forward(image);
+    low_res = sam.forward_full(image.slice(0, 0, 1), box.slice(0, 0, 1)).low_res_masks;
+  }
+  save_io(dir / "io.pt", {{"image", image}, {"embedding", embedding}, {"box", box}, {"low_res", low_res}});
+  auto j = check_in_python(dir / "sam.pt", dir / "io.pt");
+  INFO(j.dump());
+  CHECK(j["target"] == "segment_anything.modeling.Sam");
+  CHECK(j["max_abs_diff"].get<double>() <= 1e-4 * j["max_abs"].get<double>() + 1e-6);
+  CHECK(j["masks_max_abs"].get<double>() > 0);
+  CHECK(j["masks_max_abs_diff"].get<double>() <= 1e-4 * j["masks_max_abs"].get<double>() + 1e-6);
+  auto spec = nlohmann::json::parse(segflow::testing::read_file(dir / "sam.json"));
+  CHECK(spec["mask_decoder"]["iou_head"] == "zeros");  // the tiny preset trains without one
+}
+
+TEST_CASE("export refuses a model without a PyTorch counterpart, a bad target and a missing checkpoint") {
+  TempDir dir("export_bad");
+  auto cfg = models::parse_job_config(job(dir.path(),
+                                          "{name: plain_unet, spatial_dims: 3, in_channels: 1, out_channels: "
+                                          "3, n_stages: 2, base_features: 4}",
+                                          kStages),
+                                      "job.yaml");
+  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
+  auto t = models::Trainer::create(*cfg, c10::Device(c10::kCPU));
+  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
+  auto plain = models::export_model(cfg->model, (*t)->model().module());
+  REQUIRE_FALSE(plain.is_ok());
+  CHECK(plain.status().message().find("model plain_unet has no PyTorch reference implementation") !=
+        std::string::npos);
+
+  CHECK(*models::monai_unet_name("down.0.conv.0.conv.weight", 2, 1) == "0.conv.unit0.conv.weight");
+  CHECK(*models::monai_unet_name("down.1.conv.0.norm.weight", 2, 2) ==
+        "1.submodule.0.conv.unit0.adn.N.weight");
+  CHECK(*models::monai_unet_name("bottom.residual.weight", 2, 2) ==
+        "1.submodule.1.submodule.residual.weight");
+  CHECK(*models::monai_unet_name("up.0.conv.conv.weight", 2, 0) == "2.conv.weight");
+  CHECK_FALSE(models::monai_unet_name("head.weight", 2, 2).is_ok());
+
+  const std::string bin = shell_quote(segflow::testing::segflow_bin());
+  auto onnx = segflow::testing::run_command(bin + " export --checkpoint x.pt --to onnx out.pt 2>&1");
+  CHECK(onnx.exit_code == 2);
+  CHECK_MESSAGE(onnx.out.find("--to: expected pytorch, got 'onnx'") != std::string::npos, onnx.out);
+  auto missing =
+      segflow::testing::run_command(bin + " export --checkpoint " + shell_quote((dir / "nope.pt").string()) +
+                                    " --to pytorch " + shell_quote((dir / "o.pt").string()) + " 2>&1");
+  CHECK(missing.exit_code != 0);
+  CHECK_MESSAGE(missing.out.find("nope.pt") != std::string::npos, missing.out);
+  CHECK_FALSE(fs::exists(dir / "o.pt"));
+}
