@@ -62,9 +62,10 @@ struct InferOptions {
   /// Also write the class probabilities, (x, y, z, class) float32 NIfTI, next to the label
   /// map: "<label map name without extension>_probabilities.nii.gz".
   bool save_probabilities = false;
-  /// Names of label values 0..K-1 (DICOM SEG segment labels). Empty: the "labels" of the
-  /// dataset.json in the first checkpoint's data.root, when it is there and no map_labels
-  /// stage renumbers the classes; else "label_<v>".
+  /// Names of label values 0..K-1 (DICOM SEG segment labels). Empty: the training's class
+  /// names (job_class_names of the first checkpoint's config: dataset.json `labels`, or the
+  /// SEG segment labels of a DICOM dataset, carried through its map_labels stages, or their
+  /// `names`); "label_<v>" where none is known.
   std::vector<std::string> class_names;
   /// Format of the files a folder output gets: "" (DICOM SEG for DICOM input, else NIfTI),
   /// "nifti" or "seg".
