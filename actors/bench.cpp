@@ -2,12 +2,17 @@
 
 #include <torch/torch.h>
 
+#include <c10/cuda/CUDACachingAllocator.h>
+
 #include <chrono>
+#include <fstream>
 #include <functional>
 
+#include "actors/actor_batch_source.hpp"
 #include "actors/job_runner.hpp"
 #include "messages/log.hpp"
 #include "models/device_memory.hpp"
+#include "pipeline/simple_loader.hpp"
 #include "pipeline/staged_source.hpp"
 
 namespace segflow::actors {
@@ -28,6 +33,43 @@ struct Totals {
             {"data_wait_ms", steps ? wait / static_cast<double>(steps) * 1e3 : 0.0}};
   }
 };
+
+/// The memory cache of a data path: bytes, voxels, entries, decode time (what the source
+/// reports; zeros for a source that has no cache).
+struct CacheFigures {
+  std::int64_t bytes = 0, voxels = 0, entries = 0, not_admitted = 0, disk_hits = 0;
+  double decode_s = 0;
+  json to_json() const {
+    return {{"cache_bytes", bytes},
+            {"cached_voxels", voxels},
+            {"cache_entries", entries},
+            {"cache_not_admitted", not_admitted},
+            {"cache_disk_hits", disk_hits},
+            {"bytes_per_cached_voxel",
+             voxels > 0 ? static_cast<double>(bytes) / static_cast<double>(voxels) : 0.0}};
+  }
+};
+
+CacheFigures cache_figures(pipeline::BatchSource& src) {
+  CacheFigures f;
+  if (auto* s = dynamic_cast<pipeline::SimpleLoader*>(&src)) {
+    const auto st = s->stats();
+    f = {st.cache_bytes, st.cache_voxels, st.cache_entries, st.not_admitted, st.disk_hits, st.decode_seconds};
+  } else if (auto* a = dynamic_cast<ActorBatchSource*>(&src)) {
+    if (auto st = a->stats(); st.is_ok())
+      f = {st->cache.bytes,        st->cache.voxels,    st->cache.entries,
+           st->cache.not_admitted, st->cache.disk_hits, st->cache.decode_seconds};
+  }
+  return f;
+}
+
+/// Starts a new peak for VmHWM (Linux: "5" to /proc/self/clear_refs) and for the CUDA
+/// caching allocator, so that each loader's run reports its own peaks.
+void reset_peaks(const c10::Device& device) {
+  std::ofstream("/proc/self/clear_refs") << "5";
+  if (device.is_cuda() && torch::cuda::is_available())
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
+}
 
 /// Runs epochs until `seconds` have passed (or max_epochs), at least one.
 Result<Totals> timed_epochs(models::Trainer& t, pipeline::BatchSource& src, std::int64_t steps,
@@ -57,29 +99,45 @@ Result<std::vector<json>> bench_training(const models::JobConfig& base, const Be
   };
   std::vector<std::string> loaders =
       o.loaders.empty() ? std::vector<std::string>{base.train.loader} : o.loaders;
-  json eff = json::object(), sps = json::object();
+  json eff = json::object(), sps = json::object(), bpv = json::object(), host_mb = json::object(),
+       gpu_mb = json::object();
   std::string device;
-  double peak_gpu = 0;
+  double peak_gpu = 0, peak_host = 0;
   for (const auto& loader : loaders) {
     models::JobConfig cfg = base;
     cfg.train.loader = loader;
     models::TrainObserver none;
     SEGFLOW_ASSIGN_OR_RETURN(PreparedJob job, prepare_job(cfg, RunOptions{}, none));
     device = job.trainer->device().str();
+    reset_peaks(job.trainer->device());  // after set-up: the model, validation samples, dataset
     const std::int64_t steps = job.steps_per_epoch;
     // Warm-up epoch: fills the caches, and records the batches the compute run replays.
     pipeline::RecordingBatchSource rec(*job.source, static_cast<std::size_t>(steps * cfg.train.accumulate));
     SEGFLOW_ASSIGN_OR_RETURN(Totals first, timed_epochs(*job.trainer, rec, steps, 0.0, 1));
+    const CacheFigures after_first = cache_figures(*job.source);
     SEGFLOW_ASSIGN_OR_RETURN(Totals e2e,
                              timed_epochs(*job.trainer, *job.source, steps, o.seconds, o.max_epochs));
+    const CacheFigures cache = cache_figures(*job.source);
+    const double host = models::peak_host_memory_mb(),
+                 gpu = models::peak_device_memory_mb(job.trainer->device());
     json j = {{"bench", "e2e"},
               {"config", cfg.name},
               {"loader", loader},
               {"device", device},
               {"batch_size", cfg.train.batch_size},
-              {"first_epoch_s", first.seconds}};
+              {"first_epoch_s", first.seconds},
+              {"first_epoch_decode_s", after_first.decode_s},
+              {"cache_dtype", cfg.train.cache_dtype},
+              {"cache_device", cfg.train.cache_device},
+              {"peak_host_mb", host},
+              {"peak_gpu_mb", gpu}};
     j.update(e2e.to_json());
+    j.update(cache.to_json());
     put(j);
+    bpv[loader] = j["bytes_per_cached_voxel"];
+    host_mb[loader] = host;
+    gpu_mb[loader] = gpu;
+    peak_host = std::max(peak_host, host);
     // The same steps on staged batches: no data path at all.
     std::vector<Batch> staged = rec.take_recorded();
     if (staged.empty()) return internal_error("bench: the warm-up epoch produced no batches");
@@ -99,12 +157,20 @@ Result<std::vector<json>> bench_training(const models::JobConfig& base, const Be
                  cs = comp.to_json()["samples_per_s"].get<double>();
     eff[loader] = cs > 0 ? e / cs : 0.0;
     sps[loader] = e;
-    peak_gpu = std::max(peak_gpu, models::peak_device_memory_mb(job.trainer->device()));
+    peak_gpu = std::max(peak_gpu, gpu);
   }
-  json s = {{"bench", "summary"},     {"config", base.name},
-            {"device", device},       {"pipeline_efficiency", eff},
-            {"samples_per_s", sps},   {"peak_host_mb", models::peak_host_memory_mb()},
-            {"peak_gpu_mb", peak_gpu}};
+  json s = {{"bench", "summary"},
+            {"config", base.name},
+            {"device", device},
+            {"pipeline_efficiency", eff},
+            {"samples_per_s", sps},
+            {"bytes_per_cached_voxel", bpv},
+            {"cache_dtype", base.train.cache_dtype},
+            {"cache_device", base.train.cache_device},
+            {"peak_host_mb", peak_host},
+            {"peak_gpu_mb", peak_gpu},
+            {"peak_host_mb_by_loader", host_mb},
+            {"peak_gpu_mb_by_loader", gpu_mb}};
   if (sps.contains("actors") && sps.contains("simple") && sps["simple"].get<double>() > 0)
     s["actors_over_simple"] = sps["actors"].get<double>() / sps["simple"].get<double>();
   put(s);

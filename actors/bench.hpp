@@ -21,10 +21,15 @@ struct BenchOptions {
 };
 
 /// One JSON object per measurement: {"bench": "e2e"|"compute"|"summary", ...}. Each e2e
-/// line has samples_per_s, step_ms, data_wait_ms (mean per step), epochs, steps and the
-/// first (cache-filling) epoch's seconds; compute lines the same on staged batches;
-/// summary: pipeline_efficiency per loader (e2e / compute samples/s), loader ratios,
-/// peak host and device memory.
+/// line has samples_per_s, step_ms, data_wait_ms (mean per step), epochs, steps, the
+/// first (cache-filling) epoch's seconds and its decode time (first_epoch_decode_s: decoder
+/// time summed over the workers), the memory cache (cache_bytes, cached_voxels,
+/// bytes_per_cached_voxel, cache_entries, cache_not_admitted, cache_disk_hits,
+/// cache_dtype, cache_device) and the peak host (VmHWM) and device memory (MiB) of that
+/// loader's run (peaks are reset after set-up); compute lines the same figures of speed on
+/// staged batches; summary: pipeline_efficiency, samples_per_s and bytes_per_cached_voxel
+/// per loader, loader ratios, peak_host_mb / peak_gpu_mb (the largest over the loaders)
+/// and the same per loader.
 Result<std::vector<nlohmann::json>> bench_training(
     const models::JobConfig& cfg, const BenchOptions& options,
     const std::function<void(const nlohmann::json&)>& emit = {});

@@ -249,6 +249,8 @@ Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& 
   lo.max_inflight_batches = static_cast<int>(cfg.train.prefetch);
   lo.cache_rate = cfg.train.cache_rate;
   lo.cache_bytes = cfg.train.cache_bytes;
+  lo.cache_dtype = cfg.train.cache_dtype;
+  lo.cache_device = cfg.train.cache_device;
   lo.disk_cache_dir = cfg.train.disk_cache;
   SEGFLOW_ASSIGN_OR_RETURN(job.source, make_batch_source(cfg.train.loader, lo));
 
