@@ -4,7 +4,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "actors/bench.hpp"
+#include "actors/jobs/bench.hpp"
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "models/job_config.hpp"

@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "actors/data_parallel.hpp"
-#include "actors/job_runner.hpp"
+#include "actors/jobs/job_runner.hpp"
+#include "actors/parallel/data_parallel.hpp"
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "messages/log.hpp"
@@ -125,8 +125,9 @@ Result<std::vector<models::JobConfig>> train_configs(const Args& a) {
       continue;
     }
     auto k = parse_int("--fold", v);
-    if (!k.is_ok()) return invalid_argument("--fold: expected a fold number 0.." +
-                                            std::to_string(base.data.folds - 1) + " or all, got '" + v + "'");
+    if (!k.is_ok())
+      return invalid_argument("--fold: expected a fold number 0.." + std::to_string(base.data.folds - 1) +
+                              " or all, got '" + v + "'");
     folds.push_back(*k);
   }
   if (folds.size() > 1 && a.has("resume"))

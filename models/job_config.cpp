@@ -88,7 +88,8 @@ void TrainSettings::bind(OptionParser& p) {
   p.string("disk_cache", disk_cache, "persistent cache folder; \"\" = none");
   p.choice("cache_dtype", cache_dtype, {"exact", "float16", "bfloat16", "none"},
            "form of cached samples: exact (lossless), float16/bfloat16 (non-integer images rounded), none");
-  p.choice("cache_device", cache_device, {"cpu", "cuda"}, "where the memory cache lives (cuda: the training GPU)");
+  p.choice("cache_device", cache_device, {"cpu", "cuda"},
+           "where the memory cache lives (cuda: the training GPU)");
   if (p.ok() && cache_device == "cuda" &&
       (device == "cpu" || std::find(devices.begin(), devices.end(), "cpu") != devices.end()))
     p.fail("cache_device", "expected cpu when training on the CPU (train.device/devices), got cuda");

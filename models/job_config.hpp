@@ -65,7 +65,7 @@ struct DataSettings {
   std::int64_t num_classes = 0;  ///< label values 0..n-1 incl. background, >= 0; 0 = model out_channels
   /// Cross-validation (nnU-Net's): the sorted case ids are shuffled by the job seed and cut
   /// into `folds` parts of near-equal size; fold k validates on part k and trains on the
-  /// rest (actors/job_runner.hpp cross_validation_folds). >= 2 and at most the case count.
+  /// rest (actors/jobs/job_runner.hpp cross_validation_folds). >= 2 and at most the case count.
   std::int64_t folds = 5;
   /// The fold this job trains, [0, folds - 1]; -1 = no cross-validation (the val_fraction /
   /// val_cases split). `segflow train --fold K` sets it.
@@ -102,10 +102,10 @@ struct TrainSettings {
   /// Where the memory cache lives: cpu | cuda (the training GPU itself; needs a CUDA
   /// device, crops then read device memory only). cache_bytes is the budget either way.
   std::string cache_device = "cpu";
-  std::int64_t threads = 0;              ///< intra-op threads, [0, 1024]; 0 = LibTorch's default
-  bool cudnn_benchmark = true;           ///< cuDNN autotuner on CUDA
-  bool channels_last = false;            ///< channels-last memory format on CUDA
-  std::int64_t log_every = 10;           ///< metrics.jsonl step records every N steps, >= 1
+  std::int64_t threads = 0;     ///< intra-op threads, [0, 1024]; 0 = LibTorch's default
+  bool cudnn_benchmark = true;  ///< cuDNN autotuner on CUDA
+  bool channels_last = false;   ///< channels-last memory format on CUDA
+  std::int64_t log_every = 10;  ///< metrics.jsonl step records every N steps, >= 1
 
   void bind(pipeline::OptionParser& p);
 };

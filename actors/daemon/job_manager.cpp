@@ -9,7 +9,7 @@
 #include <fstream>
 #include <thread>
 
-#include "actors/job_runner.hpp"
+#include "actors/jobs/job_runner.hpp"
 #include "messages/log.hpp"
 #include "models/job_config.hpp"
 #include "models/trainer.hpp"

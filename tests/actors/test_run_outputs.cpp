@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/run_outputs.hpp"
+#include "actors/run/run_outputs.hpp"
 #include "test_util.hpp"
 
 using namespace segflow;

@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "actors/job_runner.hpp"
+#include "actors/jobs/job_runner.hpp"
 #include "models/job_config.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "test_util.hpp"

@@ -9,7 +9,7 @@
 
 #include <fstream>
 
-#include "actors/job_runner.hpp"
+#include "actors/jobs/job_runner.hpp"
 #include "models/export.hpp"
 #include "models/job_config.hpp"
 #include "models/registry.hpp"

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <set>
 
-#include "actors/job_runner.hpp"
+#include "actors/jobs/job_runner.hpp"
 #include "models/job_config.hpp"
 #include "test_util.hpp"
 

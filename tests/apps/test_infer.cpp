@@ -8,7 +8,7 @@
 
 #include <filesystem>
 
-#include "actors/job_runner.hpp"
+#include "actors/jobs/job_runner.hpp"
 #include "models/class_names.hpp"
 #include "models/inference.hpp"
 #include "models/job_config.hpp"

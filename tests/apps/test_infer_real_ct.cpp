@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/job_runner.hpp"
+#include "actors/jobs/job_runner.hpp"
 #include "models/job_config.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/image_io.hpp"

@@ -7,7 +7,7 @@
 
 #include <fstream>
 
-#include "actors/job_runner.hpp"
+#include "actors/jobs/job_runner.hpp"
 #include "models/inference.hpp"
 #include "models/job_config.hpp"
 #include "models/trainer.hpp"

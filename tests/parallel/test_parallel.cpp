@@ -1,4 +1,4 @@
-// Data-parallel training (models/parallel/, actors/data_parallel.hpp): equivalence of W
+// Data-parallel training (models/parallel/, actors/parallel/data_parallel.hpp): equivalence of W
 // ranks with per-rank batch B/W and one rank with batch B, in one process (threads) and in
 // two processes over loopback (this executable re-run as workers), with and without
 // gradient accumulation; a dead rank; the launcher environment. NCCL/CUDA cases skip with
@@ -21,7 +21,7 @@
 #include <sstream>
 #include <thread>
 
-#include "actors/data_parallel.hpp"
+#include "actors/parallel/data_parallel.hpp"
 #include "models/job_config.hpp"
 #include "models/parallel/collective.hpp"
 #include "models/parallel/ddp_sync.hpp"

@@ -1,4 +1,4 @@
-#include "actors/run_outputs.hpp"
+#include "actors/run/run_outputs.hpp"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "actors/job_runner.hpp"
+#include "actors/jobs/job_runner.hpp"
 
 #include <torch/torch.h>
 
@@ -10,9 +10,9 @@
 #include <mutex>
 #include <sstream>
 
-#include "actors/batch_sources.hpp"
-#include "actors/run_folder.hpp"
-#include "actors/run_outputs.hpp"
+#include "actors/jobs/batch_sources.hpp"
+#include "actors/run/run_folder.hpp"
+#include "actors/run/run_outputs.hpp"
 #include "messages/log.hpp"
 #include "models/class_names.hpp"
 #include "models/device_memory.hpp"
@@ -57,8 +57,7 @@ Result<std::vector<FoldIds>> cross_validation_folds(std::vector<std::string> ids
   }
   std::vector<FoldIds> table(static_cast<std::size_t>(folds));
   for (std::size_t i = 0; i < ids.size(); ++i)
-    for (std::int64_t k = 0; k < folds; ++k)
-      (part[i] == k ? table[k].val : table[k].train).push_back(ids[i]);
+    for (std::int64_t k = 0; k < folds; ++k) (part[i] == k ? table[k].val : table[k].train).push_back(ids[i]);
   return table;
 }
 

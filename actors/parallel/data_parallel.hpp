@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/job_runner.hpp"
+#include "actors/jobs/job_runner.hpp"
 #include "messages/status.hpp"
 #include "models/job_config.hpp"
 #include "models/parallel/ddp_sync.hpp"

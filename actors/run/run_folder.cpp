@@ -1,4 +1,4 @@
-#include "actors/run_folder.hpp"
+#include "actors/run/run_folder.hpp"
 
 #include <torch/torch.h>
 

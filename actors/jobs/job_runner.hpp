@@ -43,8 +43,8 @@ struct FoldIds {
 struct Split {
   std::vector<pipeline::CaseEntry> train;
   std::vector<pipeline::CaseEntry> val;
-  std::int64_t fold = -1;       ///< the cross-validation fold this is; -1 = a val_fraction split
-  std::vector<FoldIds> folds;   ///< with fold >= 0: every fold of the table (splits.json)
+  std::int64_t fold = -1;      ///< the cross-validation fold this is; -1 = a val_fraction split
+  std::vector<FoldIds> folds;  ///< with fold >= 0: every fold of the table (splits.json)
 };
 
 /// nnU-Net's cross-validation table (its generate_crossval_split, sklearn's KFold with

@@ -11,8 +11,8 @@
 #include <memory>
 #include <optional>
 
-#include "actors/job_runner.hpp"
-#include "actors/run_outputs.hpp"
+#include "actors/jobs/job_runner.hpp"
+#include "actors/run/run_outputs.hpp"
 #include "messages/status.hpp"
 #include "models/job_config.hpp"
 #include "models/trainer.hpp"

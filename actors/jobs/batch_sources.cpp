@@ -1,4 +1,4 @@
-#include "actors/batch_sources.hpp"
+#include "actors/jobs/batch_sources.hpp"
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include "actors/data_parallel.hpp"
+#include "actors/parallel/data_parallel.hpp"
 
 #include <c10/core/DeviceGuard.h>
 #include <torch/torch.h>
@@ -13,8 +13,8 @@
 #include <random>
 #include <thread>
 
-#include "actors/run_folder.hpp"
-#include "actors/run_outputs.hpp"
+#include "actors/run/run_folder.hpp"
+#include "actors/run/run_outputs.hpp"
 #include "messages/log.hpp"
 #include "models/device_memory.hpp"
 #include "models/parallel/collective.hpp"

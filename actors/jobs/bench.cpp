@@ -1,4 +1,4 @@
-#include "actors/bench.hpp"
+#include "actors/jobs/bench.hpp"
 
 #include <torch/torch.h>
 
@@ -9,7 +9,7 @@
 #include <functional>
 
 #include "actors/actor_batch_source.hpp"
-#include "actors/job_runner.hpp"
+#include "actors/jobs/job_runner.hpp"
 #include "messages/log.hpp"
 #include "models/device_memory.hpp"
 #include "pipeline/simple_loader.hpp"
