@@ -206,10 +206,12 @@ void scan_dicom_cases(const fs::path& root, DatasetIndex& idx) {
 }
 
 /// Class names from the segment labels of the first case whose label is a DICOM SEG (later
-/// SEGs are not read); empty when none names its segments.
+/// SEGs are not read); empty when none names its segments or a case before it has a
+/// NIfTI/NRRD/MetaImage label.
 std::vector<std::string> seg_label_names(DatasetIndex& idx) {
   for (const auto& c : idx.cases) {
-    if (!c.label || c.label->extension() != ".dcm") continue;
+    if (!c.label) continue;
+    if (c.label->extension() != ".dcm") return {};  // the labels are volumes, as dataset_label_names
     auto segments = read_dicom_seg_segments(*c.label);
     if (!segments.is_ok()) {
       idx.skipped.push_back(
@@ -290,13 +292,21 @@ std::vector<std::string> dataset_label_names(const fs::path& root) {
   }
   if (fs::is_directory(root / "imagesTr", ec) || fs::is_directory(root / "imgs", ec)) return {};
   // A folder of DICOM case folders: the first case folder holding a SEG, as scan_dataset.
+  // A case folder with a NIfTI/NRRD/MetaImage label and no SEG ends the search: the dataset's
+  // labels are volumes (and the headers of every other case's files are not read).
   for (const auto& dir : sorted_entries(root)) {
     if (!fs::is_directory(dir, ec)) continue;
+    bool volume_label = false;
     for (const auto& p : sorted_entries(dir)) {
+      if (is_volume_path(p)) {
+        volume_label = true;
+        continue;
+      }
       if (!is_dicom_seg_file(p)) continue;
       auto segments = read_dicom_seg_segments(p);
       return segments.is_ok() ? segment_class_names(*segments) : std::vector<std::string>{};
     }
+    if (volume_label) return {};
   }
   return {};
 }

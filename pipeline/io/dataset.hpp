@@ -37,7 +37,8 @@ struct DatasetIndex {
   std::vector<SkippedFile> skipped;
   /// Index = label value: from dataset.json's `labels` when given; else, for DICOM case
   /// folders, the segment labels of the first case whose label is a DICOM SEG
-  /// (segment_class_names). Empty when neither names anything.
+  /// (segment_class_names), unless a case before it has a NIfTI/NRRD/MetaImage label. Empty
+  /// when neither names anything.
   std::vector<std::string> label_names;
   /// nnU-Net v2 dataset.json `file_ending` (".nii.gz", ".nrrd", ".mha", ...): images and labels
   /// of the MSD layout must end with it. Empty: any of .nii.gz, .nii, .nrrd, .nhdr, .mha, .mhd.
@@ -58,7 +59,8 @@ std::vector<std::string> label_names_from_json(const nlohmann::json& labels);
 
 /// The label names scan_dataset gives `root` (DatasetIndex::label_names) without indexing
 /// it: dataset.json's `labels`; else, in a folder of DICOM case folders, the segment labels of
-/// the first case folder (by name) that holds a DICOM SEG. Empty when nothing names a label.
+/// the first case folder (by name) that holds a DICOM SEG (the search ends at a case folder
+/// whose label is a NIfTI/NRRD/MetaImage file). Empty when nothing names a label.
 std::vector<std::string> dataset_label_names(const std::filesystem::path& root);
 
 /// Detects the layout and indexes the cases of `root`. Bad cases are skipped and listed in

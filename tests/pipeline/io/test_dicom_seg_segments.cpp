@@ -308,6 +308,19 @@ TEST_CASE(
   }
   REQUIRE(loaded->label.has_value());
   CHECK(torch::equal(loaded->label->voxels.to(torch::kInt64), labels.voxels.to(torch::kInt64)));
+
+  // A dataset whose first case has a NIfTI label: its labels are volumes, and the SEG of a
+  // later case names nothing (nor are the other cases' headers read for it).
+  const fs::path mixed = dir / "mixed";
+  copy_series(kCT5N, mixed / "a");
+  REQUIRE(sp::write_nifti(mixed / "a" / "label.nii.gz", labels).is_ok());
+  copy_series(case_a, mixed / "b");
+  auto mixed_idx = sp::scan_dataset(mixed);
+  REQUIRE_MESSAGE(mixed_idx.is_ok(), mixed_idx.status().message());
+  REQUIRE(mixed_idx->cases.size() == 2);
+  CHECK(mixed_idx->cases[1].label == mixed / "b" / "seg.dcm");
+  CHECK(mixed_idx->label_names.empty());
+  CHECK(sp::dataset_label_names(mixed).empty());
 }
 
 TEST_CASE(
