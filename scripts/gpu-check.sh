@@ -61,9 +61,9 @@ if [[ ${1:-} == --bundle-cpu-check ]]; then
   # CPU cases that need neither the reference readers (SimpleITK, MONAI: not on the GPU
   # machine) nor the build's plugin folder.
   run() { echo "== $*"; "$@" || fails=$((fails + 1)); }
-  run "$b/bin/segflow_models_tests" -tce='*CUDA*,*reproduces*,*converter*' -tse='serial'
+  run "$b/bin/segflow_models_tests" -tce='*CUDA*,*reproduces*,*converter*,*MONAI*' -tse='serial'
   run "$b/bin/segflow_models_tests" -tc='*CUDA*'  # here: skips, with a message
-  run "$b/bin/segflow_apps_tests" -tc='*bf16*,*2N epochs*,*corrupt checkpoint*'
+  run "$b/bin/segflow_apps_tests" -tc='*bf16*,*corrupt checkpoint*,*cross-validation table*,*--fold all*'
   run "$b/bin/segflow_actors_tests" -tc='*SimpleLoader*' -tce='*CUDA*'
   run "$b/bin/segflow_parallel_tests" -tc='*2 Gloo ranks in one process*'
   run "$b/bin/segflow" synth --cases 1 --size 16 --format dicom --out "$dir/dicom"
