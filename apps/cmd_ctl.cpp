@@ -27,6 +27,8 @@ constexpr const char* kCtlUsage = R"(usage: segflow ctl [--endpoint E] [--json] 
 
 commands:
   start CONFIG [--set key=value ...]   submit a job (the config is sent inline); prints its id
+  infer --checkpoint PT --input PATH --output PATH [--tta none|mirror|mirror-all] [--device D]
+                                        queue an inference job (a scan, a folder or a dataset)
   stop JOB | pause JOB [--now] | resume JOB
   status [JOB]                          state, epoch, step, loss, best Dice, samples/s, devices
   list | datasets | stages | ping
@@ -137,6 +139,18 @@ void print_job(const json& j) {
   auto line = [](const char* k, const std::string& v) {
     if (!v.empty() && v != "-") std::printf("  %-12s %s\n", k, v.c_str());
   };
+  if (field(j, "kind") == "infer") {
+    line("kind", "infer");
+    line("cases", str(field(j, "epoch")) + "/" + str(field(j, "epochs")));
+    line("checkpoint", str(field(j, "checkpoint")));
+    line("input", str(field(j, "input")));
+    line("output", str(field(j, "output")));
+    line("tta", str(field(j, "tta")));
+    line("devices", devices_text(j));
+    for (const auto& o : field(j, "outputs")) line("wrote", str(field(o, "output")));
+    line("reason", str(field(j, "reason")));
+    return;
+  }
   line("epoch", str(field(j, "epoch")) + "/" + str(field(j, "epochs")));
   line("step", str(field(j, "step")));
   line("loss", num(field(j, "loss")));
@@ -251,7 +265,8 @@ int keygen(const Args& a) {
 
 int cmd_ctl(int argc, char** argv) {
   auto parsed = parse_args(argc, argv, 2,
-                           {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out"},
+                           {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out",
+                            "checkpoint", "input", "output", "tta", "device"},
                            {"json", "now", "help"});
   if (!parsed.is_ok()) return fail("ctl", parsed.status());
   const Args& a = *parsed;
@@ -301,6 +316,19 @@ int cmd_ctl(int argc, char** argv) {
     std::stringstream ss;
     ss << f.rdbuf();
     req = {{"cmd", "start"}, {"config", ss.str()}, {"file", a.positional[1]}, {"set", a.all("set")}};
+  } else if (cmd == "infer") {
+    if (a.positional.size() > 1)
+      return fail(where, invalid_argument("unexpected argument '" + a.positional[1] + "'"));
+    for (const char* k : {"checkpoint", "input", "output"})
+      if (!a.has(k)) return fail(where, invalid_argument(std::string("--") + k + ": required"));
+    // Paths are sent absolute: the daemon's working folder is not the client's.
+    auto abs = [](const std::string& p) { return fs::absolute(p).lexically_normal().string(); };
+    req = {{"cmd", "infer"},
+           {"checkpoint", abs(a.get("checkpoint"))},
+           {"input", abs(a.get("input"))},
+           {"output", abs(a.get("output"))}};
+    if (a.has("tta")) req["tta"] = a.get("tta");
+    if (a.has("device")) req["device"] = a.get("device");
   } else if (cmd == "stop" || cmd == "pause" || cmd == "resume") {
     auto id = job_arg(a, cmd);
     if (!id.is_ok()) return fail(where, id.status());
@@ -330,10 +358,10 @@ int cmd_ctl(int argc, char** argv) {
       req["send"] = files;
     }
   } else {
-    return fail("ctl",
-                invalid_argument("unknown command '" + cmd +
-                                 "' (start, stop, pause, resume, status, list, datasets, stages, ping, "
-                                 "shutdown, dicom, keygen)"));
+    return fail(
+        "ctl", invalid_argument("unknown command '" + cmd +
+                                "' (start, infer, stop, pause, resume, status, list, datasets, stages, ping, "
+                                "shutdown, dicom, keygen)"));
   }
 
   auto reply = call(c, req);
@@ -355,6 +383,9 @@ int cmd_ctl(int argc, char** argv) {
   if (cmd == "start") {
     std::printf("job %s %s (run folder %s)\n", str(field(r, "job")).c_str(), str(field(r, "state")).c_str(),
                 str(field(r, "run_dir")).c_str());
+  } else if (cmd == "infer") {
+    std::printf("job %s %s (inference into %s)\n", str(field(r, "job")).c_str(),
+                str(field(r, "state")).c_str(), str(field(r, "output")).c_str());
   } else if (cmd == "stop" || cmd == "pause" || cmd == "resume") {
     std::printf("job %s: %s%s\n", str(field(r, "job")).c_str(), str(field(r, "state")).c_str(),
                 field(r, "pending").is_string() ? (" (" + field(r, "pending").get<std::string>() +

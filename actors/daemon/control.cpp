@@ -26,7 +26,7 @@ json error_reply(const Status& st) {
 namespace {
 
 constexpr const char* kCommands =
-    "start, stop, pause, resume, status, list, datasets, stages, ping, shutdown, dicom";
+    "start, infer, stop, pause, resume, status, list, datasets, stages, ping, shutdown, dicom";
 
 /// The fields of one request (all but "cmd"), read by the option reader: errors name the
 /// field ("job: expected an integer >= 1, got -1", "bogus: unknown field for status; expected
@@ -179,6 +179,22 @@ json ControlHandler::dispatch(const json& req) {
     SEGFLOW_TRY(r, jobs_.submit(text, name, set));
     return ok_reply(r);
   }
+  if (cmd == "infer") {
+    InferJobSpec spec;
+    SEGFLOW_TRY(checkpoint, f.string("checkpoint", "a checkpoint (best.pt, last.pt) of a run"));
+    SEGFLOW_TRY(input, f.string("input", "a scan, a folder of scans or a dataset"));
+    SEGFLOW_TRY(output, f.string("output", "a label map file (one scan) or a folder"));
+    SEGFLOW_TRY(tta, f.string("tta", "test-time augmentation: none, mirror or mirror-all"));
+    SEGFLOW_TRY(device, f.string("device", "a device (cpu, cuda:0) or auto"));
+    SEGFLOW_CHECK(f.finish());
+    spec.checkpoint = checkpoint;
+    spec.input = input;
+    spec.output = output;
+    if (f.has("tta")) spec.tta = tta;
+    if (f.has("device")) spec.device = device;
+    SEGFLOW_TRY(r, jobs_.submit_infer(std::move(spec)));
+    return ok_reply(r);
+  }
   if (cmd == "stop" || cmd == "resume") {
     SEGFLOW_TRY(id, f.job(cmd));
     SEGFLOW_CHECK(f.finish());
@@ -208,6 +224,7 @@ json ControlHandler::dispatch(const json& req) {
     for (const auto& j : jobs_.status_all())
       out.push_back({{"id", j["id"]},
                      {"name", j["name"]},
+                     {"kind", j["kind"]},
                      {"state", j["state"]},
                      {"epoch", j["epoch"]},
                      {"epochs", j["epochs"]},

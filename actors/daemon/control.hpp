@@ -4,6 +4,8 @@
 //
 //   start     config (YAML text) | path (a file the daemon reads); file (name for messages,
 //             with config); set ([key=value, ...])                 -> job, state, run_dir, dataset
+//   infer     checkpoint, input, output (paths); tta (none | mirror | mirror-all), device
+//             (optional)                                            -> job, state, kind, output
 //   stop      job                                                   -> job, state, pending
 //   pause     job; now (bool: at the next step, not the epoch end)  -> job, state, pending
 //   resume    job                                                   -> job, state

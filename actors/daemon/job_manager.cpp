@@ -11,6 +11,7 @@
 
 #include "actors/jobs/job_runner.hpp"
 #include "messages/log.hpp"
+#include "models/inference.hpp"
 #include "models/job_config.hpp"
 #include "models/trainer.hpp"
 #include "pipeline/pipeline_spec.hpp"
@@ -72,11 +73,44 @@ fs::path absolute_path(const std::string& p) {
 
 std::string yaml_quoted(const std::string& s) { return json(s).dump(); }
 
+json spec_to_json(const InferJobSpec& s) {
+  return {{"checkpoint", s.checkpoint},
+          {"input", s.input},
+          {"output", s.output},
+          {"tta", s.tta},
+          {"device", s.device}};
+}
+
+Result<InferJobSpec> spec_from_json(const std::string& text) {
+  try {
+    const json j = json::parse(text);
+    InferJobSpec s;
+    s.checkpoint = j.at("checkpoint").get<std::string>();
+    s.input = j.at("input").get<std::string>();
+    s.output = j.at("output").get<std::string>();
+    s.tta = j.value("tta", std::string("none"));
+    s.device = j.value("device", std::string("auto"));
+    return s;
+  } catch (const std::exception& e) {
+    return corrupt_data(std::string("stored inference request: ") + e.what());
+  }
+}
+
+json infer_output_json(const models::InferResult& r) {
+  return {{"case", r.case_id},
+          {"output", r.output.string()},
+          {"size", {r.size[0], r.size[1], r.size[2]}},
+          {"labels", r.labels},
+          {"seconds", r.seconds}};
+}
+
 }  // namespace
 
 struct JobManager::Job {
   JobRecord rec;
   models::JobConfig cfg;
+  InferJobSpec infer;            ///< kind "infer"
+  json outputs = json::array();  ///< kind "infer": what the last run wrote
   std::atomic<int> request{kNone};
   std::atomic<bool> now{false};  ///< stop at the next step instead of the next epoch boundary
   bool thread_running = false;   ///< a run_job thread is working on this job
@@ -236,12 +270,14 @@ void JobManager::save_locked(Job& j) {
 }
 
 void JobManager::publish_state_locked(const Job& j) {
-  publish_("job." + std::to_string(j.rec.id), {{"job", j.rec.id},
-                                               {"state", j.rec.state},
-                                               {"reason", j.rec.reason},
-                                               {"epoch", j.rec.epoch},
-                                               {"epochs", j.rec.epochs},
-                                               {"device", j.rec.device}});
+  json body = {{"job", j.rec.id},        {"kind", j.rec.kind},   {"state", j.rec.state},
+               {"reason", j.rec.reason}, {"epoch", j.rec.epoch}, {"epochs", j.rec.epochs},
+               {"device", j.rec.device}};
+  if (j.rec.kind == "infer") {
+    body["output"] = j.infer.output;
+    if (!j.outputs.empty()) body["outputs"] = j.outputs;
+  }
+  publish_("job." + std::to_string(j.rec.id), body);
 }
 
 json JobManager::describe_locked(const Job& j) const {
@@ -249,24 +285,33 @@ json JobManager::describe_locked(const Job& j) const {
   json devices = json::array();
   if (!r.device.empty()) devices.push_back(r.device);
   const int req = j.request.load();
-  return {{"id", r.id},
-          {"name", r.name},
-          {"state", r.state},
-          {"reason", r.reason},
-          {"epoch", r.epoch},
-          {"epochs", r.epochs},
-          {"step", r.step},
-          {"loss", number_or_null(r.loss)},
-          {"best_dice", r.best_dice >= 0 ? number_or_null(r.best_dice) : json(nullptr)},
-          {"samples_per_s", number_or_null(r.samples_per_s)},
-          {"devices", devices},
-          {"run_dir", r.run_dir},
-          {"dataset", r.dataset},
-          {"file", r.file},
-          {"checkpoint_epoch", r.checkpoint_epoch},
-          {"pending", r.state == "running" && req != kNone ? json(request_name(req)) : json(nullptr)},
-          {"created", r.created},
-          {"updated", r.updated}};
+  json d = {{"id", r.id},
+            {"name", r.name},
+            {"kind", r.kind},
+            {"state", r.state},
+            {"reason", r.reason},
+            {"epoch", r.epoch},
+            {"epochs", r.epochs},
+            {"step", r.step},
+            {"loss", number_or_null(r.loss)},
+            {"best_dice", r.best_dice >= 0 ? number_or_null(r.best_dice) : json(nullptr)},
+            {"samples_per_s", number_or_null(r.samples_per_s)},
+            {"devices", devices},
+            {"run_dir", r.run_dir},
+            {"dataset", r.dataset},
+            {"file", r.file},
+            {"checkpoint_epoch", r.checkpoint_epoch},
+            {"pending", r.state == "running" && req != kNone ? json(request_name(req)) : json(nullptr)},
+            {"created", r.created},
+            {"updated", r.updated}};
+  if (r.kind == "infer") {
+    d["checkpoint"] = j.infer.checkpoint;
+    d["input"] = j.infer.input;
+    d["output"] = j.infer.output;
+    d["tta"] = j.infer.tta;
+    d["outputs"] = j.outputs;
+  }
+  return d;
 }
 
 Result<JobManager::Job*> JobManager::find_locked(std::int64_t id) const {
@@ -283,6 +328,24 @@ Status JobManager::recover() {
     auto j = std::make_unique<Job>();
     j->rec = std::move(rec);
     const bool active = j->rec.state == "running" || j->rec.state == "queued";
+    if (j->rec.kind == "infer") {
+      auto spec = spec_from_json(j->rec.config_yaml);
+      if (spec.is_ok()) {
+        j->infer = std::move(*spec);
+      } else if (active || j->rec.state == "paused") {
+        j->rec.state = "failed";
+        j->rec.reason = spec.status().message();
+        save_locked(*j);
+      }
+      if (j->rec.state == "running" || j->rec.state == "queued") {
+        if (j->rec.state == "running") j->rec.reason = "restarting after a daemon restart";
+        j->rec.state = "queued";
+        j->rec.epoch = 0;
+        save_locked(*j);
+      }
+      jobs_[j->rec.id] = std::move(j);
+      continue;
+    }
     auto cfg = models::parse_job_config(j->rec.config_yaml, j->rec.file, j->rec.overrides);
     if (cfg.is_ok()) {
       j->cfg = std::move(*cfg);
@@ -369,11 +432,164 @@ Result<json> JobManager::submit(const std::string& yaml, const std::string& file
   return json{{"job", rec.id}, {"state", job.rec.state}, {"run_dir", job.rec.run_dir}, {"dataset", dataset}};
 }
 
+Result<json> JobManager::submit_infer(InferJobSpec spec) {
+  // Everything checked before a job exists; each error names its field.
+  if (spec.checkpoint.empty()) return invalid_argument("checkpoint: missing (a best.pt or last.pt of a run)");
+  if (spec.input.empty()) return invalid_argument("input: missing (a scan, a folder of scans or a dataset)");
+  if (spec.output.empty()) return invalid_argument("output: missing (a label map file or a folder)");
+  spec.checkpoint = absolute_path(spec.checkpoint).string();
+  spec.input = absolute_path(spec.input).string();
+  spec.output = absolute_path(spec.output).string();
+  if (spec.tta.empty()) spec.tta = "none";
+  if (spec.device.empty()) spec.device = "auto";
+  auto tta = models::parse_tta(spec.tta);
+  if (!tta.is_ok()) return invalid_argument("tta: " + tta.status().message());
+  if (spec.device != "auto") {
+    auto d = models::resolve_device(spec.device);
+    if (!d.is_ok()) return invalid_argument("device: " + d.status().message());
+  }
+  std::error_code ec;
+  if (!fs::is_regular_file(spec.checkpoint, ec))
+    return not_found("checkpoint: " + spec.checkpoint + ": no such file");
+  {
+    auto model = models::load_for_inference(spec.checkpoint, "cpu");
+    if (!model.is_ok())
+      return invalid_argument("checkpoint: " + spec.checkpoint +
+                              ": cannot be loaded: " + model.status().message());
+  }
+  if (!fs::exists(spec.input, ec)) return not_found("input: " + spec.input + ": no such file or folder");
+  const bool single = models::is_single_scan(spec.input);
+  if (!single) {
+    auto cases = models::list_inference_cases(spec.input);
+    if (!cases.is_ok()) return invalid_argument("input: " + cases.status().message());
+    if (cases->empty()) return invalid_argument("input: " + spec.input + ": expected scans, found none");
+  }
+  // An existing folder takes the output; else the output's folder must exist (a batch creates its folder).
+  const fs::path out_dir =
+      fs::is_directory(spec.output, ec) ? fs::path(spec.output) : fs::path(spec.output).parent_path();
+  if (!fs::is_directory(out_dir, ec))
+    return not_found("output: " + spec.output + ": its folder " + out_dir.string() + " does not exist");
+  if (!single && fs::exists(spec.output, ec) && !fs::is_directory(spec.output, ec))
+    return invalid_argument("output: " + spec.output +
+                            ": expected a folder for a folder or dataset input, got a file");
+
+  JobRecord rec;
+  rec.kind = "infer";
+  rec.name = "infer " + fs::path(spec.input).filename().string();
+  rec.file = spec.checkpoint;
+  rec.config_yaml = spec_to_json(spec).dump();
+  rec.state = "queued";
+  rec.run_dir = spec.output;
+  rec.loss = std::nan("");
+  rec.created = rec.updated = StateDb::now();
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) return invalid_argument("the daemon is shutting down");
+  SEGFLOW_ASSIGN_OR_RETURN(rec.id, db_.insert_job(rec));
+  auto j = std::make_unique<Job>();
+  j->rec = rec;
+  j->infer = std::move(spec);
+  Job& job = *j;
+  jobs_[rec.id] = std::move(j);
+  log::info("job " + std::to_string(rec.id) + " (" + rec.name + ") queued; output " + job.infer.output);
+  publish_state_locked(job);
+  schedule_locked();
+  return json{{"job", rec.id}, {"state", job.rec.state}, {"kind", "infer"}, {"output", job.infer.output}};
+}
+
+std::string JobManager::wanted_device_locked(const Job& j) const {
+  return device_key(j.rec.kind == "infer" ? j.infer.device : j.cfg.train.device);
+}
+
+void JobManager::run_infer_job(Job* j) {
+  models::InferOptions io;
+  bool single = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    io.checkpoint = j->infer.checkpoint;
+    io.input = j->infer.input;
+    io.output = j->infer.output;
+    io.device = j->rec.device;
+    auto tta = models::parse_tta(j->infer.tta);
+    if (tta.is_ok()) io.tta = *tta;
+    single = models::is_single_scan(io.input);
+    j->outputs = json::array();
+    j->rec.epoch = 0;
+    j->rec.epochs = single ? 1 : 0;
+  }
+  const std::string topic = "metrics." + std::to_string(j->rec.id);
+  json outputs = json::array(), failed = json::array();
+  Status st = Status::ok();
+  try {
+    if (single) {
+      auto r = models::run_inference(io);
+      if (r.is_ok())
+        outputs.push_back(infer_output_json(*r));
+      else
+        st = r.status();
+    } else {
+      auto progress = [&](const models::InferProgress& p) {
+        std::lock_guard<std::mutex> lock(mu_);
+        j->rec.epochs = static_cast<std::int64_t>(p.total);
+        json body = {{"job", j->rec.id}, {"type", "case"},   {"case", p.case_id},
+                     {"index", p.index}, {"total", p.total}, {"done", p.done}};
+        if (p.done) {
+          j->rec.epoch = static_cast<std::int64_t>(p.index + 1);
+          body["seconds"] = p.seconds;
+          if (!p.error.empty()) body["error"] = p.error;
+          if (!p.output.empty()) body["output"] = p.output.string();
+          save_locked(*j);
+        }
+        publish_(topic, body);
+      };
+      auto r = models::run_inference_batch(io, progress);
+      if (r.is_ok()) {
+        for (const auto& o : r->outputs) outputs.push_back(infer_output_json(o));
+        for (const auto& [id, why] : r->failed) failed.push_back({{"case", id}, {"error", why}});
+        if (outputs.empty() && !failed.empty())
+          st = internal_error("every case failed; first: " + r->failed.front().first + ": " +
+                              r->failed.front().second);
+      } else {
+        st = r.status();
+      }
+    }
+  } catch (const std::exception& e) {
+    st = internal_error(std::string("inference failed with an exception: ") + e.what());
+  } catch (...) {
+    st = internal_error("inference failed with an unknown exception");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  j->outputs = outputs;
+  if (st.is_ok()) {
+    j->rec.state = "completed";
+    j->rec.epoch = j->rec.epochs = static_cast<std::int64_t>(outputs.size() + failed.size());
+    j->rec.reason = std::to_string(outputs.size()) + " label map(s) written to " + j->infer.output;
+    if (!failed.empty())
+      j->rec.reason += "; " + std::to_string(failed.size()) + " case(s) failed, first " +
+                       failed[0]["case"].get<std::string>() + ": " + failed[0]["error"].get<std::string>();
+  } else {
+    j->rec.state = "failed";
+    j->rec.reason = st.message();
+  }
+  j->request.store(kNone);
+  j->now.store(false);
+  j->thread_running = false;
+  busy_.erase(j->rec.device);
+  done_.notify_all();
+  save_locked(*j);
+  publish_state_locked(*j);
+  if (j->rec.state == "failed")
+    log::error("job " + std::to_string(j->rec.id) + " failed: " + j->rec.reason);
+  else
+    log::info("job " + std::to_string(j->rec.id) + " completed: " + j->rec.reason);
+  schedule_locked();
+}
+
 void JobManager::schedule_locked() {
   if (shutting_down_) return;
   for (auto& [id, j] : jobs_) {
     if (j->rec.state != "queued") continue;
-    std::string want = device_key(j->cfg.train.device), device;
+    std::string want = wanted_device_locked(*j), device;
     if (want == "auto") {
       // Prefer the device the job ran on before (its checkpoint was written there).
       if (!j->rec.device.empty() && std::find(pool_.begin(), pool_.end(), j->rec.device) != pool_.end() &&
@@ -404,6 +620,10 @@ void JobManager::start_locked(Job& j, const std::string& device) {
 }
 
 void JobManager::run_job(Job* j) {
+  if (j->rec.kind == "infer") {
+    run_infer_job(j);
+    return;
+  }
   for (;;) {
     models::JobConfig cfg;
     RunOptions ro;
@@ -486,6 +706,8 @@ Result<json> JobManager::stop(std::int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   SEGFLOW_ASSIGN_OR_RETURN(Job * j, find_locked(id));
   const std::string& s = j->rec.state;
+  if (s == "running" && j->rec.kind == "infer")
+    return invalid_argument("job " + std::to_string(id) + " is a running inference job; it runs to its end");
   if (s == "running") {
     j->raise(kStop);
     return json{{"job", id}, {"state", s}, {"pending", "stop"}};
@@ -505,6 +727,8 @@ Result<json> JobManager::pause(std::int64_t id, bool now) {
   std::lock_guard<std::mutex> lock(mu_);
   SEGFLOW_ASSIGN_OR_RETURN(Job * j, find_locked(id));
   const std::string& s = j->rec.state;
+  if (s == "running" && j->rec.kind == "infer")
+    return invalid_argument("job " + std::to_string(id) + " is a running inference job; it runs to its end");
   if (s == "running") {
     j->raise(kPause);
     if (now) j->now.store(true);

@@ -54,6 +54,16 @@ using PublishFn = std::function<void(const std::string& topic, const nlohmann::j
 /// The change counter of a dataset (DatasetWatcher::version).
 using VersionFn = std::function<std::uint64_t(const std::string& dataset)>;
 
+/// An inference job (`segflow ctl infer`): models::run_inference on one scan, or
+/// run_inference_batch on a folder or dataset. Paths are absolute once submitted.
+struct InferJobSpec {
+  std::string checkpoint;    ///< best.pt / last.pt of a run
+  std::string input;         ///< a scan, a DICOM series folder, a folder of scans or a dataset
+  std::string output;        ///< a label map file (one scan) or a folder
+  std::string tta = "none";  ///< none | mirror | mirror-all
+  std::string device = "auto";
+};
+
 /// Where jobs live and run.
 struct JobManagerOptions {
   std::filesystem::path state_dir;   ///< run folders go to state_dir/runs by default
@@ -78,6 +88,12 @@ class JobManager {
   /// dataset}.
   Result<nlohmann::json> submit(const std::string& yaml, const std::string& file,
                                 const std::vector<std::string>& overrides);
+  /// Validates and queues an inference job beside the training jobs (same ids, queue,
+  /// devices, states and events; kind "infer"): the checkpoint must load, the input hold at
+  /// least one scan, the output's folder exist, tta and device parse. Errors name the field;
+  /// on error nothing is stored. Returns {job, state, kind, output}. A running inference job
+  /// runs to its end (stop and pause act on it only while it is queued).
+  Result<nlohmann::json> submit_infer(InferJobSpec spec);
   /// Stops a job for good (a running one writes a checkpoint first).
   Result<nlohmann::json> stop(std::int64_t id);
   /// Pauses a queued or running job. A running one goes on to the end of its epoch (or,
@@ -105,6 +121,8 @@ class JobManager {
   void schedule_locked();
   void start_locked(Job& job, const std::string& device);
   void run_job(Job* job);
+  void run_infer_job(Job* job);
+  std::string wanted_device_locked(const Job& job) const;
   void save_locked(Job& job);
   void publish_state_locked(const Job& job);
   nlohmann::json describe_locked(const Job& job) const;

@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS jobs (
   best_dice REAL,
   samples_per_s REAL,
   created REAL NOT NULL,
-  updated REAL NOT NULL);
+  updated REAL NOT NULL,
+  kind TEXT NOT NULL DEFAULT 'train');
 CREATE TABLE IF NOT EXISTS datasets (
   name TEXT PRIMARY KEY,
   path TEXT NOT NULL,
@@ -165,6 +166,12 @@ Result<std::unique_ptr<StateDb>> StateDb::open(const fs::path& file) {
   SEGFLOW_RETURN_IF_ERROR(
       s->exec("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;"));
   SEGFLOW_RETURN_IF_ERROR(s->exec(kSchema));
+  // Databases written before inference jobs existed have no kind column: add it (train).
+  {
+    Stmt probe(db, "SELECT kind FROM jobs LIMIT 0");
+    if (!probe.ok())
+      SEGFLOW_RETURN_IF_ERROR(s->exec("ALTER TABLE jobs ADD COLUMN kind TEXT NOT NULL DEFAULT 'train'"));
+  }
   return s;
 }
 
@@ -175,13 +182,14 @@ Result<std::int64_t> StateDb::insert_job(JobRecord j) {
   Stmt s(
       db_,
       "INSERT INTO jobs (name, file, config_yaml, overrides, state, reason, device, run_dir, dataset, epoch, "
-      "epochs, step, checkpoint_epoch, loss, best_dice, samples_per_s, created, updated) "
-      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+      "epochs, step, checkpoint_epoch, loss, best_dice, samples_per_s, created, updated, kind) "
+      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   if (!s.ok()) return fail("insert job");
   s.bind(1, j.name).bind(2, j.file).bind(3, j.config_yaml).bind(4, to_json_array(j.overrides).dump());
   s.bind(5, j.state).bind(6, j.reason).bind(7, j.device).bind(8, j.run_dir).bind(9, j.dataset);
   s.bind(10, j.epoch).bind(11, j.epochs).bind(12, j.step).bind(13, j.checkpoint_epoch);
   s.bind(14, j.loss).bind(15, j.best_dice).bind(16, j.samples_per_s).bind(17, j.created).bind(18, j.updated);
+  s.bind(19, j.kind);
   if (s.step() != SQLITE_DONE) return fail("insert job");
   return static_cast<std::int64_t>(sqlite3_last_insert_rowid(db_));
 }
@@ -192,22 +200,28 @@ Status StateDb::update_job(const JobRecord& j) {
       db_,
       "UPDATE jobs SET name=?, file=?, config_yaml=?, overrides=?, state=?, reason=?, device=?, run_dir=?, "
       "dataset=?, epoch=?, epochs=?, step=?, checkpoint_epoch=?, loss=?, best_dice=?, samples_per_s=?, "
-      "updated=? WHERE id=?");
+      "updated=?, kind=? WHERE id=?");
   if (!s.ok()) return fail("update job");
   s.bind(1, j.name).bind(2, j.file).bind(3, j.config_yaml).bind(4, to_json_array(j.overrides).dump());
   s.bind(5, j.state).bind(6, j.reason).bind(7, j.device).bind(8, j.run_dir).bind(9, j.dataset);
   s.bind(10, j.epoch).bind(11, j.epochs).bind(12, j.step).bind(13, j.checkpoint_epoch);
-  s.bind(14, j.loss).bind(15, j.best_dice).bind(16, j.samples_per_s).bind(17, now()).bind(18, j.id);
+  s.bind(14, j.loss)
+      .bind(15, j.best_dice)
+      .bind(16, j.samples_per_s)
+      .bind(17, now())
+      .bind(18, j.kind)
+      .bind(19, j.id);
   if (s.step() != SQLITE_DONE) return fail("update job " + std::to_string(j.id));
   return Status::ok();
 }
 
 Result<std::vector<JobRecord>> StateDb::jobs() {
   std::lock_guard<std::mutex> lock(mu_);
-  Stmt s(db_,
-         "SELECT id, name, file, config_yaml, overrides, state, reason, device, run_dir, dataset, epoch, "
-         "epochs, "
-         "step, checkpoint_epoch, loss, best_dice, samples_per_s, created, updated FROM jobs ORDER BY id");
+  Stmt s(
+      db_,
+      "SELECT id, name, file, config_yaml, overrides, state, reason, device, run_dir, dataset, epoch, "
+      "epochs, "
+      "step, checkpoint_epoch, loss, best_dice, samples_per_s, created, updated, kind FROM jobs ORDER BY id");
   if (!s.ok()) return fail("read jobs");
   std::vector<JobRecord> out;
   int rc;
@@ -232,6 +246,7 @@ Result<std::vector<JobRecord>> StateDb::jobs() {
     j.samples_per_s = s.real(16);
     j.created = s.real(17);
     j.updated = s.real(18);
+    j.kind = s.text(19);
     out.push_back(std::move(j));
   }
   if (rc != SQLITE_DONE) return fail("read jobs");

@@ -27,6 +27,7 @@ namespace segflow::actors::daemon {
 struct JobRecord {
   std::int64_t id = 0;                 ///< assigned by insert_job
   std::string name;                    ///< the config's name
+  std::string kind = "train";          ///< train | infer (config_yaml then holds the request JSON)
   std::string file;                    ///< where the config came from ("<inline>" when sent inline)
   std::string config_yaml;             ///< the config text as submitted
   std::vector<std::string> overrides;  ///< --set overrides, applied in order
