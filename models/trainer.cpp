@@ -1,4 +1,5 @@
 #include "models/trainer.hpp"
+#include "messages/file_util.hpp"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/_foreach_mul.h>
@@ -223,11 +224,10 @@ Status Trainer::save_checkpoint(const fs::path& path) const {
     }
     std::error_code ec;
     fs::create_directories(path.parent_path(), ec);
-    const fs::path tmp = path.string() + ".tmp";
-    root.save_to(tmp.string());
-    fs::rename(tmp, path, ec);
-    if (ec) return io_error(path.string() + ": rename failed: " + ec.message());
-    return Status::ok();
+    return replace_file_atomically(path, [&](const fs::path& tmp) {
+      root.save_to(tmp.string());
+      return Status::ok();
+    });
   } catch (const std::exception& e) {
     return io_error(path.string() + ": writing the checkpoint failed: " + first_line(e));
   }

@@ -1,4 +1,5 @@
 #include "models/weights.hpp"
+#include "messages/file_util.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -144,9 +145,7 @@ Status write_tensor_archive(const std::filesystem::path& path, const TensorMap& 
   // Pad the header with spaces so the data section starts 64-byte aligned.
   h.append((kAlign - (16 + h.size()) % kAlign) % kAlign, ' ');
   const uint64_t header_len = h.size();
-  auto tmp = path;
-  tmp += ".tmp";
-  {
+  return replace_file_atomically(path, [&](const std::filesystem::path& tmp) -> Status {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     if (!f) return io_error(tmp.string() + ": cannot open for writing");
     f.write(kMagic, 8);
@@ -160,11 +159,8 @@ Status write_tensor_archive(const std::filesystem::path& path, const TensorMap& 
     }
     f.flush();
     if (!f) return io_error(tmp.string() + ": write failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return io_error(path.string() + ": rename failed: " + ec.message());
-  return Status::ok();
+    return Status::ok();
+  });
 }
 
 TensorMap named_tensors(const torch::nn::Module& module) {

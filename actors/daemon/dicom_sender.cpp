@@ -1,4 +1,5 @@
 #include "actors/daemon/dicom_sender.hpp"
+#include "messages/file_util.hpp"
 
 #include <dcmtk/config/osconfig.h>
 #include <dcmtk/dcmdata/dcdeftag.h>
@@ -258,13 +259,13 @@ Result<DicomSendRecord> DicomSender::enqueue(const fs::path& file) {
         std::to_string(static_cast<std::int64_t>(StateDb::now() * 1000)) + "-" + std::to_string(++m.counter);
   }
   const fs::path copy = m.outbox / (name + ".dcm");
-  const fs::path tmp = m.outbox / ("." + name + ".tmp");
-  fs::copy_file(file, tmp, fs::copy_options::overwrite_existing, ec);
-  if (!ec) fs::rename(tmp, copy, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    return io_error("cannot copy " + file.string() + " into " + m.outbox.string() + ": " + ec.message());
-  }
+  SEGFLOW_RETURN_IF_ERROR(replace_file_atomically(copy, [&](const fs::path& tmp) -> Status {
+    std::error_code cec;
+    fs::copy_file(file, tmp, fs::copy_options::overwrite_existing, cec);
+    if (cec)
+      return io_error("cannot copy " + file.string() + " into " + m.outbox.string() + ": " + cec.message());
+    return Status::ok();
+  }));
   DicomSendRecord r;
   r.file = copy.string();
   r.source = fs::absolute(file, ec).lexically_normal().string();

@@ -1,4 +1,5 @@
 #include "pipeline/io/dicom_seg_style.hpp"
+#include "messages/file_util.hpp"
 
 #include <dcmtk/config/osconfig.h>  // first among DCMTK headers
 #include <dcmtk/dcmdata/dcdatset.h>
@@ -43,8 +44,7 @@ std::array<std::uint16_t, 3> rgb_to_dicom_lab(const std::array<std::uint8_t, 3>&
 Status write_dicom_seg(const fs::path& file, const Image& labels, const DicomSeriesInfo& series,
                        const std::vector<SegmentStyle>& styles) {
   const std::string where = file.string();
-  fs::path tmp = file;
-  tmp += ".unstyled.tmp";
+  const fs::path tmp = temp_path_for(file);  // the SEG as written, before the style goes in
   SEGFLOW_RETURN_IF_ERROR(write_dicom_seg(tmp, labels, series));
   std::error_code ec;
   const auto cleanup = [&] { fs::remove(tmp, ec); };
@@ -84,17 +84,13 @@ Status write_dicom_seg(const fs::path& file, const Image& labels, const DicomSer
                             ": cannot set");
     }
   }
-  fs::path styled = file;
-  styled += ".tmp";
-  c = ff.saveFile(styled.c_str(), ds->getOriginalXfer());
+  Status st = replace_file_atomically(file, [&](const fs::path& styled) -> Status {
+    const OFCondition saved = ff.saveFile(styled.c_str(), ds->getOriginalXfer());
+    if (saved.bad()) return io_error(where + ": cannot write: " + saved.text());
+    return Status::ok();
+  });
   cleanup();
-  if (c.bad()) {
-    fs::remove(styled, ec);
-    return io_error(where + ": cannot write: " + c.text());
-  }
-  fs::rename(styled, file, ec);
-  if (ec) return io_error(where + ": cannot rename " + styled.string() + ": " + ec.message());
-  return Status::ok();
+  return st;
 }
 
 }  // namespace segflow::pipeline
