@@ -14,11 +14,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <vector>
 
+#include "actors/daemon/auto_infer.hpp"
 #include "actors/daemon/control.hpp"
 #include "actors/daemon/curve.hpp"
 #include "actors/daemon/dataset_watcher.hpp"
@@ -192,7 +194,12 @@ int run_daemon(DaemonConfig cfg) {
   if (Status st = bind_socket(pub, cfg.events, "events"); !st.is_ok()) return start_failure(st.message());
   Publisher publisher(pub);
 
-  DatasetWatcher watcher({cfg.data_root, cfg.rescan_interval_s, cfg.settle_s}, **db, nullptr);
+  // The watcher's change callback asks auto_infer (made below, once jobs exist) to look again.
+  std::atomic<AutoInfer*> auto_infer_ptr{nullptr};
+  DatasetWatcher watcher({cfg.data_root, cfg.rescan_interval_s, cfg.settle_s}, **db,
+                         [&auto_infer_ptr](const std::string& dataset) {
+                           if (AutoInfer* a = auto_infer_ptr.load()) a->mark_dirty(dataset);
+                         });
   if (Status st = watcher.start(); !st.is_ok()) return start_failure(st.message());
   ::signal(SIGPIPE, SIG_IGN);  // before the DICOM threads write to peers that may be gone
   DicomService dicom(cfg.dicom, cfg.data_root, cfg.state_dir, **db);
@@ -202,6 +209,10 @@ int run_daemon(DaemonConfig cfg) {
       [&publisher](const std::string& t, const json& b) { publisher.publish(t, b); },
       [&watcher](const std::string& d) { return watcher.version(d); });
   if (Status st = jobs.recover(); !st.is_ok()) return start_failure(st.message());
+  AutoInfer auto_infer(cfg.auto_infer, cfg.data_root, **db, jobs,
+                       [&publisher](const std::string& t, const json& b) { publisher.publish(t, b); });
+  if (Status st = auto_infer.prepare(); !st.is_ok()) return start_failure(st.message());
+  auto_infer_ptr.store(&auto_infer);
   ControlHandler handler(cfg, jobs, **db, watcher, registry);
   handler.set_dicom(&dicom);
 
@@ -219,8 +230,13 @@ int run_daemon(DaemonConfig cfg) {
             ", state_dir " + cfg.state_dir.string() + ", devices " + devices);
   publisher.publish("daemon", {{"state", "ready"}, {"pid", static_cast<std::int64_t>(::getpid())}});
 
+  auto next_auto_infer = std::chrono::steady_clock::now();
   while (g_stop_requests.load() == 0 && !handler.shutdown_requested()) {
     try {
+      if (!cfg.auto_infer.empty() && std::chrono::steady_clock::now() >= next_auto_infer) {
+        auto_infer.poll();  // reads the case records; lists a dataset only when they changed
+        next_auto_infer = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      }
       zmq::pollitem_t items[] = {{rep.handle(), 0, ZMQ_POLLIN, 0}};
       zmq::poll(items, 1, std::chrono::milliseconds(200));
       if (!(items[0].revents & ZMQ_POLLIN)) continue;
@@ -239,6 +255,7 @@ int run_daemon(DaemonConfig cfg) {
   log::info(std::string("segflowd shutting down (") +
             (handler.shutdown_requested() ? "shutdown command" : "signal") + ")");
   publisher.publish("daemon", {{"state", "stopping"}});
+  auto_infer_ptr.store(nullptr);
   jobs.shutdown(handler.shutdown_now() || g_stop_requests.load() >= 2,
                 [] { return g_stop_requests.load() >= 2; });
   dicom.stop();

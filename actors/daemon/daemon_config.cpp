@@ -50,6 +50,26 @@ void CurveSettings::bind(OptionParser& p) {
     p.fail("server_secret_key_file", "required when curve is configured");
 }
 
+void AutoInferRule::bind(OptionParser& p) {
+  for (const char* k : {"dataset", "checkpoint"})
+    if (!p.given(k)) return p.fail(k, "missing (auto_infer entries need dataset and checkpoint)");
+  p.string("dataset", dataset, "dataset folder under data_root whose new cases are inferred");
+  if (p.ok() && (dataset.empty() || dataset[0] == '.' || dataset.find('/') != std::string::npos))
+    return p.fail(
+        "dataset",
+        "expected a folder name under data_root (no '/', not starting with '.'), got \"" + dataset + "\"");
+  std::string s = checkpoint.string();
+  p.string("checkpoint", s, "best.pt / last.pt of a run; must exist when the daemon starts");
+  if (p.ok() && s.empty()) return p.fail("checkpoint", "expected a checkpoint path, got \"\"");
+  checkpoint = s;
+  s = output.string();
+  p.string("output", s, "folder of the label maps <case>.nii.gz; \"\" = <state_dir>/inferred/<dataset>");
+  output = s;
+  p.choice("tta", tta, {"none", "mirror", "mirror-all"}, "test-time augmentation");
+  p.string("device", device, "device of the jobs: auto, cpu, cuda:N");
+  if (p.ok() && device.empty()) p.fail("device", "expected auto, cpu or cuda:N, got \"\"");
+}
+
 void DaemonConfig::bind(OptionParser& p) {
   folder(p, "data_root", data_root, "watched folder; each top-level folder is a dataset");
   folder(p, "state_dir", state_dir, "state.db, runs/, control.sock, events.sock");
@@ -72,6 +92,29 @@ void DaemonConfig::bind(OptionParser& p) {
   p.choice("log_level", log_level, {"trace", "debug", "info", "warn", "error", "off"}, "log verbosity");
   p.section("curve", curve, "ZeroMQ CURVE keys of the server", "key");
   p.section("dicom", dicom, "DICOM storage node and result sender (actors/daemon/dicom_config.hpp)", "key");
+  json rules = json::array();
+  p.json_value("auto_infer", rules, "list of mappings",
+               "models run on each new case of a dataset: [{dataset, checkpoint, output, tta, device}]");
+  if (!p.ok()) return;
+  if (!rules.is_array())
+    return p.fail("auto_infer", "expected a list of mappings, got " + pipeline::format_value(rules));
+  auto_infer.clear();
+  for (std::size_t i = 0; i < rules.size(); ++i) {
+    const std::string key = "auto_infer[" + std::to_string(i) + "]";
+    if (!rules[i].is_object())
+      return p.fail(key, "expected a mapping {dataset, checkpoint, output, tta, device}, got " +
+                             pipeline::format_value(rules[i]));
+    OptionParser nested(rules[i], p.path_of(key));
+    nested.name_keys("key");
+    AutoInferRule rule;
+    rule.bind(nested);
+    p.add_error(nested.finish());
+    if (!p.ok()) return;
+    for (const auto& other : auto_infer)
+      if (other.dataset == rule.dataset)
+        return p.fail(key + ".dataset", "dataset \"" + rule.dataset + "\" already has an auto_infer entry");
+    auto_infer.push_back(std::move(rule));
+  }
 }
 
 Result<DaemonConfig> parse_daemon_config(const std::string& text, const std::string& file) {
@@ -169,6 +212,17 @@ Status finalize_daemon_config(DaemonConfig& c) {
   if (c.control.empty()) c.control = default_control_endpoint(c.state_dir);
   if (c.events.empty()) c.events = default_events_endpoint(c.state_dir);
   const std::string where = c.file.empty() ? std::string("segflowd") : c.file.string();
+  for (std::size_t i = 0; i < c.auto_infer.size(); ++i) {
+    AutoInferRule& r = c.auto_infer[i];
+    const std::string key = where + ": auto_infer[" + std::to_string(i) + "]";
+    abs(r.checkpoint);
+    if (r.output.empty()) r.output = c.state_dir / "inferred" / r.dataset;
+    abs(r.output);
+    if (!fs::is_regular_file(r.checkpoint, ec))
+      return invalid_config(key + ".checkpoint: " + r.checkpoint.string() + ": no such file");
+    if (fs::exists(r.output, ec) && !fs::is_directory(r.output, ec))
+      return invalid_config(key + ".output: " + r.output.string() + ": expected a folder, got a file");
+  }
   SEGFLOW_RETURN_IF_ERROR(check_endpoint(c.control, where + ": control"));
   SEGFLOW_RETURN_IF_ERROR(check_endpoint(c.events, where + ": events"));
   if (c.control == c.events)

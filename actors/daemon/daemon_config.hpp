@@ -15,6 +15,8 @@
 //   log_level: info
 //   curve: {server_secret_key_file, server_public_key_file, authorized_clients_dir}
 //   dicom: {port, ae_title, dataset, allowed_calling_aes, ...}   # actors/daemon/dicom_config.hpp
+//   auto_infer:                    # models run on each new case of a dataset (auto_infer.hpp)
+//     - {dataset: NAME, checkpoint: PATH, output: DIR, tta: none|mirror|mirror-all, device: auto}
 //
 // Relative paths are relative to the daemon's working folder; finalize_daemon_config makes
 // them absolute. A tcp endpoint on a non-loopback address is refused without CURVE keys.
@@ -44,6 +46,17 @@ struct CurveSettings {
   void bind(pipeline::OptionParser& p);
 };
 
+/// One `auto_infer` entry: run a checkpoint on every new case of a dataset of data_root.
+struct AutoInferRule {
+  std::string dataset;               ///< folder name under data_root
+  std::filesystem::path checkpoint;  ///< best.pt / last.pt of a run; must exist at start
+  std::filesystem::path output;      ///< label maps go here; "" = <state_dir>/inferred/<dataset>
+  std::string tta = "none";          ///< none | mirror | mirror-all
+  std::string device = "auto";       ///< a device of the pool (cpu, cuda:N) or auto
+  /// Reads one entry (pipeline/options.hpp): dataset and checkpoint are required.
+  void bind(pipeline::OptionParser& p);
+};
+
 /// The whole daemon configuration.
 struct DaemonConfig {
   std::filesystem::path file;                    ///< where it came from ("" = defaults)
@@ -58,7 +71,8 @@ struct DaemonConfig {
   double settle_s = 1.0;                         ///< seconds between size-stability checks, > 0
   std::string log_level = "info";                ///< trace|debug|info|warn|error|off
   CurveSettings curve;
-  DicomSettings dicom;  ///< DICOM storage node and result sender; off by default
+  DicomSettings dicom;                    ///< DICOM storage node and result sender; off by default
+  std::vector<AutoInferRule> auto_infer;  ///< models run on new cases; at most one per dataset
 
   /// Reads every key but `file` (pipeline/options.hpp): unknown keys and bad values are
   /// errors naming the file and the key.
@@ -72,7 +86,8 @@ Result<DaemonConfig> load_daemon_config(const std::filesystem::path& file);
 Result<DaemonConfig> parse_daemon_config(const std::string& yaml_text, const std::string& file);
 
 /// Makes paths absolute, fills the default endpoints and checks them: ipc or tcp only; a
-/// tcp endpoint on an address other than loopback needs CURVE keys.
+/// tcp endpoint on an address other than loopback needs CURVE keys. Each auto_infer
+/// checkpoint must be an existing file; a missing output becomes <state_dir>/inferred/<dataset>.
 Status finalize_daemon_config(DaemonConfig& cfg);
 
 /// "ipc://<state_dir>/control.sock" (absolute when state_dir is).

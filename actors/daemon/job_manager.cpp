@@ -74,11 +74,16 @@ fs::path absolute_path(const std::string& p) {
 std::string yaml_quoted(const std::string& s) { return json(s).dump(); }
 
 json spec_to_json(const InferJobSpec& s) {
-  return {{"checkpoint", s.checkpoint},
-          {"input", s.input},
-          {"output", s.output},
-          {"tta", s.tta},
-          {"device", s.device}};
+  return {{"checkpoint", s.checkpoint}, {"input", s.input},     {"output", s.output},   {"tta", s.tta},
+          {"device", s.device},         {"trigger", s.trigger}, {"dataset", s.dataset}, {"case", s.case_id}};
+}
+
+/// The trigger fields of an inference job's events and status (auto_infer only).
+void add_trigger(json& body, const InferJobSpec& s) {
+  if (s.trigger.empty()) return;
+  body["trigger"] = s.trigger;
+  body["dataset"] = s.dataset;
+  body["case"] = s.case_id;
 }
 
 Result<InferJobSpec> spec_from_json(const std::string& text) {
@@ -90,6 +95,9 @@ Result<InferJobSpec> spec_from_json(const std::string& text) {
     s.output = j.at("output").get<std::string>();
     s.tta = j.value("tta", std::string("none"));
     s.device = j.value("device", std::string("auto"));
+    s.trigger = j.value("trigger", std::string());
+    s.dataset = j.value("dataset", std::string());
+    s.case_id = j.value("case", std::string());
     return s;
   } catch (const std::exception& e) {
     return corrupt_data(std::string("stored inference request: ") + e.what());
@@ -276,6 +284,7 @@ void JobManager::publish_state_locked(const Job& j) {
   if (j.rec.kind == "infer") {
     body["output"] = j.infer.output;
     if (!j.outputs.empty()) body["outputs"] = j.outputs;
+    add_trigger(body, j.infer);
   }
   publish_("job." + std::to_string(j.rec.id), body);
 }
@@ -310,6 +319,7 @@ json JobManager::describe_locked(const Job& j) const {
     d["output"] = j.infer.output;
     d["tta"] = j.infer.tta;
     d["outputs"] = j.outputs;
+    add_trigger(d, j.infer);
   }
   return d;
 }
@@ -494,7 +504,19 @@ Result<json> JobManager::submit_infer(InferJobSpec spec) {
   log::info("job " + std::to_string(rec.id) + " (" + rec.name + ") queued; output " + job.infer.output);
   publish_state_locked(job);
   schedule_locked();
-  return json{{"job", rec.id}, {"state", job.rec.state}, {"kind", "infer"}, {"output", job.infer.output}};
+  json reply = {{"job", rec.id}, {"state", job.rec.state}, {"kind", "infer"}, {"output", job.infer.output}};
+  add_trigger(reply, job.infer);
+  return reply;
+}
+
+bool JobManager::infer_submitted(const std::string& output, double since) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, j] : jobs_) {
+    if (j->rec.kind != "infer" || j->infer.output != output) continue;
+    const std::string& st = j->rec.state;
+    if (st == "queued" || st == "running" || st == "paused" || j->rec.created >= since) return true;
+  }
+  return false;
 }
 
 std::string JobManager::wanted_device_locked(const Job& j) const {

@@ -62,6 +62,9 @@ struct InferJobSpec {
   std::string output;        ///< a label map file (one scan) or a folder
   std::string tta = "none";  ///< none | mirror | mirror-all
   std::string device = "auto";
+  std::string trigger;  ///< "" (ctl infer) or "auto_infer" (a new case of a watched dataset)
+  std::string dataset;  ///< auto_infer: the dataset of the case
+  std::string case_id;  ///< auto_infer: the case
 };
 
 /// Where jobs live and run.
@@ -94,6 +97,9 @@ class JobManager {
   /// on error nothing is stored. Returns {job, state, kind, output}. A running inference job
   /// runs to its end (stop and pause act on it only while it is queued).
   Result<nlohmann::json> submit_infer(InferJobSpec spec);
+  /// True when an inference job writing `output` (absolute) is queued, paused or running,
+  /// or was submitted at or after `since` (unix seconds), whatever became of it.
+  bool infer_submitted(const std::string& output, double since) const;
   /// Stops a job for good (a running one writes a checkpoint first).
   Result<nlohmann::json> stop(std::int64_t id);
   /// Pauses a queued or running job. A running one goes on to the end of its epoch (or,
