@@ -582,28 +582,32 @@ void JobManager::run_infer_job(Job* j) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   j->outputs = outputs;
-  if (st.is_ok()) {
-    j->rec.state = "completed";
-    j->rec.epoch = j->rec.epochs = static_cast<std::int64_t>(outputs.size() + failed.size());
-    j->rec.reason = std::to_string(outputs.size()) + " label map(s) written to " + j->infer.output;
-    if (!failed.empty())
-      j->rec.reason += "; " + std::to_string(failed.size()) + " case(s) failed, first " +
-                       failed[0]["case"].get<std::string>() + ": " + failed[0]["error"].get<std::string>();
-  } else {
-    j->rec.state = "failed";
-    j->rec.reason = st.message();
+  if (!st.is_ok()) {
+    end_job_locked(*j, "failed", st.message());
+    return;
   }
-  j->request.store(kNone);
-  j->now.store(false);
-  j->thread_running = false;
-  busy_.erase(j->rec.device);
+  j->rec.epoch = j->rec.epochs = static_cast<std::int64_t>(outputs.size() + failed.size());
+  std::string reason = std::to_string(outputs.size()) + " label map(s) written to " + j->infer.output;
+  if (!failed.empty())
+    reason += "; " + std::to_string(failed.size()) + " case(s) failed, first " +
+              failed[0]["case"].get<std::string>() + ": " + failed[0]["error"].get<std::string>();
+  end_job_locked(*j, "completed", reason);
+}
+
+void JobManager::end_job_locked(Job& j, const std::string& state, const std::string& reason) {
+  j.rec.state = state;
+  j.rec.reason = reason;
+  j.request.store(kNone);
+  j.now.store(false);
+  j.thread_running = false;
+  busy_.erase(j.rec.device);
   done_.notify_all();
-  save_locked(*j);
-  publish_state_locked(*j);
-  if (j->rec.state == "failed")
-    log::error("job " + std::to_string(j->rec.id) + " failed: " + j->rec.reason);
+  save_locked(j);
+  publish_state_locked(j);
+  if (state == "failed")
+    log::error("job " + std::to_string(j.rec.id) + " failed: " + reason);
   else
-    log::info("job " + std::to_string(j->rec.id) + " completed: " + j->rec.reason);
+    log::info("job " + std::to_string(j.rec.id) + " " + state + (reason.empty() ? "" : ": " + reason));
   schedule_locked();
 }
 
@@ -706,20 +710,7 @@ void JobManager::run_job(Job* j) {
                 {"device", j->rec.device}});
       continue;
     }
-    j->rec.state = state;
-    j->rec.reason = reason;
-    j->request.store(kNone);
-    j->now.store(false);
-    j->thread_running = false;
-    busy_.erase(j->rec.device);
-    done_.notify_all();
-    save_locked(*j);
-    publish_state_locked(*j);
-    if (state == "failed")
-      log::error("job " + std::to_string(j->rec.id) + " failed: " + reason);
-    else
-      log::info("job " + std::to_string(j->rec.id) + " " + state + (reason.empty() ? "" : ": " + reason));
-    schedule_locked();
+    end_job_locked(*j, state, reason);
     return;
   }
 }

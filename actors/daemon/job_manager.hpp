@@ -131,6 +131,9 @@ class JobManager {
   std::string wanted_device_locked(const Job& job) const;
   void save_locked(Job& job);
   void publish_state_locked(const Job& job);
+  /// A job's worker has ended with `state` and `reason`: clears its requests, frees its
+  /// device, stores and publishes the state, logs it and schedules what waits.
+  void end_job_locked(Job& job, const std::string& state, const std::string& reason);
   nlohmann::json describe_locked(const Job& job) const;
   Result<Job*> find_locked(std::int64_t id) const;
 
