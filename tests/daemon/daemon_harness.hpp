@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -347,6 +348,20 @@ inline std::vector<std::int64_t> epoch_records(const fs::path& run_dir) {
     if (j.value("type", "") == "epoch") out.push_back(j["epoch"].get<std::int64_t>());
   }
   return out;
+}
+
+/// Size, spacing, origin and direction of two images agree (SimpleITK reads both): what the
+/// daemon's inference tests check of an output against its scan.
+inline void check_same_grid(const std::filesystem::path& a, const std::filesystem::path& b) {
+  const nlohmann::json ra = reference_read("sitk", a);
+  const nlohmann::json rb = reference_read("sitk", b);
+  CHECK(ra["size"] == rb["size"]);
+  for (const char* k : {"spacing", "origin", "direction"}) {
+    REQUIRE(ra[k].size() == rb[k].size());
+    for (std::size_t i = 0; i < ra[k].size(); ++i)
+      CHECK_MESSAGE(std::abs(ra[k][i].get<double>() - rb[k][i].get<double>()) < 1e-4,
+                    (std::string(k) + " differs: " + ra[k].dump() + " vs " + rb[k].dump()));
+  }
 }
 
 }  // namespace segflow::testing::daemon

@@ -35,19 +35,6 @@ void drop_file(const fs::path& aside, const fs::path& from_or_empty, const std::
   fs::rename(aside, to);
 }
 
-/// Size, spacing, origin and direction of two images agree (SimpleITK reads both).
-void check_same_grid(const fs::path& a, const fs::path& b) {
-  const json ra = reference_read("sitk", a);
-  const json rb = reference_read("sitk", b);
-  CHECK(ra["size"] == rb["size"]);
-  for (const char* k : {"spacing", "origin", "direction"}) {
-    REQUIRE(ra[k].size() == rb[k].size());
-    for (std::size_t i = 0; i < ra[k].size(); ++i)
-      CHECK_MESSAGE(std::abs(ra[k][i].get<double>() - rb[k][i].get<double>()) < 1e-4,
-                    (std::string(k) + " differs: " + ra[k].dump() + " vs " + rb[k].dump()));
-  }
-}
-
 /// Trains the tiny job for one epoch in a daemon on `s` and shuts it down; returns last.pt.
 fs::path train_checkpoint(Setup& s) {
   s.write_config();

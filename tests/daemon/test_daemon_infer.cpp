@@ -23,19 +23,6 @@ void make_infer_dataset(const fs::path& root, const std::string& name, int cases
   fs::rename(partial, root / name);
 }
 
-/// Size, spacing, origin and direction of two images agree (SimpleITK reads both).
-void check_same_grid(const fs::path& a, const fs::path& b) {
-  const json ra = reference_read("sitk", a);
-  const json rb = reference_read("sitk", b);
-  CHECK(ra["size"] == rb["size"]);
-  for (const char* k : {"spacing", "origin", "direction"}) {
-    REQUIRE(ra[k].size() == rb[k].size());
-    for (std::size_t i = 0; i < ra[k].size(); ++i)
-      CHECK_MESSAGE(std::abs(ra[k][i].get<double>() - rb[k][i].get<double>()) < 1e-4,
-                    (std::string(k) + " differs: " + ra[k].dump() + " vs " + rb[k].dump()));
-  }
-}
-
 }  // namespace
 
 TEST_CASE("an inference job sent with ctl infer is validated, queued beside training and writes label maps") {
