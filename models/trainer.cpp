@@ -119,17 +119,29 @@ struct Trainer::Impl {
   std::int64_t host_reads = 0;
   double last_loss = std::numeric_limits<double>::quiet_NaN();
   double last_scale = 1.0;
-};
+  std::int64_t window_steps = 0;  ///< steps since the last logged read
+  std::int64_t epoch_steps = 0;   ///< steps of the current epoch
 
-namespace {
-/// What one device read of the training loop returns.
-struct StatsRead {
-  double window_loss_sum = 0.0;
-  double epoch_loss_sum = 0.0;
-  std::int64_t skipped_total = 0;
-  double loss_scale = 1.0;
+  /// What one device read of the training loop returns.
+  struct StatsRead {
+    double window_loss_sum = 0.0;
+    double epoch_loss_sum = 0.0;
+    std::int64_t skipped_total = 0;
+    double loss_scale = 1.0;
+  };
+  /// The one place the loop reads the device (every log_every steps and at the epoch's end);
+  /// starts a new logging window.
+  StatsRead read_stats() {
+    ++host_reads;
+    at::Tensor h = at::cat({loss_sums, scaler->skipped_steps().reshape({1}).to(at::kDouble),
+                            scaler->scale_tensor().reshape({1}).to(at::kDouble)})
+                       .to(at::kCPU);
+    const double* v = h.data_ptr<double>();
+    loss_sums.narrow(0, 0, 1).zero_();
+    window_steps = 0;
+    return StatsRead{v[0], v[1], static_cast<std::int64_t>(v[2]), v[3]};
+  }
 };
-}  // namespace
 
 Trainer::Trainer(JobConfig cfg, c10::Device device, ModelHandle model)
     : cfg_(std::move(cfg)), device_(device), model_(std::move(model)), impl_(std::make_unique<Impl>()) {}
@@ -354,124 +366,132 @@ std::pair<at::Tensor, at::Tensor> model_inputs(const Batch& b, const ModelInfo& 
 }
 }  // namespace
 
+Result<StepInfo> Trainer::train_step(pipeline::BatchSource& source, std::int64_t total_steps,
+                                     TrainObserver& observer) {
+  try {
+    BindDevice bind(device_);
+    const auto& tr = cfg_.train;
+    const std::int64_t log_every = std::max<std::int64_t>(1, tr.log_every);
+    model_.module().train();
+    auto& opt = *impl_->optimizer;
+    auto& scaler = *impl_->scaler;
+    const auto t_step = Clock::now();
+    StepInfo si;
+    si.epoch = state_.epoch;
+    std::int64_t micro = 0;
+    const double lr = impl_->schedule->lr_at(state_.step, std::max<std::int64_t>(1, total_steps));
+    opt.set_lr(lr);
+    // Gather up to `accumulate` micro-batches; gradients add up (no step in between).
+    at::Tensor step_loss;
+    bool synced = false;
+    while (micro < tr.accumulate) {
+      SEGFLOW_ASSIGN_OR_RETURN(auto batch, source.next());
+      si.data_wait_s += source.last_wait_s();
+      for (auto& f : source.take_failures()) observer.on_case_failure(f);
+      const bool have = sync_ ? sync_->all_have(batch.has_value()) : batch.has_value();
+      if (!have) {
+        si.data_ended = true;
+        break;
+      }
+      auto [image, label] = model_inputs(*batch, model_.info(), device_, tr.channels_last);
+      at::Tensor box;
+      if (model_.info().needs_box) box = batch->tensors.at("box").to(device_, at::kFloat);
+      std::vector<at::Tensor> outs;
+      {
+        AutocastGuard ac(device_, tr.amp);
+        outs = model_.forward(image, box);
+      }
+      // The loss in float32, outside autocast.
+      for (auto& o : outs) o = o.to(at::kFloat);
+      at::Tensor loss = impl_->ds_loss ? (*impl_->ds_loss)(outs, label) : impl_->loss(outs[0], label);
+      at::Tensor scaled = scaler.scale(loss);
+      if (tr.accumulate > 1) scaled = scaled / static_cast<double>(tr.accumulate);
+      if (sync_) {
+        const bool last_micro = micro + 1 == tr.accumulate;
+        sync_->before_backward(scaled, last_micro);
+        synced = synced || last_micro;
+      }
+      scaled.backward();
+      step_loss = step_loss.defined() ? step_loss + loss.detach() : loss.detach();
+      si.samples += image.size(0);
+      ++micro;
+    }
+    si.micro_batches = micro;
+    if (micro == 0) return si;
+    if (sync_) sync_->after_backward(synced);
+    std::vector<at::Tensor> grads;
+    for (auto& p : impl_->params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    // A short last step (epoch ended mid-accumulation) is rescaled to a full mean.
+    if (micro < tr.accumulate && !grads.empty()) {
+      torch::NoGradGuard ng;
+      at::_foreach_mul_(grads, static_cast<double>(tr.accumulate) / static_cast<double>(micro));
+    }
+    // Unscale (fp16) and look for inf/NaN (every precision), clip, step: all on the device;
+    // the optimizer skips the update when found_inf is set.
+    const at::Tensor norm = scaler.unscale_(impl_->params);  // defined when bf16/fp32 computed it
+    if (tr.grad_clip > 0.0) clip_grad_norm_(impl_->params, tr.grad_clip, norm);
+    opt.step(scaler.found_inf());
+    scaler.update();
+    opt.zero_grad();
+    impl_->loss_sums.add_(step_loss / static_cast<double>(micro));
+    ++state_.step;
+    ++impl_->epoch_steps;
+    ++impl_->window_steps;
+    si.step = state_.step;
+    si.step_in_epoch = impl_->epoch_steps;
+    si.lr = lr;
+    if (state_.step % log_every == 0) {
+      const std::int64_t window_steps = impl_->window_steps;
+      const Impl::StatsRead r = impl_->read_stats();
+      si.logged = true;
+      impl_->last_loss = r.window_loss_sum / static_cast<double>(window_steps);
+      impl_->last_scale = r.loss_scale;
+      si.skipped_steps = r.skipped_total - state_.skipped_steps;
+      state_.skipped_steps = r.skipped_total;
+    }
+    si.loss = impl_->last_loss;
+    si.loss_scale = impl_->last_scale;
+    si.skipped = si.skipped_steps > 0;
+    si.step_s = seconds_since(t_step);
+    observer.on_step(si);
+    return si;
+  } catch (const std::exception& e) {
+    return internal_error("training epoch " + std::to_string(state_.epoch) + ", step " +
+                          std::to_string(state_.step + 1) + ": " + first_line(e));
+  }
+}
+
 Result<EpochInfo> Trainer::train_epoch(pipeline::BatchSource& source, std::int64_t steps_per_epoch,
                                        TrainObserver& observer) {
   try {
     BindDevice bind(device_);
     const auto& tr = cfg_.train;
     const std::int64_t total_steps = std::max<std::int64_t>(1, tr.epochs * steps_per_epoch);
-    const std::int64_t log_every = std::max<std::int64_t>(1, tr.log_every);
     SEGFLOW_RETURN_IF_ERROR(source.start_epoch(state_.epoch));
     model_.module().train();
-    auto& opt = *impl_->optimizer;
-    auto& scaler = *impl_->scaler;
-    opt.zero_grad();
+    impl_->optimizer->zero_grad();
     impl_->loss_sums.zero_();
+    impl_->window_steps = 0;
+    impl_->epoch_steps = 0;
     const std::int64_t skipped_at_start = state_.skipped_steps;
-    std::int64_t window_steps = 0;
-    // The one place the loop reads the device (every log_every steps and at the epoch's end).
-    auto read_stats = [&] {
-      ++impl_->host_reads;
-      at::Tensor h = at::cat({impl_->loss_sums, scaler.skipped_steps().reshape({1}).to(at::kDouble),
-                              scaler.scale_tensor().reshape({1}).to(at::kDouble)})
-                         .to(at::kCPU);
-      const double* v = h.data_ptr<double>();
-      impl_->loss_sums.narrow(0, 0, 1).zero_();
-      return StatsRead{v[0], v[1], static_cast<std::int64_t>(v[2]), v[3]};
-    };
     const auto t_epoch = Clock::now();
     EpochInfo ep;
     ep.epoch = state_.epoch;
     std::int64_t samples_total = 0;
-    bool done = false;
-    while (!done) {
+    while (true) {
       if (tr.steps_per_epoch > 0 && ep.steps >= tr.steps_per_epoch) break;
       if (observer.should_stop()) break;
-      const auto t_step = Clock::now();
-      StepInfo si;
-      si.epoch = state_.epoch;
-      std::int64_t micro = 0;
-      const double lr = impl_->schedule->lr_at(state_.step, total_steps);
-      opt.set_lr(lr);
-      // Gather up to `accumulate` micro-batches; gradients add up (no step in between).
-      at::Tensor step_loss;
-      bool synced = false;
-      while (micro < tr.accumulate) {
-        SEGFLOW_ASSIGN_OR_RETURN(auto batch, source.next());
-        si.data_wait_s += source.last_wait_s();
-        for (auto& f : source.take_failures()) observer.on_case_failure(f);
-        const bool have = sync_ ? sync_->all_have(batch.has_value()) : batch.has_value();
-        if (!have) {
-          done = true;
-          break;
-        }
-        auto [image, label] = model_inputs(*batch, model_.info(), device_, tr.channels_last);
-        at::Tensor box;
-        if (model_.info().needs_box) box = batch->tensors.at("box").to(device_, at::kFloat);
-        std::vector<at::Tensor> outs;
-        {
-          AutocastGuard ac(device_, tr.amp);
-          outs = model_.forward(image, box);
-        }
-        // The loss in float32, outside autocast.
-        for (auto& o : outs) o = o.to(at::kFloat);
-        at::Tensor loss = impl_->ds_loss ? (*impl_->ds_loss)(outs, label) : impl_->loss(outs[0], label);
-        at::Tensor scaled = scaler.scale(loss);
-        if (tr.accumulate > 1) scaled = scaled / static_cast<double>(tr.accumulate);
-        if (sync_) {
-          const bool last_micro = micro + 1 == tr.accumulate;
-          sync_->before_backward(scaled, last_micro);
-          synced = synced || last_micro;
-        }
-        scaled.backward();
-        step_loss = step_loss.defined() ? step_loss + loss.detach() : loss.detach();
-        si.samples += image.size(0);
-        ++micro;
-      }
-      if (micro == 0) break;
-      if (sync_) sync_->after_backward(synced);
-      std::vector<at::Tensor> grads;
-      for (auto& p : impl_->params)
-        if (p.grad().defined()) grads.push_back(p.grad());
-      // A short last step (epoch ended mid-accumulation) is rescaled to a full mean.
-      if (micro < tr.accumulate && !grads.empty()) {
-        torch::NoGradGuard ng;
-        at::_foreach_mul_(grads, static_cast<double>(tr.accumulate) / static_cast<double>(micro));
-      }
-      // Unscale (fp16) and look for inf/NaN (every precision), clip, step: all on the device;
-      // the optimizer skips the update when found_inf is set.
-      const at::Tensor norm = scaler.unscale_(impl_->params);  // defined when bf16/fp32 computed it
-      if (tr.grad_clip > 0.0) clip_grad_norm_(impl_->params, tr.grad_clip, norm);
-      opt.step(scaler.found_inf());
-      scaler.update();
-      opt.zero_grad();
-      impl_->loss_sums.add_(step_loss / static_cast<double>(micro));
-      ++state_.step;
+      SEGFLOW_ASSIGN_OR_RETURN(StepInfo si, train_step(source, total_steps, observer));
+      if (si.micro_batches == 0) break;
       ++ep.steps;
-      ++window_steps;
-      si.step = state_.step;
-      si.step_in_epoch = ep.steps;
-      si.lr = lr;
-      if (state_.step % log_every == 0) {
-        const StatsRead r = read_stats();
-        si.logged = true;
-        impl_->last_loss = r.window_loss_sum / static_cast<double>(window_steps);
-        impl_->last_scale = r.loss_scale;
-        si.skipped_steps = r.skipped_total - state_.skipped_steps;
-        state_.skipped_steps = r.skipped_total;
-        window_steps = 0;
-      }
-      si.loss = impl_->last_loss;
-      si.loss_scale = impl_->last_scale;
-      si.skipped = si.skipped_steps > 0;
-      si.step_s = seconds_since(t_step);
       samples_total += si.samples;
       ep.data_wait_s += si.data_wait_s;
-      ep.lr = lr;
-      observer.on_step(si);
+      ep.lr = si.lr;
+      if (si.data_ended) break;
     }
     // The epoch's figures: one more read, which also waits for the device to finish.
-    const StatsRead r = read_stats();
+    const Impl::StatsRead r = impl_->read_stats();
     state_.skipped_steps = r.skipped_total;
     state_.loss_scale = r.loss_scale;
     impl_->last_scale = r.loss_scale;

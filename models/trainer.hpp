@@ -62,6 +62,10 @@ struct StepInfo {
   std::int64_t skipped_steps = 0;  ///< steps with inf/NaN gradients since the previous logged step
   bool skipped = false;            ///< skipped_steps > 0
   double loss_scale = 1.0;         ///< fp16: the dynamic loss scale after this step; else 1
+  /// Micro-batches the step used: train.accumulate, fewer when the data ran out during the
+  /// step (on any rank), 0 when there was no batch at all (then nothing was done).
+  std::int64_t micro_batches = 0;
+  bool data_ended = false;  ///< the data ran out during this step: the epoch has no more steps
 };
 
 /// One epoch as the observers see it.
@@ -168,10 +172,23 @@ class Trainer {
   /// from the device.
   Status save_checkpoint(const std::filesystem::path& path) const;
 
-  /// One epoch from `source` (start_epoch is called here). `steps_per_epoch` is used for the
-  /// schedule (total steps = epochs * steps_per_epoch).
+  /// One epoch from `source` (start_epoch is called here): train_step until the data ends,
+  /// train.steps_per_epoch steps are done or observer.should_stop(), then one device read for
+  /// the epoch's figures. `steps_per_epoch` is used for the schedule (total steps = epochs *
+  /// steps_per_epoch).
   Result<EpochInfo> train_epoch(pipeline::BatchSource& source, std::int64_t steps_per_epoch,
                                 TrainObserver& observer);
+  /// One optimizer step from `source` (whose epoch the caller has started): up to
+  /// train.accumulate micro-batches, each asking the gradient synchroniser (if any) whether
+  /// every rank has one, with its forward, loss and backward (gradients all-reduced on the
+  /// last micro-batch only); a step cut short by the end of the data is rescaled to a full
+  /// mean; then unscaling (fp16), the inf/NaN check that skips the update on the device,
+  /// clipping, the optimizer step and the learning rate of the schedule at this step of
+  /// `total_steps`. Reads the device only on logged steps. Failed cases and the step go to
+  /// `observer` (on_case_failure, on_step). info.micro_batches == 0: no batch, no step;
+  /// info.data_ended: no further step this epoch. Call on the trainer's thread.
+  Result<StepInfo> train_step(pipeline::BatchSource& source, std::int64_t total_steps,
+                              TrainObserver& observer);
   /// Sliding-window validation over whole preprocessed samples ("image", "label").
   Result<ValidationInfo> validate(const std::vector<Sample>& samples);
 

@@ -1,5 +1,6 @@
 // Data-parallel training (models/parallel/, actors/parallel/data_parallel.hpp): equivalence of W
-// ranks with per-rank batch B/W and one rank with batch B, in one process (threads) and in
+// ranks with per-rank batch B/W and one rank with batch B, each rank running the trainer's own
+// step (Trainer::train_step) on a small UNet, in one process (threads) and in
 // two processes over loopback (this executable re-run as workers), with and without
 // gradient accumulation; a dead rank; the launcher environment. NCCL/CUDA cases skip with
 // a message without a GPU (scripts/gpu-check.sh selects them by name).
@@ -25,6 +26,8 @@
 #include "models/job_config.hpp"
 #include "models/parallel/collective.hpp"
 #include "models/parallel/ddp_sync.hpp"
+#include "models/trainer.hpp"
+#include "pipeline/batch_source.hpp"
 #include "pipeline/io/dataset.hpp"
 #include "test_util.hpp"
 
@@ -41,77 +44,115 @@ namespace par = segflow::models::parallel;
 
 constexpr std::int64_t kGlobalBatch = 8;
 constexpr std::int64_t kSteps = 4;
-
-/// A small MLP with a few parameters of different sizes (several buckets with a tiny cap).
-torch::nn::Sequential make_model(std::uint64_t seed, const c10::Device& device) {
-  torch::manual_seed(seed);
-  torch::nn::Sequential m(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16),
-                          torch::nn::Tanh(), torch::nn::Linear(16, 3));
-  m->to(device);
-  return m;
-}
-
-/// Fixed synthetic data: micro-batch i of step s is rows [(s*A + i) * B, +B) of X, Y.
-struct Data {
-  at::Tensor x, y;
-};
-Data make_data(std::int64_t rows) {
-  auto g = at::make_generator<at::CPUGeneratorImpl>(1234);
-  Data d;
-  d.x = at::randn({rows, 6}, g);
-  d.y = at::randn({rows, 3}, g);
-  return d;
-}
+constexpr std::int64_t kSide = 8;  ///< voxels per axis of a sample
 
 struct StepPlan {
   std::int64_t accumulate = 1;  ///< micro-batches per optimizer step
   std::int64_t last_micro = 0;  ///< >0: the last step has only this many micro-batches (epoch ends early)
 };
 
-/// Trains `model` for kSteps as Trainer::train_epoch does (all_have, before_backward,
-/// backward, after_backward, short-step rescale, SGD step), on this rank's share of each
-/// micro-batch (rows [rank*b, (rank+1)*b) of the global micro-batch, b = B / world).
-void train(torch::nn::Sequential& model, const Data& data, const StepPlan& plan, int rank, int world,
-           segflow::models::GradientSync* sync, const c10::Device& device) {
-  std::vector<at::Tensor> params = model->parameters();
-  torch::optim::SGD opt(params, torch::optim::SGDOptions(0.1).momentum(0.9));
-  const std::int64_t b = kGlobalBatch / world;
-  std::int64_t micro_index = 0;
-  for (std::int64_t s = 0; s < kSteps; ++s) {
-    opt.zero_grad();
-    const bool short_step = plan.last_micro > 0 && s == kSteps - 1;
-    const std::int64_t available = short_step ? plan.last_micro : plan.accumulate;
-    std::int64_t micro = 0;
-    bool synced = false;
-    while (micro < plan.accumulate) {
-      const bool have = micro < available;
-      if (!(sync ? sync->all_have(have) : have)) break;
-      const std::int64_t row = micro_index * kGlobalBatch + rank * b;
-      at::Tensor x = data.x.narrow(0, row, b).to(device);
-      at::Tensor y = data.y.narrow(0, row, b).to(device);
-      at::Tensor loss = torch::mse_loss(model->forward(x), y);
-      at::Tensor scaled = loss * (1.0 / static_cast<double>(plan.accumulate));
-      if (sync) {
-        const bool last = micro + 1 == plan.accumulate;
-        sync->before_backward(scaled, last);
-        synced = synced || last;
-      }
-      scaled.backward();
-      ++micro;
-      ++micro_index;
-    }
-    if (micro == 0) throw std::runtime_error("a step without micro-batches");
-    if (sync) sync->after_backward(synced);
-    if (micro < plan.accumulate)
-      for (auto& p : params)
-        p.mutable_grad().mul_(static_cast<double>(plan.accumulate) / static_cast<double>(micro));
-    opt.step();
-  }
+/// A small real job: a 3D UNet (instance norm, so a rank's half batch gives the same
+/// per-sample gradients as the whole batch), Dice + CE, SGD with momentum, a constant
+/// learning rate, and the plan's gradient accumulation. Rank r's trainer is seeded 7 + r:
+/// the synchroniser's broadcast must make the initial weights equal.
+std::unique_ptr<segflow::models::Trainer> make_trainer(std::uint64_t seed, const StepPlan& plan,
+                                                       const c10::Device& device) {
+  const std::string yaml =
+      "name: dpstep\n"
+      "seed: " +
+      std::to_string(seed) +
+      "\n"
+      "data: {root: unused, num_classes: 3}\n"
+      "stages: [{name: load}]\n"
+      "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 3, "
+      "channels: [4, 8], strides: [2], num_res_units: 1, norm: instance}\n"
+      "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
+      "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+      "schedule: {name: constant}\n"
+      "train: {epochs: 1, batch_size: 4, device: cpu, accumulate: " +
+      std::to_string(plan.accumulate) + "}\n";
+  auto cfg = segflow::models::parse_job_config(yaml, "dpstep.yaml");
+  if (!cfg.is_ok()) throw std::runtime_error(cfg.status().message());
+  auto t = segflow::models::Trainer::create(*cfg, device);
+  if (!t.is_ok()) throw std::runtime_error(t.status().message());
+  return std::move(t).value();
 }
 
-std::vector<at::Tensor> weights(torch::nn::Sequential& m) {
+/// Fixed synthetic data: images (rows, 1, S, S, S) and labels in {0, 1, 2}.
+struct Data {
+  at::Tensor x, y;
+};
+Data make_data(std::int64_t rows) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(1234);
+  Data d;
+  d.x = at::randn({rows, 1, kSide, kSide, kSide}, g);
+  d.y = at::randint(0, 3, {rows, 1, kSide, kSide, kSide}, g);
+  return d;
+}
+
+std::int64_t micro_batches(const StepPlan& p) {
+  return (kSteps - 1) * p.accumulate + (p.last_micro > 0 ? p.last_micro : p.accumulate);
+}
+std::int64_t rows_needed(const StepPlan& p) { return micro_batches(p) * kGlobalBatch; }
+
+/// This rank's share of the data as the trainer pulls it: micro-batch i is rows
+/// [i*B + rank*b, +b) of the data, b = B / world, until the plan's micro-batches are used up.
+class ShardSource : public segflow::pipeline::BatchSource {
+ public:
+  ShardSource(const Data& data, const StepPlan& plan, int rank, int world)
+      : data_(data), available_(micro_batches(plan)), rank_(rank), b_(kGlobalBatch / world) {}
+  segflow::Status start_epoch(std::int64_t) override {
+    next_ = 0;
+    return segflow::Status::ok();
+  }
+  segflow::Result<std::optional<segflow::Batch>> next() override {
+    if (next_ >= available_) return std::optional<segflow::Batch>();
+    const std::int64_t row = next_++ * kGlobalBatch + rank_ * b_;
+    segflow::Batch batch;
+    batch.tensors["image"] = data_.x.narrow(0, row, b_);
+    batch.tensors["label"] = data_.y.narrow(0, row, b_);
+    return std::optional<segflow::Batch>(std::move(batch));
+  }
+  std::vector<segflow::pipeline::CaseFailure> take_failures() override { return {}; }
+  double last_wait_s() const override { return 0.0; }
+
+ private:
+  const Data& data_;
+  std::int64_t available_, next_ = 0;
+  int rank_;
+  std::int64_t b_;
+};
+
+/// Trains kSteps with Trainer::train_step (the step train_epoch runs: all_have,
+/// before_backward, backward, after_backward, short-step rescale, optimizer step) on this
+/// rank's share of each micro-batch, with the trainer's synchroniser if one is attached.
+/// Checks what each step reports; after the last full step, one more call finds no data.
+void train(segflow::models::Trainer& trainer, const Data& data, const StepPlan& plan, int rank, int world) {
+  ShardSource source(data, plan, rank, world);
+  if (!source.start_epoch(0).is_ok()) throw std::runtime_error("start_epoch failed");
+  segflow::models::TrainObserver none;
+  auto fail = [](const std::string& m) { throw std::runtime_error(m); };
+  for (std::int64_t s = 0; s < kSteps; ++s) {
+    auto si = trainer.train_step(source, kSteps, none);
+    if (!si.is_ok()) fail(si.status().message());
+    const bool short_step = plan.last_micro > 0 && s == kSteps - 1;
+    if (si->micro_batches != (short_step ? plan.last_micro : plan.accumulate))
+      fail("step " + std::to_string(s) + ": " + std::to_string(si->micro_batches) + " micro-batches");
+    if (si->data_ended != short_step) fail("step " + std::to_string(s) + ": wrong data_ended");
+    if (si->step != s + 1 || si->samples != si->micro_batches * (kGlobalBatch / world))
+      fail("step " + std::to_string(s) + ": wrong step or sample count");
+  }
+  if (plan.last_micro == 0) {
+    auto end = trainer.train_step(source, kSteps, none);
+    if (!end.is_ok()) fail(end.status().message());
+    if (end->micro_batches != 0 || !end->data_ended) fail("a step after the data ended did something");
+  }
+  if (trainer.state().step != kSteps) fail("wrong optimizer step count");
+}
+
+std::vector<at::Tensor> weights(const segflow::models::Trainer& t) {
   std::vector<at::Tensor> out;
-  for (auto& p : m->parameters()) out.push_back(p.detach().to(torch::kCPU).clone());
+  for (auto& p : t.parameters()) out.push_back(p.detach().to(torch::kCPU).clone());
   return out;
 }
 
@@ -122,13 +163,11 @@ double max_diff(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>&
   return d;
 }
 
-std::int64_t rows_needed(const StepPlan& p) { return kSteps * p.accumulate * kGlobalBatch; }
-
 /// One rank with the whole batch: the reference.
 std::vector<at::Tensor> reference(const StepPlan& plan, const c10::Device& device) {
-  auto model = make_model(7, device);
-  train(model, make_data(rows_needed(plan)), plan, 0, 1, nullptr, device);
-  return weights(model);
+  auto trainer = make_trainer(7, plan, device);
+  train(*trainer, make_data(rows_needed(plan)), plan, 0, 1);
+  return weights(*trainer);
 }
 
 DdpOptions tiny_buckets() {
@@ -144,8 +183,9 @@ std::vector<std::vector<at::Tensor>> train_local(int world, const StepPlan& plan
                                                  const std::vector<c10::Device>& devices,
                                                  std::size_t* buckets = nullptr,
                                                  std::pair<std::int64_t, std::int64_t>* reduced = nullptr) {
-  std::vector<torch::nn::Sequential> models;
-  for (int r = 0; r < world; ++r) models.push_back(make_model(7 + r, devices[r]));
+  // Made here, one after the other: Trainer::create seeds the global generator.
+  std::vector<std::unique_ptr<segflow::models::Trainer>> trainers;
+  for (int r = 0; r < world; ++r) trainers.push_back(make_trainer(7 + r, plan, devices[r]));
   const Data data = make_data(rows_needed(plan));
   CollectiveOptions co;
   co.timeout = std::chrono::seconds(60);
@@ -158,10 +198,12 @@ std::vector<std::vector<at::Tensor>> train_local(int world, const StepPlan& plan
         auto coll = rv.join(r, devices[r]);
         if (!coll.is_ok()) throw std::runtime_error(coll.status().message());
         std::shared_ptr<Collective> c = std::move(coll).value();
-        auto sync = DdpGradientSync::create(*models[r], models[r]->parameters(), c, tiny_buckets());
+        auto sync = DdpGradientSync::create(*trainers[r], c, tiny_buckets());
         if (!sync.is_ok()) throw std::runtime_error(sync.status().message());
         if (buckets && r == 0) *buckets = (*sync)->num_buckets();
-        train(models[r], data, plan, r, world, sync->get(), devices[r]);
+        trainers[r]->set_gradient_sync(*sync);
+        train(*trainers[r], data, plan, r, world);
+        trainers[r]->set_gradient_sync(nullptr);
         if (reduced && r == 0) *reduced = {(*sync)->reduced_steps(), (*sync)->fallback_steps()};
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -174,7 +216,7 @@ std::vector<std::vector<at::Tensor>> train_local(int world, const StepPlan& plan
     CHECK(errors[r] == "");
   }
   std::vector<std::vector<at::Tensor>> out;
-  for (auto& m : models) out.push_back(weights(m));
+  for (auto& t : trainers) out.push_back(weights(*t));
   return out;
 }
 
@@ -192,8 +234,8 @@ void check_local_equivalence(const StepPlan& plan) {
   CHECK(max_diff(ranks[0], ranks[1]) == 0.0);  // every rank holds the same weights
   CHECK(max_diff(ranks[0], ref) < 1e-5);
   // And training did move the weights (the comparison is not vacuous).
-  auto init = make_model(7, cpu);
-  CHECK(max_diff(weights(init), ref) > 1e-3);
+  auto init = make_trainer(7, plan, cpu);
+  CHECK(max_diff(weights(*init), ref) > 1e-3);
 }
 
 // ---- two processes: this executable again, as workers -----------------------------------
@@ -274,14 +316,15 @@ int parallel_worker() {
     auto coll = par::connect(*env, cpu, co);
     if (!coll.is_ok()) throw std::runtime_error(coll.status().message());
     std::shared_ptr<Collective> c = std::move(coll).value();
-    auto model = make_model(7 + env->rank, cpu);
-    auto sync = DdpGradientSync::create(*model, model->parameters(), c, tiny_buckets());
+    auto trainer = make_trainer(7 + env->rank, plan, cpu);
+    auto sync = DdpGradientSync::create(*trainer, c, tiny_buckets());
     if (!sync.is_ok()) throw std::runtime_error(sync.status().message());
     if (mode == "die" && env->rank == 1) ::_exit(3);  // a rank that dies after the start
-    train(model, make_data(rows_needed(plan)), plan, env->rank, env->world_size, sync->get(), cpu);
+    trainer->set_gradient_sync(*sync);
+    train(*trainer, make_data(rows_needed(plan)), plan, env->rank, env->world_size);
     std::ostringstream ss;
     ss.precision(9);
-    for (auto& w : weights(model)) {
+    for (auto& w : weights(*trainer)) {
       auto f = w.reshape({-1});
       for (std::int64_t i = 0; i < f.numel(); ++i) ss << f[i].item<float>() << ' ';
     }
