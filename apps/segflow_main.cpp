@@ -7,6 +7,7 @@
 #include <map>
 
 #include "apps/commands.hpp"
+#include "apps/launcher_env.hpp"
 
 namespace {
 
@@ -50,6 +51,7 @@ Every command exits non-zero with one line on stderr for bad input.
 }  // namespace
 
 int main(int argc, char** argv) {
+  segflow::apps::ensure_omp_wait_policy(argv);
   if (argc < 2) {
     std::fputs(kUsage, stderr);
     return 2;

@@ -7,6 +7,7 @@
 #include "actors/daemon/daemon.hpp"
 #include "actors/daemon/daemon_config.hpp"
 #include "apps/cli_args.hpp"
+#include "apps/launcher_env.hpp"
 
 namespace {
 
@@ -29,6 +30,7 @@ a second signal makes them stop at the next step).
 
 int main(int argc, char** argv) {
   using namespace segflow;
+  apps::ensure_omp_wait_policy(argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h" || a == "help") {
