@@ -134,9 +134,10 @@ struct JobManager::Job {
   }
 };
 
-/// The running job's TrainObserver: progress into the record, the database and the event
-/// socket; should_stop() answers pause, stop, shutdown and dataset reloads.
-class JobManager::Observer : public models::TrainObserver {
+/// The running job's sink on its run's event bus: progress into the record, the database and
+/// the event socket (the data path's events too, as "data_event"); should_stop() answers
+/// pause, stop, shutdown and dataset reloads.
+class JobManager::Observer : public RunSink {
  public:
   Observer(JobManager& m, Job& j) : m_(m), j_(j) {}
 
@@ -227,6 +228,14 @@ class JobManager::Observer : public models::TrainObserver {
     std::lock_guard<std::mutex> lock(m_.mu_);
     m_.publish_(topic(),
                 {{"job", j_.rec.id}, {"type", "case_failure"}, {"case", f.case_id}, {"reason", f.reason}});
+  }
+
+  void on_data_event(const Event& e) override {
+    json body = event_to_json(e);
+    body["job"] = j_.rec.id;
+    body["type"] = "data_event";
+    std::lock_guard<std::mutex> lock(m_.mu_);
+    m_.publish_(topic(), body);
   }
 
   /// Stop right away, or (pause, shutdown, reload) only where an epoch has just ended: the

@@ -251,7 +251,7 @@ Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& 
   lo.cache_dtype = cfg.train.cache_dtype;
   lo.cache_device = cfg.train.cache_device;
   lo.disk_cache_dir = cfg.train.disk_cache;
-  SEGFLOW_ASSIGN_OR_RETURN(job.source, make_batch_source(cfg.train.loader, lo));
+  SEGFLOW_ASSIGN_OR_RETURN(job.source, make_batch_source(cfg.train.loader, lo, opts.data_events));
 
   // Steps per epoch for the schedule: this rank's cases x samples per case / (batch x accumulate).
   std::int64_t per_case = 1;
@@ -279,11 +279,15 @@ Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& 
 
 Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& opts,
                               models::TrainObserver& observer) {
-  SEGFLOW_ASSIGN_OR_RETURN(PreparedJob job, prepare_job(cfg, opts, observer));
+  // The run folder first (it touches nothing on disk before open()): its event bus is where
+  // the data path publishes, and it outlives the batch source, whose last events it delivers.
+  RunFolder run(cfg, opts);
+  RunOptions with_bus = opts;
+  with_bus.data_events = run.data_events();
+  SEGFLOW_ASSIGN_OR_RETURN(PreparedJob job, prepare_job(cfg, with_bus, observer));
   auto& trainer = job.trainer;
   const c10::Device device = trainer->device();
 
-  RunFolder run(cfg, opts);
   SEGFLOW_RETURN_IF_ERROR(run.open(cfg, *trainer, job.split, observer));
   log::info("run " + run.dir().string() + ": " + std::to_string(job.split.train.size()) +
             " training cases, " + std::to_string(job.validation.size()) + " validation samples, " +
@@ -356,6 +360,11 @@ void JsonlMetricsObserver::on_checkpoint(const fs::path& p, const std::string& k
 }
 void JsonlMetricsObserver::on_case_failure(const pipeline::CaseFailure& f) {
   impl_->write({{"type", "case_failure"}, {"case", f.case_id}, {"reason", f.reason}});
+}
+void JsonlMetricsObserver::on_data_event(const Event& e) {
+  json j = event_to_json(e);
+  j["type"] = "data_event";
+  impl_->write(j);
 }
 
 }  // namespace segflow::actors

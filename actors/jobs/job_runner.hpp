@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/run/event_bus.hpp"
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
 #include "models/job_config.hpp"
@@ -31,6 +32,9 @@ struct RunOptions {
   std::optional<std::filesystem::path> run_dir;  ///< override the deterministic run folder
   std::int64_t rank = 0;                         ///< data-parallel rank (this trainer's shard)
   std::int64_t world_size = 1;
+  /// Where the data path's collector publishes its events (a run's event bus:
+  /// RunFolder::data_events()); null: nowhere.
+  std::shared_ptr<EventSink> data_events;
 };
 
 /// The case ids of one cross-validation fold.
@@ -94,41 +98,9 @@ Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& 
 Result<std::filesystem::path> run_training(const models::JobConfig& cfg, const RunOptions& options,
                                            models::TrainObserver& observer);
 
-/// Observer fan-out: forwards every event to each observer, in order.
-class ObserverList : public models::TrainObserver {
- public:
-  void add(models::TrainObserver* o) { list_.push_back(o); }
-  void on_epoch_start(std::int64_t e, std::int64_t n) override {
-    for (auto* o : list_) o->on_epoch_start(e, n);
-  }
-  void on_step(const models::StepInfo& i) override {
-    for (auto* o : list_) o->on_step(i);
-  }
-  void on_epoch_end(const models::EpochInfo& i) override {
-    for (auto* o : list_) o->on_epoch_end(i);
-  }
-  void on_validation(const models::ValidationInfo& i) override {
-    for (auto* o : list_) o->on_validation(i);
-  }
-  void on_checkpoint(const std::filesystem::path& p, const std::string& k) override {
-    for (auto* o : list_) o->on_checkpoint(p, k);
-  }
-  void on_case_failure(const pipeline::CaseFailure& f) override {
-    for (auto* o : list_) o->on_case_failure(f);
-  }
-  bool should_stop() override {
-    bool stop = false;
-    for (auto* o : list_) stop |= o->should_stop();
-    return stop;
-  }
-
- private:
-  std::vector<models::TrainObserver*> list_;
-};
-
 /// Writes metrics.jsonl: one JSON object per line with "type" step|epoch|validation|
-/// checkpoint|case_failure, flushed per line.
-class JsonlMetricsObserver : public models::TrainObserver {
+/// checkpoint|case_failure|data_event, flushed per line. A sink of the run's event bus.
+class JsonlMetricsObserver : public RunSink {
  public:
   explicit JsonlMetricsObserver(const std::filesystem::path& file, std::int64_t log_every = 10);
   ~JsonlMetricsObserver() override;
@@ -137,6 +109,8 @@ class JsonlMetricsObserver : public models::TrainObserver {
   void on_validation(const models::ValidationInfo& i) override;
   void on_checkpoint(const std::filesystem::path& p, const std::string& kind) override;
   void on_case_failure(const pipeline::CaseFailure& f) override;
+  /// {"type": "data_event", "kind", "source", "message", "case_id", "epoch", "time_ns"}
+  void on_data_event(const Event& e) override;
 
  private:
   struct Impl;

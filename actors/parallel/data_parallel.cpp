@@ -170,6 +170,9 @@ Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOption
 
   // Jobs one after the other: the first may synthesise the dataset, and Trainer::create
   // seeds the process-wide RNG (rank 0's weights win anyway, by broadcast).
+  // The run folder before the jobs: every rank's data path publishes on its event bus, and it
+  // outlives the batch sources, whose last events it delivers.
+  RunFolder rf(cfg, run);
   models::TrainObserver quiet;
   std::vector<PreparedJob> jobs;
   for (std::int64_t r = 0; r < world; ++r) {
@@ -178,13 +181,13 @@ Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOption
     RunOptions o = run;
     o.rank = r;
     o.world_size = world;
+    o.data_events = rf.data_events();
     auto job = prepare_job(c, o, r == 0 ? observer : quiet);
     if (!job.is_ok())
       return job.status().with_context("rank " + std::to_string(r) + " of " + std::to_string(world));
     jobs.push_back(std::move(job).value());
   }
 
-  RunFolder rf(cfg, run);
   SEGFLOW_RETURN_IF_ERROR(rf.open(cfg, *jobs[0].trainer, jobs[0].split, observer));
   log::info("data-parallel run " + rf.dir().string() + ": " + std::to_string(world) + " ranks on " +
             devices[0] + (world > 1 ? " .. " + devices.back() : std::string()) + ", " +
@@ -242,9 +245,11 @@ Result<fs::path> run_distributed_from_env(const models::JobConfig& cfg, const Ru
   models::JobConfig c = cfg;
   // One process per GPU: LOCAL_RANK picks it (torchrun's convention).
   if (base.is_cuda()) c.train.device = "cuda:" + std::to_string(env.local_rank);
+  RunFolder rf(cfg, run);  // before the job: see run_data_parallel
   RunOptions o = run;
   o.rank = env.rank;
   o.world_size = env.world_size;
+  if (env.rank == 0) o.data_events = rf.data_events();  // only rank 0 writes the run's outputs
   const std::string who = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.world_size);
   models::TrainObserver quiet;
   auto prepared = prepare_job(c, o, env.rank == 0 ? observer : quiet);
@@ -255,7 +260,6 @@ Result<fs::path> run_distributed_from_env(const models::JobConfig& cfg, const Ru
   SEGFLOW_ASSIGN_OR_RETURN(
       std::shared_ptr<Collective> coll,
       models::parallel::connect(env, job.trainer->device(), collective_options(options)));
-  RunFolder rf(cfg, run);
   if (env.rank == 0) {
     SEGFLOW_RETURN_IF_ERROR(rf.open(cfg, *job.trainer, job.split, observer));
     log::info("distributed run " + rf.dir().string() + ": " + std::to_string(env.world_size) + " ranks (" +

@@ -20,7 +20,15 @@ RunFolder::RunFolder(const models::JobConfig& cfg, const RunOptions& opts) {
   start_over_ = !resume_ && opts.resume_last;
 }
 
-RunFolder::~RunFolder() = default;
+RunFolder::~RunFolder() {
+  // The data path's last events (its collector is flushed by then when the batch source went
+  // first, as in run_training); a failing sink must not throw out of a destructor.
+  try {
+    bus_.deliver();
+  } catch (const std::exception& e) {
+    log::warn(std::string("run folder: delivering the last data-path events failed: ") + e.what());
+  }
+}
 
 Status RunFolder::open(const models::JobConfig& cfg, models::Trainer& trainer, const Split& split,
                        models::TrainObserver& user) {

@@ -3,8 +3,9 @@
 // device, rank 0 of a data-parallel run, a daemon job):
 //   <runs_dir>/<name>-s<seed>-<hash>/   config.json, split.json, metrics.jsonl, tb/,
 //                                        progress.svg, last.pt, best.pt
-// and one event bus that fans the trainer's events out to one sink per output plus the
-// caller's own observer (the daemon's PUB socket, a test, the CLI's progress lines).
+// and one event bus (actors/run/event_bus.hpp) that fans the trainer's events, and the data
+// path's that its collector publishes there, out to one sink per output plus the caller's own
+// observer (the daemon's PUB socket, a test, the CLI's progress lines).
 // Not thread-safe: the trainer that owns the run posts to it from its own thread.
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <optional>
 
 #include "actors/jobs/job_runner.hpp"
+#include "actors/run/event_bus.hpp"
 #include "actors/run/run_outputs.hpp"
 #include "messages/status.hpp"
 #include "models/job_config.hpp"
@@ -33,15 +35,19 @@ class RunFolder {
   /// resuming, loads the checkpoint into `trainer` (an error naming it when it cannot be
   /// read) and drops the records the interrupted run wrote past it (also when resume_last
   /// found no checkpoint: an attempt that died before its first one); then opens the sinks.
-  /// Events posted to events() reach metrics.jsonl, TensorBoard, progress.svg and `user`.
+  /// Events posted to events() reach metrics.jsonl, TensorBoard, progress.svg and `user`;
+  /// data-path events (data_events()) reach metrics.jsonl and `user` when it is a RunSink.
   Status open(const models::JobConfig& cfg, models::Trainer& trainer, const Split& split,
               models::TrainObserver& user);
 
   const std::filesystem::path& dir() const { return dir_; }
   /// The checkpoint the run resumes from (what every data-parallel rank loads), if any.
   const std::optional<std::filesystem::path>& resume() const { return resume_; }
-  /// The event bus (valid after open()).
+  /// The event bus (its sinks are added by open()).
   models::TrainObserver& events() { return bus_; }
+  /// The collector sink of the bus (valid from construction): pass it to the data path
+  /// (RunOptions::data_events) so that its events reach the run's outputs.
+  std::shared_ptr<EventSink> data_events() const { return bus_.collector_sink(); }
 
  private:
   std::filesystem::path dir_;
@@ -50,7 +56,7 @@ class RunFolder {
   std::unique_ptr<JsonlMetricsObserver> metrics_;
   std::unique_ptr<TensorBoardObserver> tensorboard_;
   std::unique_ptr<ProgressPlotObserver> plot_;
-  ObserverList bus_;
+  EventBus bus_;
 };
 
 }  // namespace segflow::actors

@@ -224,6 +224,7 @@ bool keep_metrics_line(const std::string& line, const models::TrainState& at) {
   const std::string type = j.value("type", "");
   if (type == "step") return j.value("step", std::int64_t{0}) <= at.step;
   if (type == "epoch" || type == "validation") return j.value("epoch", std::int64_t{0}) < at.epoch;
+  if (type == "data_event") return j.value("epoch", std::int64_t{-1}) < at.epoch;
   return true;  // checkpoints written, cases skipped: facts of the earlier run
 }
 

@@ -63,8 +63,9 @@ class TensorBoardObserver : public models::TrainObserver {
 };
 
 /// What a resumed run drops from the outputs the interrupted run left in its folder, so that
-/// nothing is counted twice: step records past `at.step` (train/*, memory/*), epoch and
-/// validation records of epoch `at.epoch` on (those epochs run again), and a record torn by
+/// nothing is counted twice: step records past `at.step` (train/*, memory/*), epoch,
+/// validation and data-path event records of epoch `at.epoch` on (those epochs run again;
+/// data-path events without an epoch are kept), and a record torn by
 /// the crash. Rewrites metrics.jsonl and every TensorBoard event file under run_dir/tb
 /// (temp file + rename; files with nothing to drop are left untouched). Returns the number
 /// of records dropped.
