@@ -310,7 +310,7 @@ std::string run_name(const JobConfig& cfg) {
     d.erase("fold");
     if (cfg.data.fold < 0) d.erase("folds");
   }
-  const std::string text = key.dump();
+  const std::string text = key.dump(-1, ' ', false, json::error_handler_t::replace);
   std::uint64_t h = 1469598103934665603ULL;  // FNV-1a
   for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
   char buf[16];

@@ -45,7 +45,8 @@ inline std::string format_value(const nlohmann::json& j) {
     }
     return s + "}";
   }
-  return j.dump();
+  // Replace bytes that are not UTF-8 (a config file may hold any; found by fuzzing).
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 /// Joins strings with ", ".

@@ -17,6 +17,7 @@ debs=(
   python3-pydicom python3-venv clang-format
   libopenjp2-7-dev
   libinsighttoolkit5-dev  # ITK's NrrdIO and MetaIO libraries: NRRD and MetaImage files
+  clang libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes: scripts/fuzz.sh, scripts/sanitize.sh
 )
 missing=()
 for p in "${debs[@]}"; do

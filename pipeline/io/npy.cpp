@@ -243,6 +243,9 @@ Result<Image> read_npy_image(const fs::path& path) {
                          ": shape: expected (H, W), (H, W, 3), (Z, Y, X) or (C, Z, Y, X), got " +
                          detail::npy_shape_text(t.sizes().vec()));
     }
+    if (v.numel() == 0)  // found by fuzzing: a (0, 4, 4) array is no image
+      return invalid_argument(path.string() + ": shape: expected every dimension >= 1, got " +
+                              detail::npy_shape_text(t.sizes().vec()));
     Image image;
     image.voxels = v.contiguous();
     image.source = path;

@@ -165,7 +165,8 @@ Geometry from_ras(const Mat3& ras, const std::array<double, 3>& offset, bool mak
 Result<NiftiGeometry> nifti_to_geometry(const NiftiHeader& h, const std::string& file) {
   const int nd = static_cast<int>(std::min<std::int64_t>(h.dim[0], 3));
   std::array<double, 3> pix{1.0, 1.0, 1.0};
-  for (int i = 0; i < nd; ++i) pix[i] = h.pixdim[i + 1] > 0 ? h.pixdim[i + 1] : 1.0;
+  for (int i = 0; i < nd; ++i)
+    pix[i] = std::isfinite(h.pixdim[i + 1]) && h.pixdim[i + 1] > 0 ? h.pixdim[i + 1] : 1.0;
 
   Mat3 s{};
   std::array<double, 3> s_off{};
@@ -218,6 +219,17 @@ Result<NiftiGeometry> nifti_to_geometry(const NiftiHeader& h, const std::string&
   } else {
     out.geometry.spacing = pix;
     out.source = NiftiTransform::pixdim;
+  }
+  // A finite transform can still overflow to an infinite or zero column length (found by
+  // fuzzing: tests/fuzz/regressions/nifti/).
+  static const char* kField[] = {"pixdim/srow_x", "pixdim/srow_y", "pixdim/srow_z"};
+  for (int i = 0; i < 3; ++i) {
+    const double sp = out.geometry.spacing[i], o = out.geometry.origin[i];
+    if (!(std::isfinite(sp) && sp > 0))
+      return corrupt_data(file + ": " + kField[i] + ": expected a finite voxel spacing > 0 mm, got " +
+                          std::to_string(sp));
+    if (!std::isfinite(o))
+      return corrupt_data(file + ": qoffset/srow offset: expected a finite origin, got " + std::to_string(o));
   }
   return out;
 }
