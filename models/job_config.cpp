@@ -126,26 +126,54 @@ Status apply_override(YAML::Node root, const std::string& ov, const std::string&
   std::vector<std::string> parts;
   std::stringstream ss(key);
   for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  // A scalar on the path cannot hold a key (yaml-cpp throws on operator[]; found by fuzzing:
+  // tests/fuzz/regressions/job_config/).
+  auto not_a_section = [&](std::size_t upto) {
+    std::string path = "--set ";
+    path += key;
+    path += ": '";
+    for (std::size_t j = 0; j < upto; ++j) path += (j ? "." : "") + parts[j];
+    path += upto == 0 ? "(the document)" : "";
+    path += "' is a value, not a section or a sequence";
+    return invalid_argument(path);
+  };
   // yaml-cpp nodes are handles: walk with copies that alias the same tree.
   std::vector<YAML::Node> chain{root};
-  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
-    YAML::Node cur = chain.back();
-    const std::string& p = parts[i];
-    if (cur.IsSequence()) {
-      std::size_t idx = 0;
-      try {
-        idx = std::stoul(p);
-      } catch (...) {
-        return invalid_argument("--set " + key + ": '" + p + "' is not an index of the sequence at " +
-                                parts[i - 1]);
+  try {
+    for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+      YAML::Node cur = chain.back();
+      const std::string& p = parts[i];
+      if (cur.IsScalar()) return not_a_section(i);
+      if (cur.IsSequence()) {
+        std::size_t idx = 0;
+        try {
+          idx = std::stoul(p);
+        } catch (...) {
+          std::string msg = "--set ";
+          msg += key;
+          msg += ": '";
+          msg += p;
+          msg += "' is not an index of a sequence";
+          return invalid_argument(msg);
+        }
+        if (idx >= cur.size()) {
+          std::string msg = "--set ";
+          msg += key;
+          msg += ": index ";
+          msg += p;
+          msg += " out of range (size ";
+          msg += std::to_string(cur.size());
+          msg += ")";
+          return invalid_argument(msg);
+        }
+        chain.push_back(cur[idx]);
+      } else {
+        chain.push_back(cur[p]);
       }
-      if (idx >= cur.size())
-        return invalid_argument("--set " + key + ": index " + p + " out of range (size " +
-                                std::to_string(cur.size()) + ")");
-      chain.push_back(cur[idx]);
-    } else {
-      chain.push_back(cur[p]);
     }
+    if (chain.back().IsScalar()) return not_a_section(parts.size() - 1);
+  } catch (const YAML::Exception& e) {
+    return invalid_argument("--set " + key + ": " + e.what());
   }
   YAML::Node parent = chain.back();
   const std::string& last = parts.back();
