@@ -46,9 +46,13 @@ void check_image(const pipeline::Image& image);
 #define SEGFLOW_FUZZ_LIBFUZZER_ENTRY(name)
 #endif
 
-#define SEGFLOW_FUZZ_TARGET(name)                             \
+/// Declares the harness function `segflow::fuzz::run_<name>` (the replay suite calls it).
+#define SEGFLOW_FUZZ_DECLARE(name)                            \
   namespace segflow::fuzz {                                   \
   int run_##name(const std::uint8_t* data, std::size_t size); \
-  }                                                           \
-  SEGFLOW_FUZZ_LIBFUZZER_ENTRY(name)                          \
+  }
+
+#define SEGFLOW_FUZZ_TARGET(name)    \
+  SEGFLOW_FUZZ_DECLARE(name)         \
+  SEGFLOW_FUZZ_LIBFUZZER_ENTRY(name) \
   int segflow::fuzz::run_##name(const std::uint8_t* data, std::size_t size)

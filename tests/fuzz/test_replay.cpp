@@ -12,18 +12,14 @@
 #include "fuzz_target.hpp"
 #include "test_util.hpp"
 
-#define SEGFLOW_DECLARE_HARNESS(name)                         \
-  namespace segflow::fuzz {                                   \
-  int run_##name(const std::uint8_t* data, std::size_t size); \
-  }
-SEGFLOW_DECLARE_HARNESS(dicom)
-SEGFLOW_DECLARE_HARNESS(dicom_seg)
-SEGFLOW_DECLARE_HARNESS(dicom_series)
-SEGFLOW_DECLARE_HARNESS(nifti)
-SEGFLOW_DECLARE_HARNESS(nrrd_mha)
-SEGFLOW_DECLARE_HARNESS(npy)
-SEGFLOW_DECLARE_HARNESS(job_config)
-SEGFLOW_DECLARE_HARNESS(control)
+SEGFLOW_FUZZ_DECLARE(dicom)
+SEGFLOW_FUZZ_DECLARE(dicom_seg)
+SEGFLOW_FUZZ_DECLARE(dicom_series)
+SEGFLOW_FUZZ_DECLARE(nifti)
+SEGFLOW_FUZZ_DECLARE(nrrd_mha)
+SEGFLOW_FUZZ_DECLARE(npy)
+SEGFLOW_FUZZ_DECLARE(job_config)
+SEGFLOW_FUZZ_DECLARE(control)
 
 namespace {
 
