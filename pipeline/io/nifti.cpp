@@ -198,12 +198,9 @@ Result<Image> read_nifti_impl(const fs::path& path) {
   const std::int64_t c = h.dim[4] * h.dim[5] * h.dim[6] * h.dim[7];
   const bool rgb = h.datatype == detail::kDtRgb24 || h.datatype == detail::kDtRgba32;
   const int components = h.datatype == detail::kDtRgb24 ? 3 : h.datatype == detail::kDtRgba32 ? 4 : 1;
-  std::vector<std::int64_t> shape{c, z, y, x};
-  if (rgb) shape.push_back(components);
-  at::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(torch_type(h.datatype)));
-  auto* dst = static_cast<unsigned char*>(t.data_ptr());
 
-  // Bring the stream to vox_offset (data file = this file, or the .img of a pair).
+  // The data file: this file, or the .img of a pair. Its size bounds what it can hold
+  // (deflate expands at most 1032:1), so a header claiming more fails before the allocation.
   GzInput img;
   GzInput* data = &in;
   std::int64_t got = 0, data_file_size = file_size;
@@ -212,8 +209,28 @@ Result<Image> read_nifti_impl(const fs::path& path) {
     SEGFLOW_ASSIGN_OR_RETURN(fs::path img_path, pair_image_path(path));
     data_name = img_path.string();
     data_file_size = static_cast<std::int64_t>(fs::file_size(img_path, ec));
+    if (ec) return io_error(data_name + ": cannot stat: " + ec.message());
     SEGFLOW_RETURN_IF_ERROR(img.open(img_path));
     data = &img;
+  }
+  const std::string truncated = data_name + ": truncated: expected " +
+                                std::to_string(vox_offset + data_bytes) + " bytes (vox_offset " +
+                                std::to_string(vox_offset) + " + " + std::to_string(data_bytes) +
+                                " bytes of " + type->name + " for dim " + dims_text(h) + ")";
+  if (!data->compressed() && data_file_size < vox_offset + data_bytes)
+    return corrupt_data(truncated + ", got " + std::to_string(data_file_size));
+  constexpr std::int64_t kMaxDeflateRatio = 1032;
+  if (data->compressed() && data_file_size < (vox_offset + data_bytes) / kMaxDeflateRatio)
+    return corrupt_data(truncated + ", but the gzip file of " + std::to_string(data_file_size) +
+                        " bytes can hold at most " + std::to_string(data_file_size * kMaxDeflateRatio));
+
+  std::vector<std::int64_t> shape{c, z, y, x};
+  if (rgb) shape.push_back(components);
+  at::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(torch_type(h.datatype)));
+  auto* dst = static_cast<unsigned char*>(t.data_ptr());
+
+  // Bring the stream to vox_offset.
+  if (h.pair) {
     SEGFLOW_ASSIGN_OR_RETURN(std::int64_t skipped, img.skip(vox_offset));
     if (skipped < vox_offset) got = -1;
   } else if (vox_offset < head_n) {
@@ -223,13 +240,7 @@ Result<Image> read_nifti_impl(const fs::path& path) {
     SEGFLOW_ASSIGN_OR_RETURN(std::int64_t skipped, in.skip(vox_offset - head_n));
     if (skipped < vox_offset - head_n) got = -1;
   }
-  const std::string truncated = data_name + ": truncated: expected " +
-                                std::to_string(vox_offset + data_bytes) + " bytes (vox_offset " +
-                                std::to_string(vox_offset) + " + " + std::to_string(data_bytes) +
-                                " bytes of " + type->name + " for dim " + dims_text(h) + ")";
   if (got < 0) return corrupt_data(truncated + ", the data ends before vox_offset");
-  if (!data->compressed() && data_file_size < vox_offset + data_bytes)
-    return corrupt_data(truncated + ", got " + std::to_string(data_file_size));
   if (got < data_bytes) {
     SEGFLOW_ASSIGN_OR_RETURN(std::int64_t r, data->read(dst + got, data_bytes - got));
     got += r;

@@ -102,7 +102,8 @@ void check_same(const std::vector<Batch>& a, const std::vector<Batch>& b) {
     CHECK(a[i].ids == b[i].ids);
     REQUIRE(a[i].tensors.size() == b[i].tensors.size());
     for (const auto& [k, t] : a[i].tensors) {
-      CAPTURE(k);
+      const std::string& key = k;  // clang 14 cannot capture a structured binding
+      CAPTURE(key);
       REQUIRE(b[i].tensors.count(k) == 1);
       const at::Tensor u = b[i].tensors.at(k).cpu();
       CHECK((t.scalar_type() == u.scalar_type()));
@@ -188,7 +189,8 @@ TEST_CASE("compact samples restore bit for bit: narrow integer casts, palettes a
   CHECK_FALSE(is_compact(*e));
   REQUIRE(e->tensors.size() == s.tensors.size());
   for (const auto& [k, t] : s.tensors) {
-    CAPTURE(k);
+    const std::string& key = k;  // clang 14 cannot capture a structured binding
+    CAPTURE(key);
     const at::Tensor& u = e->at(k);
     CHECK((u.scalar_type() == t.scalar_type()));
     CHECK((u.sizes() == t.sizes()));
@@ -222,7 +224,8 @@ TEST_CASE(
     REQUIRE_MESSAGE(e.is_ok(), e.status().to_string());
     REQUIRE(e->tensors.size() == s.tensors.size());
     for (const auto& [k, t] : s.tensors) {
-      CAPTURE(k);
+      const std::string& key = k;  // clang 14 cannot capture a structured binding
+      CAPTURE(key);
       CHECK((e->at(k).scalar_type() == t.scalar_type()));
       CHECK((e->at(k).sizes() == t.sizes()));
       CHECK(torch::equal(e->at(k), t));

@@ -3,6 +3,7 @@
 // for bad input.
 #include <doctest/doctest.h>
 #include <torch/torch.h>
+#include <zlib.h>
 
 #include <cmath>
 #include <cstring>
@@ -597,6 +598,45 @@ TEST_CASE("a truncated or empty NIfTI file is an error naming the file") {
   auto missing = read_nifti(dir / "missing.nii");
   REQUIRE_FALSE(missing.is_ok());
   CHECK((missing.status().code() == segflow::ErrorCode::not_found));
+}
+
+/// `bytes` as a gzip member holding one stored (uncompressed) deflate block.
+std::string gzip_stored(const std::string& bytes) {
+  REQUIRE(bytes.size() < 65536);
+  const auto len = static_cast<std::uint16_t>(bytes.size());
+  std::string gz = {'\x1f', '\x8b', 8, 0, 0, 0, 0, 0, 0, '\xff', 1};
+  gz += static_cast<char>(len & 0xff);
+  gz += static_cast<char>(len >> 8);
+  gz += static_cast<char>(~len & 0xff);
+  gz += static_cast<char>((~len >> 8) & 0xff);
+  gz += bytes;
+  const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size()));
+  for (int i = 0; i < 4; ++i) gz += static_cast<char>((crc >> (8 * i)) & 0xff);
+  for (int i = 0; i < 4; ++i) gz += static_cast<char>((bytes.size() >> (8 * i)) & 0xff);
+  return gz;
+}
+
+TEST_CASE("a NIfTI header claiming more voxels than its file can hold fails before the allocation") {
+  st::TempDir dir("nifti_claim");
+  std::string b = valid_file_bytes(dir);
+  // 32767^3 int16 voxels: 70 TB, far past memory, so an allocation attempt would fail as
+  // "out of memory" instead of naming the truncation.
+  for (std::size_t off : {42, 44, 46}) patch<std::int16_t>(b, off, 32767);
+  const std::string plain = read_error(dir, "huge.nii", b);
+  CHECK(plain.find("truncated: expected 70362301923678") != std::string::npos);
+  CHECK(plain.find("out of memory") == std::string::npos);
+
+  // Compressed, the file bounds the data too: deflate expands at most 1032:1.
+  const std::string gz = read_error(dir, "huge.nii.gz", gzip_stored(b.substr(0, 352)));
+  CHECK(gz.find("can hold at most") != std::string::npos);
+  CHECK(gz.find("out of memory") == std::string::npos);
+
+  // Just under the bound it is an honest truncation found while reading.
+  for (std::size_t off : {44, 46}) patch<std::int16_t>(b, off, 1);
+  patch<std::int16_t>(b, 42, 1000);  // 2000 bytes of voxels from a 380-byte gzip file
+  const std::string small = read_error(dir, "short.nii.gz", gzip_stored(b.substr(0, 352)));
+  CHECK(small.find("truncated") != std::string::npos);
+  CHECK(small.find("can hold at most") == std::string::npos);
 }
 
 TEST_CASE("impossible NIfTI headers are errors naming the file and the field") {
