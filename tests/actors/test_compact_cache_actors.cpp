@@ -67,7 +67,8 @@ void check_same(const std::vector<Batch>& a, const std::vector<Batch>& b) {
     CHECK(a[i].ids == b[i].ids);
     REQUIRE(a[i].tensors.size() == b[i].tensors.size());
     for (const auto& [k, t] : a[i].tensors) {
-      CAPTURE(k);
+      const auto& key = k;  // clang 14 cannot capture a structured binding
+      CAPTURE(key);
       const at::Tensor u = b[i].tensors.at(k).cpu();
       CHECK((t.scalar_type() == u.scalar_type()));
       REQUIRE((t.sizes() == u.sizes()));

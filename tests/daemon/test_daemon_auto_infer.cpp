@@ -155,7 +155,8 @@ TEST_CASE("a bad auto_infer entry stops segflowd at start with a message naming 
   };
   int n = 0;
   for (const auto& [entry, message] : bad) {
-    CAPTURE(entry);
+    const auto& yaml_entry = entry;  // clang 14 cannot capture a structured binding
+    CAPTURE(yaml_entry);
     s.write_config("auto_infer:\n" + entry);
     const fs::path log = s.dir / ("bad" + std::to_string(n++) + ".log");
     DaemonProcess d({"--config", s.config.string()}, log);

@@ -170,7 +170,8 @@ TEST_CASE(
   CHECK(obs.steps[0].loss_scale == 1.0);
   for (std::size_t i = 0; i < before.size(); ++i) CHECK(torch::equal((*t)->parameters()[i], before[i]));
   for (const auto& [k, v] : (*t)->optimizer().state()) {
-    CAPTURE(k);
+    const auto& key = k;  // clang 14 cannot capture a structured binding
+    CAPTURE(key);
     CHECK(torch::equal(v, state_before.at(k)));
   }
   // The next finite step trains again.

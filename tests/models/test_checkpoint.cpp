@@ -100,7 +100,8 @@ TEST_CASE("a checkpoint loads into the trainer's own tensors: values, device, la
     const TensorMap sa = (*a)->optimizer().state(), sb = (*b)->optimizer().state();
     REQUIRE(sa.size() == sb.size());
     for (const auto& [k, v] : sb) {
-      CAPTURE(k);
+      const auto& key = k;  // clang 14 cannot capture a structured binding
+      CAPTURE(key);
       CHECK(torch::equal(v, sa.at(k)));
       CHECK((v.device() == (*b)->device()));
       CHECK(v.unsafeGetTensorImpl() == fresh_state.at(k).unsafeGetTensorImpl());
@@ -184,7 +185,8 @@ TEST_CASE("a format-1 checkpoint with torch::optim state resumes with its moment
   REQUIRE_MESSAGE(st.is_ok(), st.message());
   const TensorMap sa = (*a)->optimizer().state(), sb = (*b)->optimizer().state();
   for (const auto& [k, v] : sa) {
-    CAPTURE(k);
+    const auto& key = k;  // clang 14 cannot capture a structured binding
+    CAPTURE(key);
     CHECK(torch::equal(v, sb.at(k)));
   }
   CHECK((*b)->state().step == 2);
@@ -249,7 +251,8 @@ TEST_CASE("SAM and PlainConvUNet checkpoints, nested module trees, round-trip in
        "deep_supervision: true}",
        "{name: dice_ce, to_onehot_y: true, softmax: true}"}};
   for (const auto& [model, loss] : models) {
-    CAPTURE(model);
+    const auto& model_name = model;  // clang 14 cannot capture a structured binding
+    CAPTURE(model_name);
     auto cfg = parse_job_config("name: m\nseed: 4\nstages: [load]\nmodel: " + model + "\nloss: " + loss +
                                     "\noptimizer: {name: adamw, lr: 0.01}\ntrain: {device: cpu}\n",
                                 "m.yaml");

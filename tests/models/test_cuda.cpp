@@ -53,7 +53,8 @@ void check_same_state(Trainer& a, Trainer& b) {
   const TensorMap sa = a.optimizer().state(), sb = b.optimizer().state();
   REQUIRE(sa.size() == sb.size());
   for (const auto& [k, v] : sb) {
-    CAPTURE(k);
+    const auto& key = k;  // clang 14 cannot capture a structured binding
+    CAPTURE(key);
     CHECK((v.device() == b.device()));
     CHECK(torch::equal(v.to(kCpu), sa.at(k).to(kCpu)));
   }
@@ -96,7 +97,8 @@ TEST_CASE("CUDA: bf16 and fp16 training steps run, and a forced fp16 overflow sk
   CHECK((*t)->scaler().scale_value() == std::ldexp(1.0, 99));
   for (std::size_t i = 0; i < before.size(); ++i) CHECK(torch::equal((*t)->parameters()[i], before[i]));
   for (const auto& [k, v] : (*t)->optimizer().state()) {
-    CAPTURE(k);
+    const auto& key = k;  // clang 14 cannot capture a structured binding
+    CAPTURE(key);
     CHECK(torch::equal(v, state_before.at(k)));
   }
   // From a scale that fits, training goes on and the scale grows back by itself only after

@@ -200,7 +200,8 @@ TEST_CASE("fused SGD, Adam and AdamW give torch::optim's parameters and state, s
     const TensorMap a = (*fused)->state(), b = (*wrapped)->state();
     REQUIRE(a.size() == b.size());
     for (const auto& [name, t] : a) {
-      CAPTURE(name);
+      const auto& param = name;  // clang 14 cannot capture a structured binding
+      CAPTURE(param);
       REQUIRE(b.count(name));
       CHECK(max_rel_diff(t.to(at::kDouble), b.at(name).to(at::kDouble)) < 1e-6);
     }
@@ -248,7 +249,8 @@ TEST_CASE("a fused step with found_inf set changes no parameter, momentum, momen
       (*opt)->step(inf);
       for (std::size_t i = 0; i < ps.size(); ++i) CHECK(torch::equal(ps[i], before[i]));
       for (const auto& [k, v] : (*opt)->state()) {
-        CAPTURE(k);
+        const auto& key = k;  // clang 14 cannot capture a structured binding
+        CAPTURE(key);
         CHECK(torch::equal(v, state_before.at(k)));
       }
       (*opt)->step(at::zeros({}));  // and a clear flag steps

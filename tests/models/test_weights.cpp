@@ -34,7 +34,8 @@ TEST_CASE("a tensor archive round-trips names, dtypes, shapes and values") {
   REQUIRE(r.is_ok());
   REQUIRE(r->size() == m.size());
   for (const auto& [name, t] : m) {
-    INFO(name);
+    const auto& param = name;  // clang 14 cannot capture a structured binding
+    INFO(param);
     REQUIRE(r->count(name));
     const auto& u = r->at(name);
     CHECK((u.scalar_type() == t.scalar_type()));
@@ -135,7 +136,8 @@ torch.save({"model": sd, "epoch": 3}, sys.argv[2])
   REQUIRE_MESSAGE(load_into(*sam, *archive, /*strict=*/true).is_ok(), load_into(*sam, *archive).message());
   size_t i = 0;
   for (const auto& [name, t] : named_tensors(*sam)) {  // sorted, as Python's enumeration
-    INFO(name);
+    const auto& param = name;                          // clang 14 cannot capture a structured binding
+    INFO(param);
     auto expected =
         (torch::arange(t.numel(), torch::kDouble) * 1e-3 + static_cast<double>(i++)).reshape(t.sizes());
     expected = expected.to(torch::kFloat);  // the same rounding steps as the Python side

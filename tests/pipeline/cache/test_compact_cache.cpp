@@ -36,6 +36,20 @@ using namespace segflow;
 using namespace segflow::pipeline;
 using segflow::testing::TempDir;
 
+/// True in a build under AddressSanitizer (the asan preset): its allocator keeps freed memory
+/// in quarantine and adds red zones, so resident-set figures say nothing about segflow's own
+/// memory there; the RSS bounds below are checked only when this is false.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SEGFLOW_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(SEGFLOW_TEST_ASAN)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 namespace {
 
 const StageRegistry& reg() {
@@ -475,7 +489,15 @@ TEST_CASE(
   CHECK(spill["not_admitted"].get<std::int64_t>() >= 6);
   CHECK(spill["disk_hits"].get<std::int64_t>() >= 12);  // epochs 2 and 3 read the rest from disk
   CHECK(spill["decodes"] == 8);
-  for (const auto& g : spill["growth_mb"]) CHECK(g.get<double>() <= budget / double(1 << 20) + 8.0);
+  // Resident-set growth bounded by the budget (not measurable under ASan's allocator).
+  const auto check_growth = [&](const nlohmann::json& run) {
+    if (kAddressSanitizer) {
+      MESSAGE("ASan build: RSS growth not checked");
+      return;
+    }
+    for (const auto& g : run["growth_mb"]) CHECK(g.get<double>() <= budget / double(1 << 20) + 8.0);
+  };
+  check_growth(spill);
 
   // The memory cache alone: the cases past the budget are decoded again every epoch, and
   // the resident set stays as near the budget.
@@ -486,7 +508,7 @@ TEST_CASE(
   CHECK(memory["cache_bytes"].get<std::int64_t>() <= budget);
   CHECK(memory["disk_hits"] == 0);
   CHECK(memory["decodes"] == 8 + 2 * 6);  // epochs 2 and 3 decode the six uncached cases again
-  for (const auto& g : memory["growth_mb"]) CHECK(g.get<double>() <= budget / double(1 << 20) + 8.0);
+  check_growth(memory);
 
   // The same run with room for everything: the measurement sees what is cached.
   std::filesystem::remove_all(dir / "cache");

@@ -41,7 +41,8 @@ void check_equal(const Sample& a, const Sample& b) {
   CHECK(a.geometry.direction == b.geometry.direction);
   REQUIRE(a.tensors.size() == b.tensors.size());
   for (const auto& [k, t] : a.tensors) {
-    CAPTURE(k);
+    const auto& key = k;  // clang 14 cannot capture a structured binding
+    CAPTURE(key);
     REQUIRE(b.tensors.count(k) == 1);
     const at::Tensor& u = b.tensors.at(k);
     CHECK((t.scalar_type() == u.scalar_type()));

@@ -366,7 +366,8 @@ TEST_CASE(
   CHECK(torch::equal(ours, *sitk));
   std::size_t classes = 0;
   for (const auto& [value, count] : j["counts"].items()) {
-    CAPTURE(value);
+    const auto& label_value = value;  // clang 14 cannot capture a structured binding
+    CAPTURE(label_value);
     CHECK(ours.eq(std::stoi(value)).sum().item<std::int64_t>() == count.get<std::int64_t>());
     ++classes;
   }
