@@ -5,7 +5,8 @@
 # finding aborts the case (the build uses -fno-sanitize-recover), so a suite that passes
 # had none. Each suite runs in one process per suite with its segflow/segflowd binaries
 # (the daemon tests start the sanitized segflowd). Prints one JSON line per suite: seconds,
-# exit code, cases passed/failed, and the first sanitizer report when there is one.
+# exit code, cases passed/failed, the number of report files its processes wrote
+# (build-<preset>/sanitizer-reports/<suite>/) and the first report; any report fails the run.
 #
 # usage: scripts/sanitize.sh [asan|tsan|all] [SUITE ...]     (default: asan, its suites)
 #   SEGFLOW_SANITIZE_CASES_EXCLUDE   doctest -tce patterns for the models suite (default:
@@ -34,22 +35,40 @@ run_mode() {  # preset suites...
     local log="$build/sanitize-$s.log" args=()
     [[ $s == models ]] && args=(-tce="$models_exclude")
     local s0=$(date +%s)
+    # Every sanitized process of the suite (the test binary and the segflow/segflowd it
+    # starts) writes its reports to files here, so a finding in a child process is seen
+    # even when the test only sees that child die.
+    local reports="$build/sanitizer-reports/$s"
+    rm -rf "$reports"
+    mkdir -p "$reports"
     set +e
-    SEGFLOW_BIN="$PWD/$build/apps" OMP_NUM_THREADS=2 timeout 1800 "$build/tests/segflow_${s}_tests" "${args[@]}" \
+    ASAN_OPTIONS="$ASAN_OPTIONS:log_path=$PWD/$reports/report" UBSAN_OPTIONS="$UBSAN_OPTIONS:log_path=$PWD/$reports/report" \
+      TSAN_OPTIONS="$TSAN_OPTIONS:log_path=$PWD/$reports/report" \
+      SEGFLOW_BIN="$PWD/$build/apps" OMP_NUM_THREADS=2 timeout 1800 "$build/tests/segflow_${s}_tests" "${args[@]}" \
       > "$log" 2>&1
     local rc=$?
-    set -e
-    "$py" - "$preset" "$s" "$rc" "$(( $(date +%s) - s0 ))" "$log" <<'PY' | tee -a "$build/sanitize-results.jsonl"
-import json, re, sys
-preset, suite, rc, seconds, log = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    "$py" - "$preset" "$s" "$rc" "$(( $(date +%s) - s0 ))" "$log" "$reports" <<'PY' | tee -a "$build/sanitize-results.jsonl"
+import json, os, re, sys
+preset, suite, rc, seconds, log, reports = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 text = open(log, errors="replace").read()
 m = re.search(r"test cases:\s+(\d+) \|\s+(\d+) passed \|\s+(\d+) failed", text)
-rep = re.search(r"^(==\d+==ERROR: .*|SUMMARY: \w+Sanitizer: .*|WARNING: ThreadSanitizer: .*|.*runtime error: .*)$", text, re.M)
+files = sorted(os.path.join(reports, f) for f in os.listdir(reports))
+pat = re.compile(r"^(==\d+==ERROR: .*|SUMMARY: \w+Sanitizer: .*|WARNING: ThreadSanitizer: .*|.*runtime error: .*)$", re.M)
+first = None
+for t in [open(f, errors="replace").read() for f in files] + [text]:
+    rep = pat.search(t)
+    if rep:
+        first = rep.group(1)[:300]
+        break
 print(json.dumps({"sanitize": preset, "suite": suite, "rc": rc, "seconds": seconds,
                   "cases": int(m.group(1)) if m else None, "passed": int(m.group(2)) if m else None,
-                  "failed": int(m.group(3)) if m else None, "first_report": rep.group(1)[:300] if rep else None}))
+                  "failed": int(m.group(3)) if m else None, "report_files": len(files),
+                  "first_report": first}))
+sys.exit(1 if files else 0)
 PY
-    [[ $rc -eq 0 ]] || status=1
+    local found=${PIPESTATUS[0]}
+    set -e
+    [[ $rc -eq 0 && $found -eq 0 ]] || status=1
   done
 }
 

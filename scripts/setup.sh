@@ -18,6 +18,7 @@ debs=(
   libopenjp2-7-dev
   libinsighttoolkit5-dev  # ITK's NrrdIO and MetaIO libraries: NRRD and MetaImage files
   clang libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes: scripts/fuzz.sh, scripts/sanitize.sh
+  clang-tidy                # scripts/tidy.sh (CI runs it on the sources)
 )
 missing=()
 for p in "${debs[@]}"; do
