@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suites under sanitizers (clang): the asan preset (ASan + UBSan + LeakSanitizer,
 # build-asan/) runs the pipeline, models, actors, daemon and fuzz-replay suites; the tsan
-# preset (ThreadSanitizer, build-tsan/) runs the actors and daemon suites. A sanitizer
+# preset (ThreadSanitizer, build-tsan/) runs the actors and daemon suites (with Debian's
+# uninstrumented CAF, TSan reports every message hand-off between actors: README, Known limits). A sanitizer
 # finding aborts the case (the build uses -fno-sanitize-recover), so a suite that passes
 # had none. Each suite runs in one process per suite with its segflow/segflowd binaries
 # (the daemon tests start the sanitized segflowd). Prints one JSON line per suite: seconds,
