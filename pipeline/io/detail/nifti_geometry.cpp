@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 
 namespace segflow::pipeline::detail {
 
@@ -220,17 +221,23 @@ Result<NiftiGeometry> nifti_to_geometry(const NiftiHeader& h, const std::string&
     out.geometry.spacing = pix;
     out.source = NiftiTransform::pixdim;
   }
-  // A finite transform can still overflow to an infinite or zero column length (found by
-  // fuzzing: tests/fuzz/regressions/nifti/).
+  // A finite transform can still overflow to an infinite column length, or scale a column
+  // below what normalize_columns can take apart (found by fuzzing: tests/fuzz/regressions/nifti/).
   static const char* kField[] = {"pixdim/srow_x", "pixdim/srow_y", "pixdim/srow_z"};
+  constexpr double kMinSpacing = 1e-12;  // mm; normalize_columns' own limit
   for (int i = 0; i < 3; ++i) {
     const double sp = out.geometry.spacing[i], o = out.geometry.origin[i];
-    if (!(std::isfinite(sp) && sp > 0))
-      return corrupt_data(file + ": " + kField[i] + ": expected a finite voxel spacing > 0 mm, got " +
-                          std::to_string(sp));
+    if (!(std::isfinite(sp) && sp > kMinSpacing)) {
+      char got[32];
+      std::snprintf(got, sizeof got, "%g", sp);
+      return corrupt_data(file + ": " + kField[i] + ": expected a finite voxel spacing above 1e-12 mm, got " +
+                          got);
+    }
     if (!std::isfinite(o))
       return corrupt_data(file + ": qoffset/srow offset: expected a finite origin, got " + std::to_string(o));
   }
+  if (!orthonormal(out.geometry.direction, 1e-3))
+    return corrupt_data(file + ": quatern_b/c/d or srow_x/y/z: the transform gives no orthonormal direction");
   return out;
 }
 

@@ -657,6 +657,9 @@ TEST_CASE("impossible NIfTI headers are errors naming the file and the field") {
       {"datatype.nii", "datatype", [](std::string& b) { patch<std::int16_t>(b, 70, 17); }},
       {"pixdim.nii", "pixdim[1]", [](std::string& b) { patch<float>(b, 80, 0.0f); }},
       {"pixdim_neg.nii", "pixdim[3]", [](std::string& b) { patch<float>(b, 88, -2.0f); }},
+      // A spacing too small to take the qform's columns apart (found by fuzzing).
+      {"pixdim_tiny.nii", "pixdim/srow_z: expected a finite voxel spacing above 1e-12 mm",
+       [](std::string& b) { patch<float>(b, 88, 1e-30f); }},
       {"vox_offset.nii", "vox_offset", [](std::string& b) { patch<float>(b, 108, 100.0f); }},
       {"scl_inter.nii", "scl_inter",
        [](std::string& b) {
