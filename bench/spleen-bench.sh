@@ -45,7 +45,9 @@ emit() { tee -a "$work/all.jsonl"; }
 # A 1-epoch training run makes the dataset and the split both sides use.
 "$segflow" train "$cfg" "${sets[@]}" --set train.epochs=1 --set train.val_interval=0 > "$work/prep.log" 2>&1 ||
   { cat "$work/prep.log" >&2; exit 1; }
-split="$(ls -d "$work"/runs/*/ | head -1)split.json"
+# Kept outside runs/, which the time-to-Dice part below empties before training again.
+cp "$(ls -d "$work"/runs/*/ | head -1)split.json" "$work/split.json"
+split="$work/split.json"
 
 # 1. Samples per second.
 "$segflow" bench "$cfg" --json --epochs "$epochs" --loaders actors "${sets[@]}" 2>"$work/bench.err" | emit ||
