@@ -27,11 +27,14 @@ bool all_finite(const Mat3& m) {
   return std::all_of(m.begin(), m.end(), [](double v) { return std::isfinite(v); });
 }
 
+/// The shortest column (voxel spacing, mm) that normalize_columns takes apart.
+constexpr double kMinColumnNorm = 1e-12;
+
 /// m with each column divided by its norm; false when a column is (nearly) zero.
 bool normalize_columns(const Mat3& m, Mat3& out, std::array<double, 3>& norms) {
   for (int c = 0; c < 3; ++c) {
     norms[c] = column_norm(m, c);
-    if (!(norms[c] > 1e-12)) return false;
+    if (!(norms[c] > kMinColumnNorm)) return false;
     for (int r = 0; r < 3; ++r) at(out, r, c) = at(m, r, c) / norms[c];
   }
   return true;
@@ -224,10 +227,9 @@ Result<NiftiGeometry> nifti_to_geometry(const NiftiHeader& h, const std::string&
   // A finite transform can still overflow to an infinite column length, or scale a column
   // below what normalize_columns can take apart (found by fuzzing: tests/fuzz/regressions/nifti/).
   static const char* kField[] = {"pixdim/srow_x", "pixdim/srow_y", "pixdim/srow_z"};
-  constexpr double kMinSpacing = 1e-12;  // mm; normalize_columns' own limit
   for (int i = 0; i < 3; ++i) {
     const double sp = out.geometry.spacing[i], o = out.geometry.origin[i];
-    if (!(std::isfinite(sp) && sp > kMinSpacing)) {
+    if (!(std::isfinite(sp) && sp > kMinColumnNorm)) {
       char got[32];
       std::snprintf(got, sizeof got, "%g", sp);
       return corrupt_data(file + ": " + kField[i] + ": expected a finite voxel spacing above 1e-12 mm, got " +
