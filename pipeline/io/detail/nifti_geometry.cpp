@@ -146,8 +146,19 @@ void matrix_to_quatern(Mat3 r, double& qb, double& qc, double& qd, double& qfac)
   qd = d;
 }
 
+/// The error for a voxel spacing (a transform column's length) that is not finite or too short.
+Status spacing_error(const std::string& file, int axis, double spacing) {
+  static const char* kField[] = {"pixdim/srow_x", "pixdim/srow_y", "pixdim/srow_z"};
+  char got[32];
+  std::snprintf(got, sizeof got, "%g", spacing);
+  return corrupt_data(file + ": " + kField[axis] + ": expected a finite voxel spacing above 1e-12 mm, got " +
+                      got);
+}
+
 /// Geometry of a RAS affine (3x3 part and offset): flip to LPS, split spacing and direction.
-Geometry from_ras(const Mat3& ras, const std::array<double, 3>& offset, bool make_rotation) {
+/// A column too short to split is refused here, naming its axis.
+Result<Geometry> from_ras(const Mat3& ras, const std::array<double, 3>& offset, bool make_rotation,
+                          const std::string& file) {
   Mat3 lps = ras;
   for (int c = 0; c < 3; ++c) {
     at(lps, 0, c) = -at(lps, 0, c);
@@ -157,7 +168,9 @@ Geometry from_ras(const Mat3& ras, const std::array<double, 3>& offset, bool mak
   g.origin = {-offset[0], -offset[1], offset[2]};
   Mat3 dir{};
   std::array<double, 3> norms{};
-  normalize_columns(lps, dir, norms);
+  if (!normalize_columns(lps, dir, norms))
+    for (int c = 0; c < 3; ++c)
+      if (!(norms[c] > kMinColumnNorm)) return spacing_error(file, c, norms[c]);
   if (make_rotation) dir = nearest_rotation(dir);
   g.spacing = norms;
   g.direction = dir;
@@ -202,7 +215,7 @@ Result<NiftiGeometry> nifti_to_geometry(const NiftiHeader& h, const std::string&
 
   NiftiGeometry out;
   if (s_rigid && (!q_present || s_scales_match)) {
-    out.geometry = from_ras(s, s_off, false);
+    SEGFLOW_ASSIGN_OR_RETURN(out.geometry, from_ras(s, s_off, false, file));
     out.source = NiftiTransform::sform;
   } else if (q_present) {
     const double q[6] = {h.quatern_b, h.quatern_c, h.quatern_d, h.qoffset_x, h.qoffset_y, h.qoffset_z};
@@ -212,10 +225,10 @@ Result<NiftiGeometry> nifti_to_geometry(const NiftiHeader& h, const std::string&
                             std::to_string(h.qform_code) + ", got a NaN or infinity");
     const Mat3 m =
         quatern_to_matrix(h.quatern_b, h.quatern_c, h.quatern_d, pix[0], pix[1], pix[2], h.pixdim[0]);
-    out.geometry = from_ras(m, {h.qoffset_x, h.qoffset_y, h.qoffset_z}, false);
+    SEGFLOW_ASSIGN_OR_RETURN(out.geometry, from_ras(m, {h.qoffset_x, h.qoffset_y, h.qoffset_z}, false, file));
     out.source = NiftiTransform::qform;
   } else if (s_usable) {
-    out.geometry = from_ras(s, s_off, true);
+    SEGFLOW_ASSIGN_OR_RETURN(out.geometry, from_ras(s, s_off, true, file));
     out.source = NiftiTransform::sform;
   } else if (h.sform_code > 0) {
     return corrupt_data(file + ": srow_x/srow_y/srow_z: sform_code " + std::to_string(h.sform_code) +
@@ -224,17 +237,11 @@ Result<NiftiGeometry> nifti_to_geometry(const NiftiHeader& h, const std::string&
     out.geometry.spacing = pix;
     out.source = NiftiTransform::pixdim;
   }
-  // A finite transform can still overflow to an infinite column length, or scale a column
-  // below what normalize_columns can take apart (found by fuzzing: tests/fuzz/regressions/nifti/).
-  static const char* kField[] = {"pixdim/srow_x", "pixdim/srow_y", "pixdim/srow_z"};
+  // A finite transform can still overflow to an infinite column length, and pixdim alone can
+  // be tiny (found by fuzzing: tests/fuzz/regressions/nifti/).
   for (int i = 0; i < 3; ++i) {
     const double sp = out.geometry.spacing[i], o = out.geometry.origin[i];
-    if (!(std::isfinite(sp) && sp > kMinColumnNorm)) {
-      char got[32];
-      std::snprintf(got, sizeof got, "%g", sp);
-      return corrupt_data(file + ": " + kField[i] + ": expected a finite voxel spacing above 1e-12 mm, got " +
-                          got);
-    }
+    if (!(std::isfinite(sp) && sp > kMinColumnNorm)) return spacing_error(file, i, sp);
     if (!std::isfinite(o))
       return corrupt_data(file + ": qoffset/srow offset: expected a finite origin, got " + std::to_string(o));
   }
