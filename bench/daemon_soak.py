@@ -13,6 +13,9 @@ Prints JSON lines:
 
 usage: daemon_soak.py [--clients 4] [--seconds 60] [--max-requests 200000] [--epochs 6]
                       [--cases 8] [--size 48] [--malformed-every 25] [--drop-every 5]
+                      [--skip-quiet] [--no-job] [--malloc-arena-max N]
+  --skip-quiet and --no-job split the RSS question: serving alone, or the job alone
+  (--clients 0 --drop-every 1e9), without the job-alone phases around the loaded one.
 Needs the built segflow and segflowd (SEGFLOW_BIN, default build/apps) and pyzmq.
 """
 import argparse
@@ -122,6 +125,12 @@ def main():
     ap.add_argument("--malformed-every", type=int, default=25, help="every Nth request of a client is malformed")
     ap.add_argument("--drop-every", type=float, default=5.0, help="seconds between cases dropped into the folder")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    ap.add_argument("--skip-quiet", action="store_true",
+                    help="no job-alone phases before and after (no samples/s ratio; for RSS runs)")
+    ap.add_argument("--malloc-arena-max", type=int, default=None,
+                    help="the daemon config's malloc_arena_max (default: the daemon's own, 2; 0 = glibc's)")
+    ap.add_argument("--no-job", action="store_true",
+                    help="the loaded phase runs for --seconds with no job training (RSS of serving alone)")
     a = ap.parse_args()
     bindir = os.environ.get("SEGFLOW_BIN", os.path.join(ROOT, "build", "apps"))
     segflow, segflowd = os.path.join(bindir, "segflow"), os.path.join(bindir, "segflowd")
@@ -140,6 +149,8 @@ def main():
     with open(os.path.join(work, "daemon.yaml"), "w") as f:
         f.write(f"data_root: {data_root}\nstate_dir: {state}\ncontrol: {endpoint}\n"
                 f"events: tcp://127.0.0.1:{free_port()}\nrescan_interval_s: 5\nsettle_s: 1\nlog_level: warn\n")
+        if a.malloc_arena_max is not None:
+            f.write(f"malloc_arena_max: {a.malloc_arena_max}\n")
     log = open(os.path.join(work, "segflowd.log"), "w")
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     daemon = subprocess.Popen([segflowd, "--config", os.path.join(work, "daemon.yaml")], stdout=log, stderr=log,
@@ -148,7 +159,7 @@ def main():
     try:
         ctl = Client(ctx, endpoint)
         t0 = time.time()
-        while not (ctl.call({"cmd": "ping"}) or {}).get("ok"):
+        while not (pong := ctl.call({"cmd": "ping"}) or {}).get("ok"):
             if time.time() - t0 > 60 or daemon.poll() is not None:
                 raise SystemExit("daemon_soak: segflowd did not answer; see " + log.name)
             time.sleep(0.2)
@@ -165,10 +176,12 @@ def main():
             return wait_job(ctl, jid, time.time() + 3600)
 
         # Phase 1: the job alone.
-        quiet = run_job("soak-quiet")
-        quiet_rate, quiet_epochs = job_rate(quiet)
-        print(json.dumps({"bench": "daemon_soak_job", "phase": "quiet", "samples_per_s": quiet_rate,
-                          "epochs": quiet_epochs, "state": quiet["state"]}), flush=True)
+        quiet_rate = None
+        if not a.skip_quiet:
+            quiet = run_job("soak-quiet")
+            quiet_rate, quiet_epochs = job_rate(quiet)
+            print(json.dumps({"bench": "daemon_soak_job", "phase": "quiet", "samples_per_s": quiet_rate,
+                              "epochs": quiet_epochs, "state": quiet["state"]}), flush=True)
 
         # Phase 2: the same job with clients hammering the control socket and cases arriving.
         stop = threading.Event()
@@ -239,25 +252,31 @@ def main():
                 t.start()
             deadline = t_start + a.seconds
             while time.time() < deadline and not stop.is_set():
-                r = ctl.call({"cmd": "status", "job": jid})
-                if r and r.get("ok") and r["job"]["state"] in ("completed", "failed", "stopped"):
-                    break
+                if jid is not None:
+                    r = ctl.call({"cmd": "status", "job": jid})
+                    if r and r.get("ok") and r["job"]["state"] in ("completed", "failed", "stopped"):
+                        break
                 time.sleep(0.5)
             stop.set()
             for t in threads:
                 t.join()
             loaded_job["seconds"] = time.time() - t_start
 
-        loaded = run_job("soak-loaded", during)
-        loaded_rate, loaded_epochs = job_rate(loaded)
-        print(json.dumps({"bench": "daemon_soak_job", "phase": "loaded", "samples_per_s": loaded_rate,
-                          "epochs": loaded_epochs, "state": loaded["state"]}), flush=True)
-        # Phase 3: alone again, so machine drift shows instead of landing in the ratio.
-        quiet2 = run_job("soak-quiet2")
-        quiet2_rate, _ = job_rate(quiet2)
-        print(json.dumps({"bench": "daemon_soak_job", "phase": "quiet_after", "samples_per_s": quiet2_rate,
-                          "state": quiet2["state"]}), flush=True)
-        quiet_rate = (quiet_rate + quiet2_rate) / 2
+        loaded_rate = None
+        if a.no_job:
+            during(None)
+        else:
+            loaded = run_job("soak-loaded", during)
+            loaded_rate, loaded_epochs = job_rate(loaded)
+            print(json.dumps({"bench": "daemon_soak_job", "phase": "loaded", "samples_per_s": loaded_rate,
+                              "epochs": loaded_epochs, "state": loaded["state"]}), flush=True)
+        if not a.skip_quiet:
+            # Phase 3: alone again, so machine drift shows instead of landing in the ratio.
+            quiet2 = run_job("soak-quiet2")
+            quiet2_rate, _ = job_rate(quiet2)
+            print(json.dumps({"bench": "daemon_soak_job", "phase": "quiet_after", "samples_per_s": quiet2_rate,
+                              "state": quiet2["state"]}), flush=True)
+            quiet_rate = (quiet_rate + quiet2_rate) / 2
         for t, m in rss:
             print(json.dumps({"bench": "daemon_soak_rss", "t_s": round(t, 2), "rss_mb": round(m, 1)}))
         time.sleep(2 * 5 + 2)  # one rescan interval and settle: the last dropped cases get indexed
@@ -287,7 +306,8 @@ def main():
             "malformed_answered": counts["malformed_answered"], "no_reply": counts["lost"],
             "job_samples_per_s_quiet": quiet_rate, "job_samples_per_s_loaded": loaded_rate,
             "samples_per_s": loaded_rate, "step_ms": None,
-            "loaded_over_quiet": loaded_rate / quiet_rate if quiet_rate else None,
+            "loaded_over_quiet": loaded_rate / quiet_rate if quiet_rate and loaded_rate else None,
+            "job": not a.no_job, "malloc_arena_max": pong.get("malloc_arena_max"),
             "rss_mb_first": rss[0][1] if rss else None, "rss_mb_last": rss[-1][1] if rss else None,
             "rss_mb_max": max(m for _, m in rss) if rss else None,
             "rss_mb_second_half_max": max(half) if half else None,

@@ -250,6 +250,7 @@ json ControlHandler::dispatch(const json& req) {
                      {"events", cfg_.events},
                      {"state_dir", cfg_.state_dir.string()},
                      {"data_root", cfg_.data_root.string()},
+                     {"malloc_arena_max", cfg_.malloc_arena_max},
                      {"devices", jobs_.devices()}});
   }
   if (cmd == "dicom") {

@@ -1,6 +1,9 @@
 #include "actors/daemon/daemon.hpp"
 
 #include <fcntl.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -15,6 +18,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -43,6 +47,29 @@ std::atomic<int> g_stop_requests{0};
 void on_stop_signal(int) { request_daemon_stop(); }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+/// Caps glibc's malloc arenas before the daemon's threads start. With glibc's default (8 per
+/// core) the control threads and a training job's threads each kept memory in arenas of their
+/// own, and RSS climbed for as long as both ran (bench/daemon_soak.py, bench/RESULTS.md).
+/// MALLOC_ARENA_MAX in the environment wins (glibc has read it already); the value in effect
+/// is written back to cfg so that `ping` reports it.
+void apply_malloc_arena_max(DaemonConfig& cfg) {
+  if (const char* env = std::getenv("MALLOC_ARENA_MAX"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long long n = std::strtoll(env, &end, 10);
+    cfg.malloc_arena_max = (end != env && n > 0) ? n : 0;
+    return;
+  }
+#if defined(__GLIBC__)
+  if (cfg.malloc_arena_max > 0 && ::mallopt(M_ARENA_MAX, static_cast<int>(cfg.malloc_arena_max)) != 1) {
+    log::warn("malloc_arena_max: glibc refused " + std::to_string(cfg.malloc_arena_max) +
+              "; its default stays");
+    cfg.malloc_arena_max = 0;
+  }
+#else
+  cfg.malloc_arena_max = 0;
+#endif
+}
 
 /// The PUB socket, shared by the job threads.
 class Publisher {
@@ -121,6 +148,7 @@ void request_daemon_stop() noexcept { g_stop_requests.fetch_add(1); }
 int run_daemon(DaemonConfig cfg) {
   g_stop_requests.store(0);
   if (Status st = finalize_daemon_config(cfg); !st.is_ok()) return start_failure(st.message());
+  apply_malloc_arena_max(cfg);
   log::Level level = log::Level::info;
   if (log::parse_level(cfg.log_level, level)) log::set_level(level);
 

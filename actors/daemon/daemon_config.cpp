@@ -90,6 +90,8 @@ void DaemonConfig::bind(OptionParser& p) {
   p.number("rescan_interval_s", rescan_interval_s, Range::positive(), "s", "period of the full rescan");
   p.number("settle_s", settle_s, Range::positive(), "s", "a file whose size stays put this long is complete");
   p.choice("log_level", log_level, {"trace", "debug", "info", "warn", "error", "off"}, "log verbosity");
+  p.integer("malloc_arena_max", malloc_arena_max, Range::closed(0, 1024), "arenas",
+            "glibc malloc arenas; 0 = glibc's default; MALLOC_ARENA_MAX in the environment wins");
   p.section("curve", curve, "ZeroMQ CURVE keys of the server", "key");
   p.section("dicom", dicom, "DICOM storage node and result sender (actors/daemon/dicom_config.hpp)", "key");
   json rules = json::array();

@@ -13,6 +13,7 @@
 //   rescan_interval_s: 10          # periodic full rescan (inotify fallback)
 //   settle_s: 1                    # a file whose size stays put this long is complete
 //   log_level: info
+//   malloc_arena_max: 2            # glibc malloc arenas; 0 = glibc's default (8 per core)
 //   curve: {server_secret_key_file, server_public_key_file, authorized_clients_dir}
 //   dicom: {port, ae_title, dataset, allowed_calling_aes, ...}   # actors/daemon/dicom_config.hpp
 //   auto_infer:                    # models run on each new case of a dataset (auto_infer.hpp)
@@ -70,6 +71,9 @@ struct DaemonConfig {
   double rescan_interval_s = 10.0;               ///< full rescan period in seconds, > 0
   double settle_s = 1.0;                         ///< seconds between size-stability checks, > 0
   std::string log_level = "info";                ///< trace|debug|info|warn|error|off
+  /// glibc malloc arenas (mallopt M_ARENA_MAX) set before the daemon's threads start; 0 keeps
+  /// glibc's default. The MALLOC_ARENA_MAX environment variable, when set, wins.
+  std::int64_t malloc_arena_max = 2;
   CurveSettings curve;
   DicomSettings dicom;                    ///< DICOM storage node and result sender; off by default
   std::vector<AutoInferRule> auto_infer;  ///< models run on new cases; at most one per dataset

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 
@@ -425,4 +426,38 @@ TEST_CASE("segflowd refuses a non-loopback control address without CURVE keys an
   r = run_command(shell_quote(segflowd_bin()) + " --config " + shell_quote(s.config.string()) + " 2>&1");
   CHECK(r.exit_code == 2);
   CHECK_MESSAGE(r.out.find("bogus: unknown key") != std::string::npos, r.out);
+}
+
+TEST_CASE("segflowd caps glibc's malloc arenas at malloc_arena_max and MALLOC_ARENA_MAX wins") {
+  // The soak (bench/daemon_soak.py) showed RSS climbing with glibc's default arenas while
+  // control clients and a job ran together; the daemon sets the cap before its threads start
+  // and reports the value in effect in `ping`.
+  Setup s;
+  s.write_config("malloc_arena_max: -1\n");
+  auto bad =
+      run_command(shell_quote(segflowd_bin()) + " --config " + shell_quote(s.config.string()) + " 2>&1");
+  CHECK(bad.exit_code == 2);
+  CHECK_MESSAGE(
+      bad.out.find("malloc_arena_max: expected an integer in [0, 1024], got -1") != std::string::npos,
+      bad.out);
+  struct Case {
+    std::string config_line;
+    const char* env;  ///< MALLOC_ARENA_MAX for the daemon; nullptr = unset
+    std::int64_t expect;
+  };
+  const Case cases[] = {{"", nullptr, 2},
+                        {"malloc_arena_max: 3\n", nullptr, 3},
+                        {"malloc_arena_max: 0\n", nullptr, 0},
+                        {"malloc_arena_max: 3\n", "5", 5}};
+  for (const auto& c : cases) {
+    CAPTURE(c.config_line);
+    s.write_config(c.config_line);
+    if (c.env != nullptr) ::setenv("MALLOC_ARENA_MAX", c.env, 1);
+    auto d = s.start();
+    ::unsetenv("MALLOC_ARENA_MAX");
+    json r = ok(s.control, {{"cmd", "ping"}});
+    CHECK(r["malloc_arena_max"] == c.expect);
+    ok(s.control, {{"cmd", "shutdown"}});
+    CHECK(d->wait_exit(60) == 0);
+  }
 }
