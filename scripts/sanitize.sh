@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test suites under sanitizers (clang): the asan preset (ASan + UBSan + LeakSanitizer,
 # build-asan/) runs the pipeline, models, actors, daemon and fuzz-replay suites; the tsan
-# preset (ThreadSanitizer, build-tsan/) runs the actors and daemon suites (with Debian's
-# uninstrumented CAF, TSan reports every message hand-off between actors: README, Known limits). A sanitizer
+# preset (ThreadSanitizer, build-tsan/) runs the actors and daemon suites against a CAF built
+# with TSan (scripts/build-caf-tsan.sh, run on first use: about 5 minutes). A sanitizer
 # finding aborts the case (the build uses -fno-sanitize-recover), so a suite that passes
 # had none. Each suite runs in one process per suite with its segflow/segflowd binaries
 # (the daemon tests start the sanitized segflowd). Prints one JSON line per suite: seconds,
@@ -24,8 +24,19 @@ run_mode() {  # preset suites...
   local preset=$1
   shift
   local build="build-$preset" suites=("$@")
-  [[ -f $build/build.ninja ]] || cmake --preset "$preset" > "$build.configure.log" 2>&1 ||
-    { cat "$build.configure.log"; exit 2; }
+  if [[ $preset == tsan ]]; then
+    # ThreadSanitizer needs CAF itself instrumented (scripts/build-caf-tsan.sh: Debian's own
+    # 0.17.6 source, built once and cached); with Debian's uninstrumented libcaf_core every
+    # message hand-off between actors is reported as a race.
+    local caf
+    caf="$(bash scripts/build-caf-tsan.sh)" || exit 2
+    cmake --preset tsan -DCAF_INCLUDE_DIR="$caf/include" -DCAF_CORE_LIBRARY="$caf/lib/libcaf_core.so" \
+      -DCAF_IO_LIBRARY="$caf/lib/libcaf_io.so" > "$build.configure.log" 2>&1 ||
+      { cat "$build.configure.log"; exit 2; }
+  else
+    [[ -f $build/build.ninja ]] || cmake --preset "$preset" > "$build.configure.log" 2>&1 ||
+      { cat "$build.configure.log"; exit 2; }
+  fi
   local targets=(segflow segflowd)
   for s in "${suites[@]}"; do targets+=("segflow_${s}_tests"); done
   local t0=$(date +%s)
