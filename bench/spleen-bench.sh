@@ -9,10 +9,13 @@
 # Full size (the config as shipped: 32 cases of 160^2, 96^3 crops, 160^3 windows) needs a GPU;
 # on a CPU pass a reduced size, e.g. `bench/spleen-bench.sh --size 64 --crop 48 --roi 64 --cases 8`.
 # usage: bench/spleen-bench.sh [--size S] [--crop C] [--roi R] [--cases N] [--epochs E]
-#                              [--target DICE --max-epochs M --val VAL] [--device D] [--out DIR]
+#                              [--target DICE --max-epochs M --val VAL] [--seed S] [--device D] [--out DIR]
+# --seed sets segflow's `seed` (its split of the cases, weights, crops, augmentation) and MONAI's
+# set_determinism; MONAI trains on segflow's split, so both sides share it for every seed; the
+# synthetic data stay the same.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-size=160 crop=96 roi=160 cases=32 epochs=3 target="" max_epochs=300 val=10 device="" out=""
+size=160 crop=96 roi=160 cases=32 epochs=3 target="" max_epochs=300 val=10 seed=0 device="" out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --size) size=$2; shift 2 ;;
@@ -23,6 +26,7 @@ while [ $# -gt 0 ]; do
     --target) target=$2; shift 2 ;;
     --max-epochs) max_epochs=$2; shift 2 ;;
     --val) val=$2; shift 2 ;;
+    --seed) seed=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "spleen-bench.sh: unknown argument $1 (see the usage at the top of the script)" >&2; exit 2 ;;
@@ -39,7 +43,7 @@ cfg=configs/spleen-ct-unet3d.yaml
 # Stage 6 of the config is rand_crop_pos_neg.
 sets=(--set data.root="$work/data" --set data.synth.size="$size" --set data.synth.cases="$cases"
       --set "stages.6.options.spatial_size=[$crop, $crop, $crop]" --set "validation.roi_size=[$roi, $roi, $roi]"
-      --set train.device="$device" --set output.runs_dir="$work/runs")
+      --set train.device="$device" --set output.runs_dir="$work/runs" --set seed="$seed")
 emit() { tee -a "$work/all.jsonl"; }
 
 # A 1-epoch training run makes the dataset and the split both sides use.
@@ -78,7 +82,7 @@ print(json.dumps({"bench": "time_to_dice", "name": "segflow_spleen", "target_dic
                   "best_dice": best, "history": history}))
 PY
   "$py" bench/baselines/monai_spleen_fast.py --data "$work/data" --split "$split" --crop "$crop" --roi "$roi" \
-    --target-dice "$target" --max-epochs "$max_epochs" --val-interval "$val" --device "$device" \
+    --target-dice "$target" --max-epochs "$max_epochs" --val-interval "$val" --device "$device" --seed "$seed" \
     2>"$work/monai-ttd.err" | emit || { cat "$work/monai-ttd.err" >&2; exit 1; }
 fi
 

@@ -111,15 +111,16 @@ def main():
     ap.add_argument("--cache-device", help="where the deterministic cache lives (default: --device)")
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
     ap.add_argument("--cache-workers", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0, help="weights, crops and augmentation (the data stay)")
     a = ap.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
+    torch.manual_seed(a.seed)
     from monai.data import CacheDataset, DataLoader, ThreadDataLoader, set_track_meta
     from monai.losses import DiceCELoss
     from monai.utils import set_determinism
 
-    set_determinism(seed=0)
+    set_determinism(seed=a.seed)
     dev = torch.device(a.device)
     cache_dev = torch.device(a.cache_device or a.device)
     items = cases(a.data)
