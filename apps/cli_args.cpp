@@ -1,6 +1,8 @@
 #include "apps/cli_args.hpp"
 
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 namespace segflow::apps {
@@ -47,6 +49,17 @@ Result<long long> parse_int(const std::string& option, const std::string& text) 
   if (text.empty() || errno != 0 || end == nullptr || *end != '\0')
     return invalid_argument(option + ": expected an integer, got '" + text + "'");
   return v;
+}
+
+std::string clock_text(double s) {
+  if (!std::isfinite(s) || s < 0) return "--:--";
+  const long t = std::lround(s);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
+  return buf;
 }
 
 }  // namespace segflow::apps

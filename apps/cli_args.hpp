@@ -1,6 +1,7 @@
 #pragma once
 // Minimal command-line parsing for segflow's subcommands: positionals, `--key value`,
-// `--key=value`, repeatable keys and boolean flags. Unknown options are errors.
+// `--key=value`, repeatable keys and boolean flags. Unknown options are errors. Also the
+// clock the progress lines of train and infer print.
 
 #include <map>
 #include <set>
@@ -37,5 +38,9 @@ Result<Args> parse_args(int argc, char** argv, int first, const std::set<std::st
 
 /// Parses an integer option, naming it in the error ("--cases: expected an integer, got 'x'").
 Result<long long> parse_int(const std::string& option, const std::string& text);
+
+/// Seconds as a progress line's clock: "mm:ss", "h:mm:ss" from an hour on, "--:--" when not
+/// known (negative or not finite).
+std::string clock_text(double seconds);
 
 }  // namespace segflow::apps

@@ -17,17 +17,6 @@ namespace segflow::apps {
 
 namespace {
 
-std::string clock_text(double s) {
-  if (!std::isfinite(s) || s < 0) return "--:--";
-  const long t = std::lround(s);
-  char buf[32];
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
-  return buf;
-}
-
 /// Progress on stderr: an updating bar on a terminal, a plain line per case otherwise.
 class ProgressBar {
  public:

@@ -23,17 +23,6 @@ namespace segflow::apps {
 
 namespace {
 
-std::string clock_text(double s) {
-  if (!std::isfinite(s) || s < 0) return "--:--";
-  const long t = std::lround(s);
-  char buf[32];
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%02ld:%02ld", t / 60, t % 60);
-  return buf;
-}
-
 /// The progress bar of `segflow train`: one updating line on a terminal (a line per epoch
 /// otherwise), with epoch, step, loss, samples/s and ETA; a line per validation.
 class ProgressObserver : public models::TrainObserver {

@@ -422,13 +422,7 @@ std::string orientation_letters(const Geometry& g) {
 Status write_metaimage_impl(const fs::path& path, const Image& image, const MetaImageWriteOptions& o) {
   const std::string file = path.string();
   if (!is_metaimage_path(path)) return invalid_argument(file + ": expected a .mha or .mhd name");
-  if (!image.voxels.defined())
-    return invalid_argument(file + ": voxels: expected a tensor, got an undefined one");
-  at::Tensor v = image.voxels;
-  if (v.dim() == 3) v = v.unsqueeze(0);
-  if (v.dim() != 4)
-    return invalid_argument(file + ": voxels: expected (C, Z, Y, X) or (Z, Y, X), got " +
-                            std::to_string(v.dim()) + " dimensions");
+  SEGFLOW_ASSIGN_OR_RETURN(at::Tensor v, detail::voxels_to_write(image, file));
   const MET_ValueEnumType met = met_type(v.scalar_type());
   if (met == MET_NONE)
     return unsupported(file + ": voxels: dtype " + std::string(c10::toString(v.scalar_type())) +

@@ -16,6 +16,7 @@
 #include "messages/file_util.hpp"
 #include "pipeline/io/detail/nifti_geometry.hpp"
 #include "pipeline/io/detail/nifti_header.hpp"
+#include "pipeline/io/detail/volume_io.hpp"
 
 namespace segflow::pipeline {
 
@@ -312,13 +313,7 @@ Result<WriteType> write_type(at::ScalarType s, const std::string& file) {
 
 Status write_nifti_impl(const fs::path& path, const Image& image) {
   const std::string file = path.string();
-  if (!image.voxels.defined())
-    return invalid_argument(file + ": voxels: expected a tensor, got an undefined one");
-  at::Tensor v = image.voxels;
-  if (v.dim() == 3) v = v.unsqueeze(0);
-  if (v.dim() != 4)
-    return invalid_argument(file + ": voxels: expected (C, Z, Y, X) or (Z, Y, X), got " +
-                            std::to_string(v.dim()) + " dimensions");
+  SEGFLOW_ASSIGN_OR_RETURN(at::Tensor v, detail::voxels_to_write(image, file));
   SEGFLOW_ASSIGN_OR_RETURN(WriteType wt, write_type(v.scalar_type(), file));
   v = v.to(torch::kCPU).to(wt.stored).contiguous();
 

@@ -363,13 +363,7 @@ at::ScalarType stored_type(int t) { return torch_type(t); }
 Status write_nrrd_impl(const fs::path& path, const Image& image, const NrrdWriteOptions& o) {
   const std::string file = path.string();
   if (!is_nrrd_path(path)) return invalid_argument(file + ": expected a .nrrd or .nhdr name");
-  if (!image.voxels.defined())
-    return invalid_argument(file + ": voxels: expected a tensor, got an undefined one");
-  at::Tensor v = image.voxels;
-  if (v.dim() == 3) v = v.unsqueeze(0);
-  if (v.dim() != 4)
-    return invalid_argument(file + ": voxels: expected (C, Z, Y, X) or (Z, Y, X), got " +
-                            std::to_string(v.dim()) + " dimensions");
+  SEGFLOW_ASSIGN_OR_RETURN(at::Tensor v, detail::voxels_to_write(image, file));
   const int type = nrrd_type(v.scalar_type());
   if (type == nrrdTypeUnknown)
     return unsupported(file + ": voxels: dtype " + std::string(c10::toString(v.scalar_type())) +

@@ -191,7 +191,7 @@ Result<NiftiGeometry> nifti_to_geometry(const NiftiHeader& h, const std::string&
     for (int c = 0; c < 3; ++c) at(s, r, c) = h.srow[r][c];
     s_off[r] = h.srow[r][3];
   }
-  if (nd == 2 && column_norm(s, 2) < 1e-12) {
+  if (nd == 2 && column_norm(s, 2) < kMinColumnNorm) {
     // A 2D image may leave the slice axis of its sform empty: complete it by the cross product.
     const double n0 = column_norm(s, 0), n1 = column_norm(s, 1);
     if (n0 > 0 && n1 > 0) {

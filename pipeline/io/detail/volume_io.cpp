@@ -6,6 +6,17 @@
 
 namespace segflow::pipeline::detail {
 
+Result<at::Tensor> voxels_to_write(const Image& image, const std::string& file) {
+  if (!image.voxels.defined())
+    return invalid_argument(file + ": voxels: expected a tensor, got an undefined one");
+  at::Tensor v = image.voxels;
+  if (v.dim() == 3) v = v.unsqueeze(0);
+  if (v.dim() != 4)
+    return invalid_argument(file + ": voxels: expected (C, Z, Y, X) or (Z, Y, X), got " +
+                            std::to_string(v.dim()) + " dimensions");
+  return v;
+}
+
 std::string format_vector(const std::array<double, 3>& v, int n) {
   std::string s = "(";
   char buf[32];

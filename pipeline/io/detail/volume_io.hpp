@@ -1,7 +1,8 @@
 #pragma once
-// Helpers of the NRRD and MetaImage readers and writers (private to pipeline/io): geometry
-// from per-axis step vectors, as NRRD (space directions) and MetaImage (TransformMatrix x
-// ElementSpacing) store it, and a staging folder for writing files that appear by rename.
+// Helpers of the volume readers and writers (private to pipeline/io): geometry from per-axis
+// step vectors, as NRRD (space directions) and MetaImage (TransformMatrix x ElementSpacing)
+// store it, a staging folder for writing files that appear by rename, and the voxel check
+// every writer (NIfTI, NRRD, MetaImage) starts with.
 
 #include <array>
 #include <filesystem>
@@ -10,6 +11,7 @@
 
 #include "messages/geometry.hpp"
 #include "messages/status.hpp"
+#include "pipeline/io/image.hpp"
 
 namespace segflow::pipeline::detail {
 
@@ -20,6 +22,10 @@ namespace segflow::pipeline::detail {
 /// infinite or NaN step and for axes that are not orthogonal within 1e-3.
 Result<Geometry> geometry_from_steps(int ndims, const std::array<std::array<double, 3>, 3>& steps,
                                      const std::array<double, 3>& origin, const std::string& where);
+
+/// `image`'s voxels as a writer takes them, (C, Z, Y, X): (Z, Y, X) gains a channel axis. An
+/// undefined tensor or another number of dimensions is an error naming `file`.
+Result<at::Tensor> voxels_to_write(const Image& image, const std::string& file);
 
 /// "(a,b,c)" with up to 17 significant digits (the first `n`), for error messages.
 std::string format_vector(const std::array<double, 3>& v, int n = 3);
