@@ -166,6 +166,52 @@ inline std::string read_file(const std::filesystem::path& p) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
+/// The tiny 3D training job the apps, daemon and parallel suites run (epochs take a second
+/// or two on a CPU): 5 synthetic 24^3 NIfTI cases in a data root, resampled to 2.5 x 2.5 x
+/// 3 mm, a CT window to [0, 1], 16^3 pos/neg crops x 2, then `after_crop`; a 3D UNet with
+/// `model`, DiceCE, Adam 0.01, `train`, validation on 16^3 windows.
+struct TinyJob {
+  std::string name = "tiny";
+  std::string after_crop = "  - name: rand_flip\n    options: {prob: 0.5, spatial_axis: [0]}\n";
+  std::string model = "channels: [4, 8, 16], strides: [2, 2], num_res_units: 1, norm: batch, dropout: 0.1";
+  std::string train =
+      "epochs: 4, batch_size: 2, device: cpu, val_interval: 2, checkpoint_interval: 1, loader: simple, "
+      "threads: 1";
+};
+
+/// `job` as YAML with its cases under `data_root` (made on first use); no `output` section.
+inline std::string tiny_job_yaml(const std::filesystem::path& data_root, const TinyJob& job = {}) {
+  return "name: " + job.name +
+         "\n"
+         "seed: 3\n"
+         "data:\n"
+         "  root: " +
+         data_root.string() +
+         "\n"
+         "  synth: {cases: 5, size: 24, format: nifti, seed: 9}\n"
+         "  val_cases: 1\n"
+         "  num_classes: 5\n"
+         "stages:\n"
+         "  - name: load\n"
+         "  - name: resample\n"
+         "    options: {spacing: [2.5, 2.5, 3.0]}\n"
+         "  - name: scale_intensity_range\n"
+         "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
+         "  - name: fg_bg_indices\n"
+         "  - name: rand_crop_pos_neg\n"
+         "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 2}\n" +
+         job.after_crop + "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, " +
+         job.model +
+         "}\n"
+         "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
+         "optimizer: {name: adam, lr: 0.01}\n"
+         "schedule: {name: constant}\n"
+         "train: {" +
+         job.train +
+         "}\n"
+         "validation: {roi_size: [16, 16, 16], overlap: 0.25, sw_batch_size: 2}\n";
+}
+
 /// First statement of every test case that needs CUDA: `if (!cuda_or_skip()) return;`.
 /// True when a CUDA device is visible. Without one the case is skipped with a message, or,
 /// when SEGFLOW_REQUIRE_CUDA is set (to anything but 0; scripts/gpu-check.sh sets it),

@@ -581,34 +581,16 @@ TEST_CASE("parallel: NCCL collective allreduce_mean and broadcast on CUDA (GPU o
 
 namespace {
 std::string tiny_job(const std::filesystem::path& dir) {
-  return "name: tinydp\n"
-         "seed: 3\n"
-         "data:\n"
-         "  root: " +
-         (dir / "data").string() +
-         "\n"
-         "  synth: {cases: 5, size: 24, format: nifti, seed: 9}\n"
-         "  val_cases: 1\n"
-         "  num_classes: 5\n"
-         "stages:\n"
-         "  - name: load\n"
-         "  - name: resample\n"
-         "    options: {spacing: [2.5, 2.5, 3.0]}\n"
-         "  - name: scale_intensity_range\n"
-         "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
-         "  - name: fg_bg_indices\n"
-         "  - name: rand_crop_pos_neg\n"
-         "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 2}\n"
-         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8], strides: "
-         "[2], num_res_units: 1, norm: batch}\n"
-         "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-         "optimizer: {name: adam, lr: 0.01}\n"
-         "schedule: {name: constant}\n"
-         "train: {epochs: 2, batch_size: 1, accumulate: 2, device: cpu, val_interval: 1, "
-         "checkpoint_interval: 1, loader: simple, threads: 1}\n"
-         "validation: {roi_size: [16, 16, 16], overlap: 0.25, sw_batch_size: 2}\n"
-         "output: {runs_dir: " +
-         (dir / "runs").string() + "}\n";
+  segflow::testing::TinyJob job;
+  job.name = "tinydp";
+  job.after_crop = "";
+  job.model = "channels: [4, 8], strides: [2], num_res_units: 1, norm: batch";
+  job.train =
+      "epochs: 2, batch_size: 1, accumulate: 2, device: cpu, val_interval: 1, checkpoint_interval: 1, "
+      "loader: "
+      "simple, threads: 1";
+  return segflow::testing::tiny_job_yaml(dir / "data", job) +
+         "output: {runs_dir: " + (dir / "runs").string() + "}\n";
 }
 
 class CountingObserver : public segflow::models::TrainObserver {
