@@ -102,7 +102,7 @@ std::optional<Form> cast_form(const at::Tensor& t) {
     hi = hi_t.item<double>();
   }
   const auto type = narrowest_int(lo, hi);
-  if (!type || c10::elementSize(*type) >= t.element_size()) return std::nullopt;
+  if (!type || static_cast<std::int64_t>(c10::elementSize(*type)) >= t.element_size()) return std::nullopt;
   Form f;
   f.stored = t.to(*type);
   f.marker = make_marker(kCast, st);
