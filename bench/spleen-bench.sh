@@ -9,13 +9,14 @@
 # Full size (the config as shipped: 32 cases of 160^2, 96^3 crops, 160^3 windows) needs a GPU;
 # on a CPU pass a reduced size, e.g. `bench/spleen-bench.sh --size 64 --crop 48 --roi 64 --cases 8`.
 # usage: bench/spleen-bench.sh [--size S] [--crop C] [--roi R] [--cases N] [--epochs E]
-#                              [--target DICE --max-epochs M --val VAL] [--seed S] [--device D] [--out DIR]
+#                              [--target DICE --max-epochs M --val VAL] [--seed S] [--lr LR]
+#                              [--device D] [--out DIR]
 # --seed sets segflow's `seed` (its split of the cases, weights, crops, augmentation) and MONAI's
 # set_determinism; MONAI trains on segflow's split, so both sides share it for every seed; the
-# synthetic data stay the same.
+# synthetic data stay the same. --lr replaces the recipe's SGD learning rate (0.2) on both sides.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-size=160 crop=96 roi=160 cases=32 epochs=3 target="" max_epochs=300 val=10 seed=0 device="" out=""
+size=160 crop=96 roi=160 cases=32 epochs=3 target="" max_epochs=300 val=10 seed=0 lr="" device="" out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --size) size=$2; shift 2 ;;
@@ -27,6 +28,7 @@ while [ $# -gt 0 ]; do
     --max-epochs) max_epochs=$2; shift 2 ;;
     --val) val=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
+    --lr) lr=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "spleen-bench.sh: unknown argument $1 (see the usage at the top of the script)" >&2; exit 2 ;;
@@ -44,6 +46,8 @@ cfg=configs/spleen-ct-unet3d.yaml
 sets=(--set data.root="$work/data" --set data.synth.size="$size" --set data.synth.cases="$cases"
       --set "stages.6.options.spatial_size=[$crop, $crop, $crop]" --set "validation.roi_size=[$roi, $roi, $roi]"
       --set train.device="$device" --set output.runs_dir="$work/runs" --set seed="$seed")
+monai_lr=()
+[ -n "$lr" ] && { sets+=(--set optimizer.lr="$lr"); monai_lr=(--lr "$lr"); }
 emit() { tee -a "$work/all.jsonl"; }
 
 # A 1-epoch training run makes the dataset and the split both sides use.
@@ -83,7 +87,7 @@ print(json.dumps({"bench": "time_to_dice", "name": "segflow_spleen", "target_dic
 PY
   "$py" bench/baselines/monai_spleen_fast.py --data "$work/data" --split "$split" --crop "$crop" --roi "$roi" \
     --target-dice "$target" --max-epochs "$max_epochs" --val-interval "$val" --device "$device" --seed "$seed" \
-    2>"$work/monai-ttd.err" | emit || { cat "$work/monai-ttd.err" >&2; exit 1; }
+    "${monai_lr[@]}" 2>"$work/monai-ttd.err" | emit || { cat "$work/monai-ttd.err" >&2; exit 1; }
 fi
 
 "$py" - "$work/all.jsonl" "$size" "$crop" "$roi" "$cases" "$device" <<'PY' | emit

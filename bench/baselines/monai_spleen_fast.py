@@ -112,6 +112,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
     ap.add_argument("--cache-workers", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0, help="weights, crops and augmentation (the data stay)")
+    ap.add_argument("--lr", type=float, default=0.2, help="SGD learning rate (the recipe's 0.2)")
     a = ap.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
@@ -151,7 +152,7 @@ def main():
 
     net = network().to(dev)
     loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
-    opt = torch.optim.SGD(net.parameters(), lr=0.2, momentum=0.9, weight_decay=4e-5)
+    opt = torch.optim.SGD(net.parameters(), lr=a.lr, momentum=0.9, weight_decay=4e-5)
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
     if dev.type == "cuda":
         torch.backends.cudnn.benchmark = True
