@@ -90,7 +90,7 @@ PY
     "${monai_lr[@]}" 2>"$work/monai-ttd.err" | emit || { cat "$work/monai-ttd.err" >&2; exit 1; }
 fi
 
-"$py" - "$work/all.jsonl" "$size" "$crop" "$roi" "$cases" "$device" <<'PY' | emit
+"$py" - "$work/all.jsonl" "$size" "$crop" "$roi" "$cases" "$device" "$seed" "$lr" <<'PY' | emit
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 get = lambda **kw: next((r for r in rows if all(r.get(k) == v for k, v in kw.items())), None)
@@ -100,7 +100,8 @@ ttd_s, ttd_m = get(bench="time_to_dice", name="segflow_spleen"), get(bench="time
 ratio = lambda a, b: a / b if a and b else None
 print(json.dumps({
     "bench": "spleen_ratios", "name": "spleen-ct-unet3d", "device": sys.argv[6],
-    "config": {"size": int(sys.argv[2]), "crop": int(sys.argv[3]), "roi": int(sys.argv[4]), "cases": int(sys.argv[5])},
+    "config": {"size": int(sys.argv[2]), "crop": int(sys.argv[3]), "roi": int(sys.argv[4]), "cases": int(sys.argv[5]),
+               "seed": int(sys.argv[7]), "lr": float(sys.argv[8]) if sys.argv[8] else None},  # None: the config's
     "samples_per_s": e2e["samples_per_s"], "step_ms": e2e["step_ms"], "data_wait_ms": e2e["data_wait_ms"],
     "segflow_e2e_samples_per_s": e2e["samples_per_s"], "segflow_compute_samples_per_s": comp["samples_per_s"],
     "pipeline_efficiency": summ["pipeline_efficiency"], "segflow_peak_host_mb": summ["peak_host_mb"],
