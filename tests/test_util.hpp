@@ -174,9 +174,10 @@ struct TinyJob {
   std::string name = "tiny";
   std::string after_crop = "  - name: rand_flip\n    options: {prob: 0.5, spatial_axis: [0]}\n";
   std::string model = "channels: [4, 8, 16], strides: [2, 2], num_res_units: 1, norm: batch, dropout: 0.1";
+  int epochs = 4;
+  /// The rest of the `train` line; suites append to it (e.g. ", log_every: 1").
   std::string train =
-      "epochs: 4, batch_size: 2, device: cpu, val_interval: 2, checkpoint_interval: 1, loader: simple, "
-      "threads: 1";
+      "batch_size: 2, device: cpu, val_interval: 2, checkpoint_interval: 1, loader: simple, threads: 1";
 };
 
 /// `job` as YAML with its cases under `data_root` (made on first use); no `output` section.
@@ -206,8 +207,8 @@ inline std::string tiny_job_yaml(const std::filesystem::path& data_root, const T
          "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
          "optimizer: {name: adam, lr: 0.01}\n"
          "schedule: {name: constant}\n"
-         "train: {" +
-         job.train +
+         "train: {epochs: " +
+         std::to_string(job.epochs) + ", " + job.train +
          "}\n"
          "validation: {roi_size: [16, 16, 16], overlap: 0.25, sw_batch_size: 2}\n";
 }

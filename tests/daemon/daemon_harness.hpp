@@ -299,10 +299,8 @@ struct Setup {
 /// The suites' tiny job (tests/test_util.hpp) for `epochs` epochs, logging every step.
 inline std::string tiny_job(const fs::path& data_root, int epochs, const std::string& extra = "") {
   TinyJob job;
-  job.train =
-      "epochs: " + std::to_string(epochs) +
-      ", batch_size: 2, device: cpu, val_interval: 2, checkpoint_interval: 1, loader: simple, threads: 1, "
-      "log_every: 1";
+  job.epochs = epochs;
+  job.train += ", log_every: 1";
   return tiny_job_yaml(data_root, job) + extra;
 }
 

@@ -585,10 +585,10 @@ std::string tiny_job(const std::filesystem::path& dir) {
   job.name = "tinydp";
   job.after_crop = "";
   job.model = "channels: [4, 8], strides: [2], num_res_units: 1, norm: batch";
+  job.epochs = 2;
   job.train =
-      "epochs: 2, batch_size: 1, accumulate: 2, device: cpu, val_interval: 1, checkpoint_interval: 1, "
-      "loader: "
-      "simple, threads: 1";
+      "batch_size: 1, accumulate: 2, device: cpu, val_interval: 1, checkpoint_interval: 1, loader: simple, "
+      "threads: 1";
   return segflow::testing::tiny_job_yaml(dir / "data", job) +
          "output: {runs_dir: " + (dir / "runs").string() + "}\n";
 }
