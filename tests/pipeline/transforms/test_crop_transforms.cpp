@@ -38,6 +38,38 @@ TEST_CASE("fg bg indices transform stores flat foreground and background indices
   CHECK(capped.at("bg_indices").numel() == 50);
 }
 
+TEST_CASE("fg bg indices with image_key keeps background only where the image exceeds the threshold") {
+  // The spleen recipe's setting (MONAI's FgBgToIndicesd(image_key="image")): air and fat, at or
+  // below the threshold after scaling, are never background crop centres.
+  Sample s = cube_sample();
+  auto image = torch::full({1, 24, 24, 24}, 0.5f);
+  image.index_put_({0, Slice(), Slice(), Slice(0, 6)}, 0.0f);    // "air": x < 6
+  image.index_put_({0, Slice(0, 4), Slice(), Slice()}, -0.25f);  // below the threshold too: z < 4
+  s.at("image") = image;
+  Sample out = run1(*make_stage("fg_bg_indices", {{"image_key", "image"}, {"image_threshold", 0.0}}), s);
+  auto bg = out.at("bg_indices");
+  const std::int64_t above = (image > 0).sum().item<std::int64_t>();  // the fg cube lies inside it
+  CHECK(bg.numel() == above - 216);
+  auto img = image.flatten(), lab = s.at("label").flatten();
+  CHECK((img.index_select(0, bg) > 0).all().item<bool>());
+  CHECK((lab.index_select(0, bg) == 0).all().item<bool>());
+  CHECK(out.at("fg_indices").numel() == 216);  // foreground does not depend on the image
+  // Negative-only crops then centre on voxels above the threshold, with or without precomputed indices.
+  auto st = make_stage("rand_crop_pos_neg", {{"spatial_size", 5},
+                                             {"pos", 0},
+                                             {"neg", 1},
+                                             {"num_samples", 8},
+                                             {"image_key", "image"},
+                                             {"image_threshold", 0.0}});
+  Sample plain = s;
+  for (const Sample* in : {&out, &plain})
+    for (std::uint64_t seed = 0; seed < 40; ++seed)
+      for (const Sample& c : crops(*st, *in, seed)) {
+        CHECK(c.at("image")[0][2][2][2].item<float>() > 0.0f);
+        CHECK(c.at("label")[0][2][2][2].item<int>() == 0);
+      }
+}
+
 TEST_CASE("rand crop pos neg centres crops on foreground at the configured ratio") {
   Sample s = run1(*make_stage("fg_bg_indices"), cube_sample());
   auto st =
