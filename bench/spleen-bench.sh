@@ -10,13 +10,16 @@
 # on a CPU pass a reduced size, e.g. `bench/spleen-bench.sh --size 64 --crop 48 --roi 64 --cases 8`.
 # usage: bench/spleen-bench.sh [--size S] [--crop C] [--roi R] [--cases N] [--epochs E]
 #                              [--target DICE --max-epochs M --val VAL] [--seed S] [--lr LR]
-#                              [--device D] [--out DIR]
+#                              [--amp none|bf16|fp16] [--set KEY=VALUE]... [--device D] [--out DIR]
 # --seed sets segflow's `seed` (its split of the cases, weights, crops, augmentation) and MONAI's
 # set_determinism; MONAI trains on segflow's split, so both sides share it for every seed; the
-# synthetic data stay the same. --lr replaces the recipe's SGD learning rate (0.2) on both sides.
+# synthetic data stay the same. --lr replaces the recipe's SGD learning rate (0.2) on both sides,
+# --amp its autocast (bf16) on both sides. --set passes a config override to segflow only (a
+# recipe experiment; the MONAI side does not change).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-size=160 crop=96 roi=160 cases=32 epochs=3 target="" max_epochs=300 val=10 seed=0 lr="" device="" out=""
+size=160 crop=96 roi=160 cases=32 epochs=3 target="" max_epochs=300 val=10 seed=0 lr="" amp="" device="" out=""
+extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --size) size=$2; shift 2 ;;
@@ -29,6 +32,8 @@ while [ $# -gt 0 ]; do
     --val) val=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
     --lr) lr=$2; shift 2 ;;
+    --amp) amp=$2; shift 2 ;;
+    --set) extra+=(--set "$2"); shift 2 ;;
     --device) device=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "spleen-bench.sh: unknown argument $1 (see the usage at the top of the script)" >&2; exit 2 ;;
@@ -46,8 +51,10 @@ cfg=configs/spleen-ct-unet3d.yaml
 sets=(--set data.root="$work/data" --set data.synth.size="$size" --set data.synth.cases="$cases"
       --set "stages.6.options.spatial_size=[$crop, $crop, $crop]" --set "validation.roi_size=[$roi, $roi, $roi]"
       --set train.device="$device" --set output.runs_dir="$work/runs" --set seed="$seed")
-monai_lr=()
-[ -n "$lr" ] && { sets+=(--set optimizer.lr="$lr"); monai_lr=(--lr "$lr"); }
+monai_opts=()
+[ -n "$lr" ] && { sets+=(--set optimizer.lr="$lr"); monai_opts+=(--lr "$lr"); }
+[ -n "$amp" ] && { sets+=(--set train.amp="$amp"); monai_opts+=(--amp "$amp"); }
+sets+=("${extra[@]}")
 emit() { tee -a "$work/all.jsonl"; }
 
 # A 1-epoch training run makes the dataset and the split both sides use.
@@ -61,7 +68,7 @@ split="$work/split.json"
 "$segflow" bench "$cfg" --json --epochs "$epochs" --loaders actors "${sets[@]}" 2>"$work/bench.err" | emit ||
   { cat "$work/bench.err" >&2; exit 1; }
 "$py" bench/baselines/monai_spleen_fast.py --data "$work/data" --split "$split" --crop "$crop" --roi "$roi" \
-  --epochs "$epochs" --device "$device" 2>"$work/monai.err" | emit || { cat "$work/monai.err" >&2; exit 1; }
+  --epochs "$epochs" --device "$device" "${monai_opts[@]}" 2>"$work/monai.err" | emit || { cat "$work/monai.err" >&2; exit 1; }
 
 # 2. Time to Dice.
 if [ -n "$target" ]; then
@@ -87,10 +94,10 @@ print(json.dumps({"bench": "time_to_dice", "name": "segflow_spleen", "target_dic
 PY
   "$py" bench/baselines/monai_spleen_fast.py --data "$work/data" --split "$split" --crop "$crop" --roi "$roi" \
     --target-dice "$target" --max-epochs "$max_epochs" --val-interval "$val" --device "$device" --seed "$seed" \
-    "${monai_lr[@]}" 2>"$work/monai-ttd.err" | emit || { cat "$work/monai-ttd.err" >&2; exit 1; }
+    "${monai_opts[@]}" 2>"$work/monai-ttd.err" | emit || { cat "$work/monai-ttd.err" >&2; exit 1; }
 fi
 
-"$py" - "$work/all.jsonl" "$size" "$crop" "$roi" "$cases" "$device" "$seed" "$lr" <<'PY' | emit
+"$py" - "$work/all.jsonl" "$size" "$crop" "$roi" "$cases" "$device" "$seed" "$lr" "$amp" "${extra[@]}" <<'PY' | emit
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 get = lambda **kw: next((r for r in rows if all(r.get(k) == v for k, v in kw.items())), None)
@@ -101,7 +108,8 @@ ratio = lambda a, b: a / b if a and b else None
 print(json.dumps({
     "bench": "spleen_ratios", "name": "spleen-ct-unet3d", "device": sys.argv[6],
     "config": {"size": int(sys.argv[2]), "crop": int(sys.argv[3]), "roi": int(sys.argv[4]), "cases": int(sys.argv[5]),
-               "seed": int(sys.argv[7]), "lr": float(sys.argv[8]) if sys.argv[8] else None},  # None: the config's
+               "seed": int(sys.argv[7]), "lr": float(sys.argv[8]) if sys.argv[8] else None,  # None: the config's
+               "amp": sys.argv[9] or None, "segflow_set": sys.argv[11::2]},
     "samples_per_s": e2e["samples_per_s"], "step_ms": e2e["step_ms"], "data_wait_ms": e2e["data_wait_ms"],
     "segflow_e2e_samples_per_s": e2e["samples_per_s"], "segflow_compute_samples_per_s": comp["samples_per_s"],
     "pipeline_efficiency": summ["pipeline_efficiency"], "segflow_peak_host_mb": summ["peak_host_mb"],
