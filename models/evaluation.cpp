@@ -459,7 +459,7 @@ std::string evaluation_csv(const EvaluationReport& r) {
       out += csv_field(c.id) + "," + std::to_string(s.label) + "," +
              csv_field(it != r.names.end() ? it->second : "");
       for (double v : {s.dice, s.iou, s.hd95, s.assd, s.nsd, s.volume_pred_ml, s.volume_gt_ml})
-        out += "," + csv_number(v);
+        out.append(",").append(csv_number(v));
       out += "\n";
     }
   return out;

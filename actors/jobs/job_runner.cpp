@@ -124,7 +124,7 @@ Status ensure_dataset(const models::JobConfig& cfg) {
   // the lock makes it, the others wait and then find it there.
   const fs::path root = cfg.data.root;
   const fs::path lock_file = (root.has_parent_path() ? root.parent_path() : fs::path(".")) /
-                             ("." + root.filename().string() + ".lock");
+                             std::string(".").append(root.filename().string()).append(".lock");
   SEGFLOW_ASSIGN_OR_RETURN(auto lock, FileLock::acquire(lock_file));
   return ensure_dataset_locked(cfg);
 }
