@@ -126,7 +126,8 @@ class MedsamBoxStage final : public Stage {
     for (const Sample& s : samples)
       for (std::int64_t k = 0; k < o_.num_samples; ++k) {
         SEGFLOW_ASSIGN_OR_RETURN(Sample one, medsam_box(s, o_, rng));
-        if (o_.num_samples > 1) one.id.append("#").append(std::to_string(k));  // not "#" + ...: gcc 12 -Wstringop-overflow
+        if (o_.num_samples > 1)
+          one.id.append("#").append(std::to_string(k));  // not "#" + ...: gcc 12 -Wstringop-overflow
         out.push_back(std::move(one));
       }
     samples = std::move(out);
