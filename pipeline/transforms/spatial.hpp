@@ -54,6 +54,7 @@ struct ResampleOptions {
   bool allow_missing_keys = false;                  ///< skip keys a sample lacks (e.g. no label at inference)
   std::array<double, 3> spacing{1.5, 1.5, 2.0};     ///< target spacing (x, y, z), mm, > 0
   std::string mode = "trilinear";                   ///< floating tensors: trilinear | nearest
+  std::string grid = "keep_extent";                 ///< keep_extent | exact_spacing (MONAI's Spacingd)
   void bind(OptionParser& p);
 };
 
@@ -67,6 +68,17 @@ at::Tensor resample_tensor(const at::Tensor& t, const Size3& size, bool linear);
 /// the target spacing when it divides the field of view), origin moved by half a voxel
 /// difference so the field of view is kept.
 Geometry resample_geometry(const Geometry& g, const Size3& from, const Size3& to);
+
+/// `grid: exact_spacing` (MONAI's Spacingd): size (x, y, z) round((size - 1) * spacing /
+/// target) + 1, at least 1.
+Size3 exact_spacing_size(const Size3& size, const std::array<double, 3>& spacing,
+                         const std::array<double, 3>& target);
+/// Resamples a (C, Z, Y, X) tensor onto the grid whose voxel i lies at old continuous index
+/// i * target / spacing on each axis (the first voxel centre kept), `size` (x, y, z) voxels;
+/// positions past the last old voxel take its value. Linear per axis (trilinear) for floating
+/// tensors when `linear`, nearest (half to even) otherwise.
+at::Tensor resample_tensor_exact(const at::Tensor& t, const Size3& size, const std::array<double, 3>& spacing,
+                                 const std::array<double, 3>& target, bool linear);
 
 // ---------------------------------------------------------- crop_foreground (deterministic)
 

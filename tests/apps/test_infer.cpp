@@ -243,7 +243,9 @@ TEST_CASE(
   CHECK_FALSE(fs::exists(dir.path() / "x.nii.gz"));
 }
 
-TEST_CASE("saved probabilities sum to 1 per voxel on the input's grid, also when the stages resample") {
+TEST_CASE(
+    "saved probabilities sum to 1 per voxel on the input's grid, also when the stages resample (either "
+    "grid)") {
   TempDir dir("infer_prob");
   const fs::path ckpt =
       train(infer_job(dir.path(), "", "  - name: resample\n    options: {spacing: [2.0, 2.0, 3.5]}\n"));
@@ -266,6 +268,22 @@ TEST_CASE("saved probabilities sum to 1 per voxel on the input's grid, also when
   // The labels come from the preprocessed grid (nearest back), the probabilities are mapped
   // back linearly: they agree almost everywhere.
   CHECK(c["argmax_agreement"].get<double>() > 0.97);
+
+  // MONAI's grid (resample grid: exact_spacing, the first voxel kept) maps back the same way.
+  const fs::path exact =
+      train(infer_job(dir.path() / "e", "",
+                      "  - name: resample\n    options: {spacing: [2.0, 2.0, 3.5], grid: exact_spacing}\n"));
+  auto e = run_segflow("infer --checkpoint " + q(exact) + " --input " + q(input) + " --output " +
+                           q(dir.path() / "exact.nii.gz") + " --save-probabilities",
+                       dir.path());
+  REQUIRE_MESSAGE(e.exit_code == 0, e.err);
+  auto ce = infer_check("probs " + q(dir.path() / "exact_probabilities.nii.gz") + " " +
+                        q(dir.path() / "exact.nii.gz") + " " + q(input));
+  CHECK(ce["shape"] == c["shape"]);
+  CHECK(ce["max_sum_error"].get<double>() < 1e-5);
+  CHECK(ce["affine_matches_input"] == true);
+  CHECK(ce["affine_matches_labels"] == true);
+  CHECK(ce["argmax_agreement"].get<double>() > 0.97);
 
   // Without spatial stages the label map is exactly the argmax of the saved probabilities.
   const fs::path same = train(infer_job(dir.path() / "s"));

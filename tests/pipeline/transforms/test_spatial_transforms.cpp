@@ -97,6 +97,57 @@ TEST_CASE("resample transform to a coarser spacing keeps label values") {
   CHECK(values_of(out.at("label")).count(3));
 }
 
+TEST_CASE("resample transform with grid exact_spacing makes MONAI's Spacingd grid") {
+  // A ramp along x (value = x index) in both the image and the label.
+  auto ramp = [](std::int64_t nx, double spacing_x) {
+    at::Tensor x = torch::arange(nx, torch::kFloat).view({1, 1, 1, nx}).expand({1, 2, 3, nx}).contiguous();
+    Sample s = make_sample(x, x.to(torch::kUInt8));
+    s.geometry.spacing = {spacing_x, 1.0, 1.0};
+    s.geometry.origin = {3, -2, 5};
+    return s;
+  };
+  auto row = [](const at::Tensor& t) {
+    at::Tensor r = t[0][1][2].to(torch::kDouble).contiguous();
+    return std::vector<double>(r.data_ptr<double>(), r.data_ptr<double>() + r.numel());
+  };
+  // MONAI 1.x Spacing(pixdim=1.5) of 10 voxels at 1 mm: 7 voxels at old indices 0, 1.5, ..., 9,
+  // the spacing exactly 1.5 and the origin kept (keep_extent would make 7 voxels of 1.43 mm).
+  Sample s = ramp(10, 1.0);
+  Sample out = run1(*make_stage("resample", {{"spacing", {1.5, 1.0, 1.0}}, {"grid", "exact_spacing"}}), s);
+  CHECK(out.at("image").sizes() == torch::IntArrayRef({1, 2, 3, 7}));
+  CHECK(row(out.at("image")) == std::vector<double>{0, 1.5, 3, 4.5, 6, 7.5, 9});
+  // Labels nearest, half to even: 1.5 -> 2, 4.5 -> 4, 7.5 -> 8.
+  CHECK((out.at("label").scalar_type() == torch::kUInt8));
+  CHECK(row(out.at("label")) == std::vector<double>{0, 2, 3, 4, 6, 8, 9});
+  check_geometry(out.geometry, [&] {
+    Geometry g = s.geometry;
+    g.spacing = {1.5, 1.0, 1.0};
+    return g;
+  }());
+
+  // 64 voxels at 1.513 mm -> 65 at 1.5 (MONAI: 65, the last two 62.459 and 63.0): the last
+  // new voxel lies past the old grid and takes the edge value.
+  Sample wide = run1(*make_stage("resample", {{"spacing", {1.5, 1.0, 1.0}}, {"grid", "exact_spacing"}}),
+                     ramp(64, 1.513));
+  const auto v = row(wide.at("image"));
+  REQUIRE(v.size() == 65);
+  CHECK(v[1] == doctest::Approx(1.5 / 1.513));
+  CHECK(v[63] == doctest::Approx(62.459).epsilon(1e-4));
+  CHECK(v[64] == 63.0);
+  CHECK(row(wide.at("label"))[64] == 63.0);
+
+  // Already at the target spacing: the identity, exactly.
+  Sample same = run1(*make_stage("resample", {{"spacing", {1.0, 1.0, 1.0}}, {"grid", "exact_spacing"}}), s);
+  CHECK(torch::equal(same.at("image"), s.at("image")));
+  check_geometry(same.geometry, s.geometry);
+
+  // An unknown grid is refused with the option's name.
+  auto bad = registry().make("resample", {{"grid", "exact"}}, "job.yaml: stages[2]");
+  REQUIRE_FALSE(bad.is_ok());
+  CHECK(bad.status().message().find("grid") != std::string::npos);
+  CHECK(bad.status().message().find("keep_extent") != std::string::npos);
+}
+
 TEST_CASE("crop foreground transform crops to the bounding box plus margin and moves the origin") {
   Sample s = blob_sample(12, 16, 20);
   s.geometry.spacing = {0.5, 1.0, 2.0};

@@ -155,7 +155,7 @@ TEST_CASE("stage config errors name the file, the path, what was expected and wh
     st = build_error("stages: [load, {name: resample, options: {sigma: 2}}]");
     CHECK(st.message() ==
           "configs/job.yaml: stages[1].options.sigma: unknown option for stage 'resample'; expected "
-          "keys, spacing, mode, allow_missing_keys");
+          "keys, spacing, mode, grid, allow_missing_keys");
   }
   SUBCASE("wrong type") {
     CHECK(build_error("stages: [{name: resample, options: {mode: 3}}]").message() ==
