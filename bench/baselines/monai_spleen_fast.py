@@ -19,6 +19,13 @@ bench/spleen-bench.sh can put the two side by side in one run:
   validate sliding_window_inference(roi^3, sw_batch 4, overlap 0.5, gaussian), DiceMetric
            over the foreground classes (mean over classes of the per-class mean over cases)
 
+--segflow-cache DIR trains MONAI's loop on segflow's deterministic cache instead of MONAI's own
+(the files of a disk cache written by `segflow train CONFIG --set train.disk_cache=DIR --set
+train.cache_dtype=none` with the same stages): every training case's image, label and crop
+centres as segflow's stages made them, turned from segflow's (C, z, y, x) into MONAI's
+(C, x, y, z) and padded to the crop as SpatialPadd does; validation stays MONAI's. It tells
+a difference in the data path from one in the training loop.
+
 Prints JSON lines: {"bench": "baseline", "mode": "monai_fast_spleen", samples_per_s, step_ms,
 data_wait_ms, setup_s, peak memory, ...} over --epochs after one warm-up epoch, or with
 --target-dice T[,T2...] {"bench": "time_to_dice", ...} (per target, the wall time from the start of
@@ -30,8 +37,10 @@ import glob
 import json
 import os
 import resource
+import struct
 import time
 
+import numpy as np
 import torch
 
 
@@ -67,6 +76,67 @@ def transforms(crop, cache_device):
     ]
     val = det[:7] + [EnsureTyped(keys=keys, device=cache_device, track_meta=False)]
     return det + rnd, val
+
+
+SFC_DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "uint8": np.uint8,
+              "int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64, "bool": np.bool_}
+
+
+def read_sfc(path):
+    """One file of segflow's disk cache (pipeline/cache/disk_cache.cpp): a 40-byte fixed header
+    (magic SFCACHE1, version, header length, payload length, two hashes), a JSON header naming
+    each tensor's dtype, shape and offset, then the payload from the next multiple of 64 bytes."""
+    b = open(path, "rb").read()
+    if len(b) < 40 or b[:8] != b"SFCACHE1":
+        raise SystemExit(f"{path}: not a segflow disk cache file (no SFCACHE1 magic)")
+    (version, header_bytes) = struct.unpack_from("<II", b, 8)
+    if version != 1:
+        raise SystemExit(f"{path}: disk cache version {version}, this reader knows version 1")
+    header = json.loads(b[40:40 + header_bytes])
+    payload = (40 + header_bytes + 63) // 64 * 64
+    tensors = {}
+    for t in header["tensors"]:
+        if t["dtype"] not in SFC_DTYPES:
+            raise SystemExit(f"{path}: tensor '{t['name']}' has dtype {t['dtype']}, not one this reader knows")
+        dt = np.dtype(SFC_DTYPES[t["dtype"]])
+        tensors[t["name"]] = np.frombuffer(b, dtype=dt, count=t["bytes"] // dt.itemsize,
+                                           offset=payload + t["offset"]).reshape(t["shape"]).copy()
+    return header["id"], tensors
+
+
+def segflow_cases(cache_dir, ids, crop):
+    """The training cases of `ids` from segflow's disk cache, in MONAI's layout, padded to `crop`
+    (symmetric, zeros, as SpatialPadd) with the crop-centre indices moved onto the padded grid."""
+    found = {}
+    for path in glob.glob(os.path.join(cache_dir, "*.sfc")):
+        cid, tensors = read_sfc(path)
+        found[cid] = (path, tensors)
+    out = []
+    for cid in ids:
+        if cid not in found:
+            raise SystemExit(f"{cache_dir}: no cached sample of case {cid} (written by a segflow run on this split?)")
+        path, t = found[cid]
+        need = {"image": "float32", "label": None, "fg_indices": "int64", "bg_indices": "int64"}
+        for name, dtype in need.items():
+            if name not in t or (dtype and t[name].dtype != np.dtype(dtype)):
+                raise SystemExit(f"{path}: tensor '{name}' missing or not {dtype} (has {sorted(t)}); write the "
+                                 "cache with train.cache_dtype: none and an fg_bg_indices stage")
+        zyx = t["image"].shape[1:]
+        xyz = zyx[::-1]
+        padded = [max(n, crop) for n in xyz]
+        before = [(p - n) // 2 for p, n in zip(padded, xyz)]
+        pad = []  # torch's pad lists the last dim (z in MONAI's layout) first
+        for d in (2, 1, 0):
+            pad += [before[d], padded[d] - xyz[d] - before[d]]
+        to_monai = lambda a: torch.nn.functional.pad(torch.from_numpy(a).permute(0, 3, 2, 1).float(), pad)
+
+        def move(flat):
+            z, y, x = np.unravel_index(flat, zyx)
+            return np.ravel_multi_index((x + before[0], y + before[1], z + before[2]), padded)
+
+        out.append({"image": to_monai(t["image"]), "label": to_monai(t["label"]),
+                    "label_fg": move(t["fg_indices"]), "label_bg": move(t["bg_indices"])})
+    return out
 
 
 def network():
@@ -130,11 +200,13 @@ def main():
     ap.add_argument("--cache-workers", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0, help="weights, crops and augmentation (the data stay)")
     ap.add_argument("--lr", type=float, default=0.2, help="SGD learning rate (the recipe's 0.2)")
+    ap.add_argument("--segflow-cache", help="train on segflow's deterministic cache in this disk-cache folder "
+                    "(train.cache_dtype: none) instead of MONAI's own; needs --split")
     a = ap.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    from monai.data import CacheDataset, DataLoader, ThreadDataLoader, set_track_meta
+    from monai.data import CacheDataset, DataLoader, Dataset, ThreadDataLoader, set_track_meta
     from monai.losses import DiceCELoss
     from monai.utils import set_determinism
 
@@ -158,7 +230,17 @@ def main():
 
     train_tf, val_tf = transforms(a.crop, cache_dev)
     t_start = time.perf_counter()
-    train_ds = CacheDataset(items, transform=train_tf, cache_rate=1.0, num_workers=a.cache_workers, progress=False)
+    if a.segflow_cache:
+        if not a.split:
+            raise SystemExit("--segflow-cache needs --split (the cache holds segflow's cases by id)")
+        # Only the random crop runs per step; the tensors move to the cache device as MONAI's own
+        # EnsureTyped(device=...) would put them.
+        recs = [{k: v.to(cache_dev) if torch.is_tensor(v) else v for k, v in r.items()}
+                for r in segflow_cases(a.segflow_cache, split["train"], a.crop)]
+        train_ds = Dataset(recs, transform=train_tf[-1])
+    else:
+        train_ds = CacheDataset(items, transform=train_tf, cache_rate=1.0, num_workers=a.cache_workers,
+                                progress=False)
     val_ds = CacheDataset(val_items, transform=val_tf, cache_rate=1.0, num_workers=a.cache_workers,
                           progress=False) if val_items else None
     setup_s = time.perf_counter() - t_start
@@ -212,6 +294,7 @@ def main():
         raise SystemExit(f"monai_fast_spleen: expected {ran} steps ({len(items)} per epoch), ran {steps}; "
                          "a transform failed (see above)")
     common = {"mode": "monai_fast_spleen", "device": str(dev), "cache_device": str(cache_dev), "amp": a.amp,
+              "train_data": "segflow_cache" if a.segflow_cache else "monai",
               "cases": len(items), "crop": a.crop, "setup_s": setup_s,
               "peak_host_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
               "peak_device_mb": torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None}
