@@ -30,7 +30,11 @@ Prints JSON lines: {"bench": "baseline", "mode": "monai_fast_spleen", samples_pe
 data_wait_ms, setup_s, peak memory, ...} over --epochs after one warm-up epoch, or with
 --target-dice T[,T2...] {"bench": "time_to_dice", ...} (per target, the wall time from the start of
 caching until the validation Dice first reaches it, validating every --val-interval epochs; the
-run stops at the highest target or --max-epochs).
+run stops at the highest target or --max-epochs, or after --max-seconds). With --throughput,
+time-to-Dice mode also prints a "baseline" line first, measured over its training epochs after
+the first (validation left out), with the wall-clock window of each measured epoch ("windows":
+[[start, end], ...] in Unix seconds) so that a GPU utilisation sampler can be cut to them:
+scripts/gpu_check.py gets samples/s and time to Dice from one process this way.
 """
 import argparse
 import glob
@@ -200,6 +204,10 @@ def main():
     ap.add_argument("--cache-workers", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0, help="weights, crops and augmentation (the data stay)")
     ap.add_argument("--lr", type=float, default=0.2, help="SGD learning rate (the recipe's 0.2)")
+    ap.add_argument("--max-seconds", type=float, help="time-to-Dice mode: stop after this many seconds from the "
+                    "start of caching (at the end of an epoch); the target then counts as not reached")
+    ap.add_argument("--throughput", action="store_true", help="time-to-Dice mode: also print samples/s over the "
+                    "training epochs after the first (a 'baseline' line with each epoch's window)")
     ap.add_argument("--segflow-cache", help="train on segflow's deterministic cache in this disk-cache folder "
                     "(train.cache_dtype: none) instead of MONAI's own; needs --split")
     a = ap.parse_args()
@@ -262,8 +270,10 @@ def main():
     steps = samples = 0
     measured = wait = 0.0
     history = []
+    tp = {"steps": 0, "samples": 0, "seconds": 0.0, "wait": 0.0, "windows": []}  # --throughput
+    epochs_run, stopped = 0, "max_epochs"
     for epoch in range(epochs):
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         t_wait = t0
         for batch in loader:
             x, y = batch["image"].to(dev, non_blocking=True), batch["label"].to(dev, non_blocking=True)
@@ -280,20 +290,34 @@ def main():
                 steps += 1
                 samples += x.shape[0]
                 wait += w
+            if epoch > 0:
+                tp["steps"], tp["samples"], tp["wait"] = tp["steps"] + 1, tp["samples"] + x.shape[0], tp["wait"] + w
             t_wait = time.perf_counter()
         if epoch > 0 or not timing:
             measured += time.perf_counter() - t0
+        if epoch > 0:
+            tp["seconds"] += time.perf_counter() - t0
+            tp["windows"].append([round(wall0, 3), round(time.time(), 3)])
+        epochs_run += 1
         if not timing and (epoch + 1) % a.val_interval == 0:
             dice, per_class = validate(net, val_loader, a.roi, dev, amp_dtype)
             history.append({"epoch": epoch + 1, "seconds": time.perf_counter() - t_start, "mean_dice": dice,
                             "dice_per_class": per_class})
             if dice >= a.target_dice[-1]:
+                stopped = "target"
                 break
-    ran = (a.epochs if timing else (history[-1]["epoch"] if history else epochs)) * len(items)
+        if not timing and a.max_seconds is not None and time.perf_counter() - t_start >= a.max_seconds:
+            stopped = "max_seconds"
+            break
+    ran = (a.epochs if timing else epochs_run) * len(items)
     if steps != ran:
         raise SystemExit(f"monai_fast_spleen: expected {ran} steps ({len(items)} per epoch), ran {steps}; "
                          "a transform failed (see above)")
+    import monai
+
+    versions = {"monai": monai.__version__, "torch": torch.__version__, "numpy": np.__version__}
     common = {"mode": "monai_fast_spleen", "device": str(dev), "cache_device": str(cache_dev), "amp": a.amp,
+              "versions": versions,
               "train_data": "segflow_cache" if a.segflow_cache else "monai",
               "cases": len(items), "crop": a.crop, "setup_s": setup_s,
               "peak_host_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
@@ -303,6 +327,14 @@ def main():
                           "steps": steps, "samples_per_s": samples / measured, "step_ms": measured / steps * 1e3,
                           "data_wait_ms": wait / steps * 1e3}))
         return
+    if a.throughput:
+        n = tp["steps"]
+        print(json.dumps({"bench": "baseline", "name": "monai_fast_spleen", **common, "epochs": epochs_run - 1,
+                          "steps": n, "samples_per_s": tp["samples"] / tp["seconds"] if n else None,
+                          "step_ms": tp["seconds"] / n * 1e3 if n else None,
+                          "data_wait_ms": tp["wait"] / n * 1e3 if n else None,
+                          "measured": "training epochs after the first, validation left out",
+                          "windows": tp["windows"]}))
     reached = hits(history, a.target_dice)
     hit = reached[f"{a.target_dice[-1]:g}"]
     print(json.dumps({"bench": "time_to_dice", "name": "monai_fast_spleen", **common, "seed": a.seed,
@@ -310,7 +342,7 @@ def main():
                       "target_dice": a.target_dice[-1], "seconds": hit["seconds"] if hit else None,
                       "epoch": hit["epoch"] if hit else None,
                       "best_dice": max(h["mean_dice"] for h in history) if history else None,
-                      "history": history}))
+                      "epochs_run": epochs_run, "stopped": stopped, "history": history}))
 
 
 if __name__ == "__main__":
