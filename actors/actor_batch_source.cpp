@@ -80,6 +80,7 @@ Result<std::unique_ptr<ActorBatchSource>> ActorBatchSource::build(std::unique_pt
   cc.budget_bytes = o.cache_bytes;
   cc.decode_workers = o.decode_workers;
   cc.device = ctx->cache_device;
+  cc.pin = c10::Device(o.device).is_cuda();
   // Detached too: CAF 0.17's work-stealing workers, when idle, poll their queues with sleeps
   // of up to 10 ms (scheduler.relaxed-sleep-duration), which a scheduled cache would add to
   // every fetch; a detached actor wakes on its mailbox at once.
@@ -149,10 +150,13 @@ Result<std::optional<Batch>> ActorBatchSource::next() {
       .receive(
           [&](BatchReply& r) {
             for (auto& s : r.skipped) failures_.push_back({std::move(s.case_id), std::move(s.reason)});
-            if (r.end_of_epoch)
+            if (r.end_of_epoch) {
               out = std::optional<Batch>();
-            else
+            } else {
+              // This is the trainer's thread: its stream waits for the augmenter's side stream.
+              if (r.batch.ready) std::exchange(r.batch.ready, nullptr)();
               out = std::optional<Batch>(std::move(r.batch));
+            }
           },
           [&](caf::error& e) { out = to_status(e); });
   last_wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -19,7 +19,7 @@ std::int64_t default_window(std::int64_t batch_size, std::int64_t max_ready, int
 
 namespace {
 
-using self_ptr = augmenter_actor::stateful_pointer<AugmenterState>;
+using AugmenterSelf = augmenter_actor::stateful_pointer<AugmenterState>;
 
 bool epoch_done(const AugmenterState& st) {
   return st.epoch >= 0 && st.next_process >= st.order.size() && st.assembler.pending() == 0 &&
@@ -35,7 +35,7 @@ void note_window(AugmenterState& st) {
   st.counters.max_ready_seen = std::max(st.counters.max_ready_seen, st.counters.ready);
 }
 
-void skip(self_ptr self, std::size_t position, const Status& why) {
+void skip(AugmenterSelf self, std::size_t position, const Status& why) {
   auto& st = self->state;
   const std::int64_t index = st.order[position];
   const std::string& id = st.cfg.case_ids[static_cast<std::size_t>(index)];
@@ -46,7 +46,7 @@ void skip(self_ptr self, std::size_t position, const Status& why) {
 }
 
 /// Answers waiting next requests from what is ready (or the end of the epoch).
-void deliver(self_ptr self) {
+void deliver(AugmenterSelf self) {
   auto& st = self->state;
   while (!st.waiting.empty()) {
     auto& rp = st.waiting.front();
@@ -85,14 +85,15 @@ void deliver(self_ptr self) {
 }
 
 /// Collates one batch (full, or the epoch's partial rest) into the ready queue.
-void cut(self_ptr self, bool rest) {
+void cut(AugmenterSelf self, bool rest) {
   auto& st = self->state;
   AugmenterState::Prepared p;
   Result<Batch> b = rest ? st.assembler.take_rest() : st.assembler.take_full();
   if (b.is_ok()) {
     p.batch = std::move(b).value();
     if (st.stream && st.stream->active()) {
-      st.stream->synchronize();
+      // No host wait: the trainer's stream waits on this event (ActorBatchSource::next).
+      p.batch.ready = st.stream->ready_fence();
       for (auto& [k, t] : p.batch.tensors) st.stream->hand_over(t);
     }
     ++st.counters.batches;
@@ -109,7 +110,7 @@ void cut(self_ptr self, bool rest) {
 }
 
 /// Augments the case at position next_process (it has arrived).
-void process(self_ptr self, AugmenterState::Arrived& a) {
+void process(AugmenterSelf self, AugmenterState::Arrived& a) {
   auto& st = self->state;
   const std::size_t position = st.next_process;
   if (!a.ok) {
@@ -136,10 +137,10 @@ void process(self_ptr self, AugmenterState::Arrived& a) {
   st.assembler.add(std::move(r).value());
 }
 
-void refill(self_ptr self);
+void refill(AugmenterSelf self);
 
 /// Makes as much progress as the bounds allow: cut batches, augment arrived cases in order.
-void pump(self_ptr self) {
+void pump(AugmenterSelf self) {
   auto& st = self->state;
   const auto limit = static_cast<std::size_t>(st.cfg.max_ready);
   while (true) {
@@ -168,7 +169,7 @@ void pump(self_ptr self) {
   deliver(self);
 }
 
-void on_arrival(self_ptr self, std::uint64_t gen, std::size_t position, AugmenterState::Arrived a) {
+void on_arrival(AugmenterSelf self, std::uint64_t gen, std::size_t position, AugmenterState::Arrived a) {
   auto& st = self->state;
   if (gen != st.generation) return;  // an answer for an abandoned epoch
   --st.in_flight;
@@ -178,7 +179,7 @@ void on_arrival(self_ptr self, std::uint64_t gen, std::size_t position, Augmente
 }
 
 /// Asks the cache for the next positions while the window has room.
-void refill(self_ptr self) {
+void refill(AugmenterSelf self) {
   auto& st = self->state;
   while (st.next_request < st.order.size() &&
          st.in_flight + static_cast<std::int64_t>(st.arrived.size()) < st.cfg.window) {
@@ -203,7 +204,7 @@ void refill(self_ptr self) {
   }
 }
 
-Status start_epoch(self_ptr self, std::int64_t epoch) {
+Status start_epoch(AugmenterSelf self, std::int64_t epoch) {
   auto& st = self->state;
   if (epoch < 0)
     return invalid_argument("augmenter: epoch: expected an integer >= 0, got " + std::to_string(epoch));

@@ -12,17 +12,17 @@ namespace segflow::actors {
 
 namespace {
 
-using self_ptr = cache_actor::stateful_pointer<CacheState>;
+using CacheSelf = cache_actor::stateful_pointer<CacheState>;
 
 constexpr int kMaxRetries = 2;  // a case whose decoder died under it is tried this often again
 
-decoder_actor spawn_decoder(self_ptr self, int index) {
+decoder_actor spawn_decoder(CacheSelf self, int index) {
   return self->spawn<caf::detached + caf::linked>(decoder, self->state.ctx, self->state.collector, index);
 }
 
-void dispatch(self_ptr self);
+void dispatch(CacheSelf self);
 
-void finish(self_ptr self, std::int64_t index, const Sample* sample, const caf::error* err) {
+void finish(CacheSelf self, std::int64_t index, const Sample* sample, const caf::error* err) {
   auto& st = self->state;
   auto it = st.waiting.find(index);
   if (it == st.waiting.end()) return;
@@ -37,7 +37,7 @@ void finish(self_ptr self, std::int64_t index, const Sample* sample, const caf::
   }
 }
 
-void on_decoded(self_ptr self, std::size_t slot, std::uint64_t gen, std::int64_t index, DecodeResult& r) {
+void on_decoded(CacheSelf self, std::size_t slot, std::uint64_t gen, std::int64_t index, DecodeResult& r) {
   auto& st = self->state;
   if (st.decoders[slot].generation == gen) st.decoders[slot].busy = false;
   --st.counters.decodes_in_flight;
@@ -49,7 +49,7 @@ void on_decoded(self_ptr self, std::size_t slot, std::uint64_t gen, std::int64_t
   dispatch(self);
 }
 
-void on_decode_error(self_ptr self, std::size_t slot, std::uint64_t gen, std::int64_t index, caf::error& e) {
+void on_decode_error(CacheSelf self, std::size_t slot, std::uint64_t gen, std::int64_t index, caf::error& e) {
   auto& st = self->state;
   --st.counters.decodes_in_flight;
   DecoderSlot& d = st.decoders[slot];
@@ -69,7 +69,7 @@ void on_decode_error(self_ptr self, std::size_t slot, std::uint64_t gen, std::in
   dispatch(self);
 }
 
-void dispatch(self_ptr self) {
+void dispatch(CacheSelf self) {
   auto& st = self->state;
   while (!st.queue.empty()) {
     auto free = std::find_if(st.decoders.begin(), st.decoders.end(),
@@ -98,7 +98,7 @@ cache_actor::behavior_type cache(cache_actor::stateful_pointer<CacheState> self,
   auto& st = self->state;
   st.ctx = std::move(ctx);
   st.collector = std::move(collector);
-  st.memory = pipeline::MemoryCache(config.cacheable, config.budget_bytes, config.device);
+  st.memory = pipeline::MemoryCache(config.cacheable, config.budget_bytes, config.device, config.pin);
   st.counters.budget_bytes = config.budget_bytes;
   st.counters.cacheable_cases = config.cacheable;
   st.counters.decode_limit = std::max(1, config.decode_workers);

@@ -40,6 +40,8 @@ struct CacheConfig {
   /// Where cached tensors live: the CPU, or a CUDA device (DecodeContext::cache_device; the
   /// decoders copy cacheable cases there, so admission copies nothing on this actor).
   c10::Device device{c10::kCPU};
+  /// A host cache whose samples go to a CUDA augmenter: pinned once when admitted.
+  bool pin = false;
 };
 
 /// One decoder of the pool, as the cache sees it.

@@ -24,12 +24,8 @@
 #include "actors/detail/device_stream.hpp"
 #include "actors/interfaces.hpp"
 #include "pipeline/cache/compact.hpp"
+#include "pipeline/fwd.hpp"
 #include "pipeline/io/dataset.hpp"
-
-namespace segflow::pipeline {
-class Pipeline;
-class DiskCache;
-}  // namespace segflow::pipeline
 
 namespace segflow::actors {
 

@@ -1,19 +1,23 @@
-// segflow ctl: the daemon client. One ZeroMQ REQ round trip per command (protocol in
-// actors/daemon/control.hpp), readable output or the raw reply with --json.
+// segflow ctl: the daemon client. One ZeroMQ REQ round trip per command (the protocol:
+// docs/reference/control-protocol.md; the server's command table in daemon/control.cpp),
+// readable output or the raw reply with --json. The commands are one table below
+// ({name, request, print}); the usage text is made from it.
 #include <zmq.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 
-#include "actors/daemon/curve.hpp"
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
+#include "daemon/curve.hpp"
 
 namespace segflow::apps {
 
@@ -21,25 +25,6 @@ namespace {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-constexpr const char* kCtlUsage = R"(usage: segflow ctl [--endpoint E] [--json] [--timeout S]
-                   [--curve-server-key FILE --curve-client-keys DIR] COMMAND ...
-
-commands:
-  start CONFIG [--set key=value ...]   submit a job (the config is sent inline); prints its id
-  infer --checkpoint PT --input PATH --output PATH [--tta none|mirror|mirror-all] [--device D]
-                                        queue an inference job (a scan, a folder or a dataset)
-  stop JOB | pause JOB [--now] | resume JOB
-  status [JOB]                          state, epoch, step, loss, best Dice, samples/s, devices
-  list | datasets | stages | ping
-  shutdown [--now]                      stop the daemon (running jobs checkpoint first)
-  dicom [send FILE ...]                 the DICOM node (associations, instances, failures) and
-                                        the send queue; `send` queues result files for dicom.send_to
-  keygen --out DIR                      write a CURVE key pair: DIR/public.key, DIR/secret.key
-
---endpoint defaults to $SEGFLOW_CTL_ENDPOINT or ipc://state/control.sock (segflowd's default
-with state_dir "state"); --timeout is in seconds (default 5).
-)";
 
 struct Client {
   std::string endpoint;
@@ -245,7 +230,7 @@ Result<std::int64_t> job_arg(const Args& a, const std::string& cmd) {
 
 int keygen(const Args& a) {
   if (!a.has("out")) return fail("ctl keygen", invalid_argument("--out DIR: required"));
-  auto kp = actors::daemon::write_keypair(a.get("out"));
+  auto kp = daemon::write_keypair(a.get("out"));
   if (!kp.is_ok()) return fail("ctl keygen", kp.status());
   const fs::path dir = a.get("out");
   if (a.flag("json")) {
@@ -261,27 +246,211 @@ int keygen(const Args& a) {
   return 0;
 }
 
-}  // namespace
+// ---- Requests: the JSON request of each command from its arguments ----
 
-int cmd_ctl(int argc, char** argv) {
-  auto parsed = parse_args(argc, argv, 2,
-                           {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out",
-                            "checkpoint", "input", "output", "tta", "device"},
-                           {"json", "now", "help"});
-  if (!parsed.is_ok()) return fail("ctl", parsed.status());
-  const Args& a = *parsed;
-  if (a.flag("help")) {
-    std::fputs(kCtlUsage, stdout);
-    return 0;
-  }
-  if (a.positional.empty()) {
-    std::fputs(kCtlUsage, stderr);
-    return 2;
-  }
-  const std::string cmd = a.positional[0];
-  if (cmd == "keygen") return keygen(a);
-  const std::string where = "ctl " + cmd;
+/// An error naming the first argument after the command when there are more than `allowed`
+/// positional arguments (the command included).
+Status no_more_arguments(const Args& a, std::size_t allowed) {
+  if (a.positional.size() > allowed) return invalid_argument("unexpected argument '" + a.positional[1] + "'");
+  return Status::ok();
+}
 
+/// Paths are sent absolute: the daemon's working folder is not the client's.
+std::string absolute(const std::string& p) { return fs::absolute(p).lexically_normal().string(); }
+
+Result<json> start_request(const Args& a) {
+  if (a.positional.size() != 2) return invalid_argument("expected one CONFIG file");
+  std::ifstream f(a.positional[1]);
+  if (!f) return not_found(a.positional[1] + ": cannot open job config");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return json{{"cmd", "start"}, {"config", ss.str()}, {"file", a.positional[1]}, {"set", a.all("set")}};
+}
+
+Result<json> infer_request(const Args& a) {
+  SEGFLOW_RETURN_IF_ERROR(no_more_arguments(a, 1));
+  for (const char* k : {"checkpoint", "input", "output"})
+    if (!a.has(k)) return invalid_argument(std::string("--") + k + ": required");
+  json req = {{"cmd", "infer"},
+              {"checkpoint", absolute(a.get("checkpoint"))},
+              {"input", absolute(a.get("input"))},
+              {"output", absolute(a.get("output"))}};
+  if (a.has("tta")) req["tta"] = a.get("tta");
+  if (a.has("device")) req["device"] = a.get("device");
+  return req;
+}
+
+/// {"cmd": cmd, "job": JOB} from `ctl CMD JOB`.
+Result<json> job_request(const Args& a, const std::string& cmd) {
+  SEGFLOW_ASSIGN_OR_RETURN(std::int64_t id, job_arg(a, cmd));
+  return json{{"cmd", cmd}, {"job", id}};
+}
+
+Result<json> pause_request(const Args& a) {
+  SEGFLOW_ASSIGN_OR_RETURN(json req, job_request(a, "pause"));
+  if (a.flag("now")) req["now"] = true;
+  return req;
+}
+
+Result<json> status_request(const Args& a) {
+  if (a.positional.size() <= 1) return json{{"cmd", "status"}};
+  return job_request(a, "status");
+}
+
+/// A request of the command alone (no arguments).
+Result<json> plain_request(const Args& a, const char* cmd) {
+  SEGFLOW_RETURN_IF_ERROR(no_more_arguments(a, 1));
+  return json{{"cmd", cmd}};
+}
+
+Result<json> datasets_request(const Args& a) {
+  SEGFLOW_RETURN_IF_ERROR(no_more_arguments(a, 2));
+  json req = {{"cmd", "datasets"}};
+  if (a.positional.size() == 2) req["dataset"] = a.positional[1];
+  return req;
+}
+
+Result<json> shutdown_request(const Args& a) {
+  SEGFLOW_RETURN_IF_ERROR(no_more_arguments(a, 1));
+  json req = {{"cmd", "shutdown"}};
+  if (a.flag("now")) req["now"] = true;
+  return req;
+}
+
+Result<json> dicom_request(const Args& a) {
+  json req = {{"cmd", "dicom"}};
+  if (a.positional.size() == 1) return req;
+  if (a.positional[1] != "send" || a.positional.size() < 3)
+    return invalid_argument("expected `dicom` or `dicom send FILE ...`");
+  json files = json::array();
+  for (std::size_t i = 2; i < a.positional.size(); ++i) files.push_back(absolute(a.positional[i]));
+  req["send"] = files;
+  return req;
+}
+
+// ---- Replies: each command's reply, readable ----
+
+void print_submitted(const json& r) {
+  std::printf("job %s %s (run folder %s)\n", str(field(r, "job")).c_str(), str(field(r, "state")).c_str(),
+              str(field(r, "run_dir")).c_str());
+}
+
+void print_infer_submitted(const json& r) {
+  std::printf("job %s %s (inference into %s)\n", str(field(r, "job")).c_str(), str(field(r, "state")).c_str(),
+              str(field(r, "output")).c_str());
+}
+
+/// stop, pause, resume: the state, and the request still pending.
+void print_job_state(const json& r) {
+  const json pending = field(r, "pending");
+  const std::string note =
+      pending.is_string() ? " (" + pending.get<std::string>() + " pending: a checkpoint is written first)"
+                          : "";
+  std::printf("job %s: %s%s\n", str(field(r, "job")).c_str(), str(field(r, "state")).c_str(), note.c_str());
+}
+
+void print_status(const json& r) {
+  if (r.contains("job"))
+    print_job(field(r, "job"));
+  else
+    print_jobs(field(r, "jobs"));
+}
+
+void print_list(const json& r) { print_jobs(field(r, "jobs")); }
+void print_stage_list(const json& r) { print_stages(field(r, "stages")); }
+
+void print_ping(const json& r) {
+  std::printf("segflowd pid %s: control %s, events %s, devices %s\n", str(field(r, "pid")).c_str(),
+              str(field(r, "control")).c_str(), str(field(r, "events")).c_str(), devices_text(r).c_str());
+}
+
+void print_shutdown(const json&) {
+  std::printf("segflowd is shutting down (running jobs write a checkpoint first)\n");
+}
+
+// ---- The commands ----
+
+/// One `segflow ctl` command. Adding one is one entry here (and one in the server's table,
+/// daemon/control.cpp).
+struct CtlCommand {
+  const char* name;
+  const char* synopsis;  ///< its usage line after the two-space indent
+  const char* help;      ///< what it does ('\n' continues it); "": shares a line with its neighbours
+  Result<json> (*request)(const Args& a);  ///< the request from the arguments
+  void (*print)(const json& reply);        ///< the reply, readable (--json prints it as it is)
+  int (*local)(const Args& a);             ///< instead of a request: a command that needs no daemon
+};
+
+// clang-format off
+const CtlCommand kCtlCommands[] = {
+    {"start", "start CONFIG [--set key=value ...]", "submit a job (the config is sent inline); prints its id",
+     start_request, print_submitted, nullptr},
+    {"infer", "infer --checkpoint PT --input PATH --output PATH [--tta none|mirror|mirror-all] [--device D]",
+     "queue an inference job (a scan, a folder or a dataset)", infer_request, print_infer_submitted, nullptr},
+    {"stop", "stop JOB", "", [](const Args& a) { return job_request(a, "stop"); }, print_job_state, nullptr},
+    {"pause", "pause JOB [--now]", "", pause_request, print_job_state, nullptr},
+    {"resume", "resume JOB", "", [](const Args& a) { return job_request(a, "resume"); },
+     print_job_state, nullptr},
+    {"status", "status [JOB]", "state, epoch, step, loss, best Dice, samples/s, devices",
+     status_request, print_status, nullptr},
+    {"list", "list", "", [](const Args& a) { return plain_request(a, "list"); }, print_list, nullptr},
+    {"datasets", "datasets", "", datasets_request, print_datasets, nullptr},
+    {"stages", "stages", "", [](const Args& a) { return plain_request(a, "stages"); },
+     print_stage_list, nullptr},
+    {"ping", "ping", "", [](const Args& a) { return plain_request(a, "ping"); }, print_ping, nullptr},
+    {"shutdown", "shutdown [--now]", "stop the daemon (running jobs checkpoint first)",
+     shutdown_request, print_shutdown, nullptr},
+    {"dicom", "dicom [send FILE ...]", "the DICOM node (associations, instances, failures) and\n"
+                                       "the send queue; `send` queues result files for dicom.send_to",
+     dicom_request, print_dicom, nullptr},
+    {"keygen", "keygen --out DIR", "write a CURVE key pair: DIR/public.key, DIR/secret.key",
+     nullptr, nullptr, keygen},
+};
+// clang-format on
+
+const CtlCommand* find_command(const std::string& name) {
+  auto it = std::find_if(std::begin(kCtlCommands), std::end(kCtlCommands),
+                         [&](const CtlCommand& c) { return name == c.name; });
+  return it == std::end(kCtlCommands) ? nullptr : it;
+}
+
+/// The usage text: each command with a help on its own line (the help at column 40), the
+/// ones without on a shared line ("stop JOB | pause JOB [--now] | resume JOB").
+std::string usage() {
+  constexpr std::size_t kHelpColumn = 40;
+  std::string u =
+      "usage: segflow ctl [--endpoint E] [--json] [--timeout S]\n"
+      "                   [--curve-server-key FILE --curve-client-keys DIR] COMMAND ...\n\ncommands:\n";
+  std::string shared;
+  for (const CtlCommand& c : kCtlCommands) {
+    if (*c.help == '\0') {
+      shared += (shared.empty() ? "  " : " | ") + std::string(c.synopsis);
+      continue;
+    }
+    if (!shared.empty()) u += shared + "\n";
+    shared.clear();
+    std::string line = "  " + std::string(c.synopsis);
+    line = line.size() + 3 <= kHelpColumn ? line + std::string(kHelpColumn - line.size(), ' ')
+                                          : line + "\n" + std::string(kHelpColumn, ' ');
+    for (const char* h = c.help; *h != '\0'; ++h)
+      line += *h == '\n' ? "\n" + std::string(kHelpColumn, ' ') : std::string(1, *h);
+    u += line + "\n";
+  }
+  if (!shared.empty()) u += shared + "\n";
+  return u +
+         "\n--endpoint defaults to $SEGFLOW_CTL_ENDPOINT or ipc://state/control.sock (segflowd's default\n"
+         "with state_dir \"state\"); --timeout is in seconds (default 5).\n";
+}
+
+/// "start, infer, ..., keygen": the names of the table.
+std::string command_names() {
+  std::string names;
+  for (const CtlCommand& c : kCtlCommands) names += (names.empty() ? "" : ", ") + std::string(c.name);
+  return names;
+}
+
+/// The connection from --endpoint, --timeout and the CURVE key options.
+Result<Client> make_client(const Args& a) {
   Client c;
   const char* env = std::getenv("SEGFLOW_CTL_ENDPOINT");
   c.endpoint = a.get("endpoint", env && *env ? env : "ipc://state/control.sock");
@@ -290,85 +459,29 @@ int cmd_ctl(int argc, char** argv) {
     const std::string t = a.get("timeout");
     const double s = std::strtod(t.c_str(), &end);
     if (t.empty() || *end != '\0' || !(s > 0) || s > 3600)
-      return fail(where, invalid_argument("--timeout: expected seconds in (0, 3600], got '" + t + "'"));
+      return invalid_argument("--timeout: expected seconds in (0, 3600], got '" + t + "'");
     c.timeout_ms = static_cast<int>(std::lround(s * 1000));
   }
   if (a.has("curve-server-key") != a.has("curve-client-keys"))
-    return fail(where, invalid_argument("--curve-server-key and --curve-client-keys go together"));
-  if (a.has("curve-server-key")) {
-    auto sk = actors::daemon::read_key_file(a.get("curve-server-key"));
-    if (!sk.is_ok()) return fail(where, sk.status().with_context("--curve-server-key"));
-    const fs::path dir = a.get("curve-client-keys");
-    auto pk = actors::daemon::read_key_file(dir / "public.key");
-    if (!pk.is_ok()) return fail(where, pk.status().with_context("--curve-client-keys"));
-    auto sec = actors::daemon::read_key_file(dir / "secret.key");
-    if (!sec.is_ok()) return fail(where, sec.status().with_context("--curve-client-keys"));
-    c.server_key = *sk;
-    c.public_key = *pk;
-    c.secret_key = *sec;
-  }
+    return invalid_argument("--curve-server-key and --curve-client-keys go together");
+  if (!a.has("curve-server-key")) return c;
+  auto sk = daemon::read_key_file(a.get("curve-server-key"));
+  if (!sk.is_ok()) return sk.status().with_context("--curve-server-key");
+  const fs::path dir = a.get("curve-client-keys");
+  auto pk = daemon::read_key_file(dir / "public.key");
+  if (!pk.is_ok()) return pk.status().with_context("--curve-client-keys");
+  auto sec = daemon::read_key_file(dir / "secret.key");
+  if (!sec.is_ok()) return sec.status().with_context("--curve-client-keys");
+  c.server_key = *sk;
+  c.public_key = *pk;
+  c.secret_key = *sec;
+  return c;
+}
 
-  json req;
-  if (cmd == "start") {
-    if (a.positional.size() != 2) return fail(where, invalid_argument("expected one CONFIG file"));
-    std::ifstream f(a.positional[1]);
-    if (!f) return fail(where, not_found(a.positional[1] + ": cannot open job config"));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    req = {{"cmd", "start"}, {"config", ss.str()}, {"file", a.positional[1]}, {"set", a.all("set")}};
-  } else if (cmd == "infer") {
-    if (a.positional.size() > 1)
-      return fail(where, invalid_argument("unexpected argument '" + a.positional[1] + "'"));
-    for (const char* k : {"checkpoint", "input", "output"})
-      if (!a.has(k)) return fail(where, invalid_argument(std::string("--") + k + ": required"));
-    // Paths are sent absolute: the daemon's working folder is not the client's.
-    auto abs = [](const std::string& p) { return fs::absolute(p).lexically_normal().string(); };
-    req = {{"cmd", "infer"},
-           {"checkpoint", abs(a.get("checkpoint"))},
-           {"input", abs(a.get("input"))},
-           {"output", abs(a.get("output"))}};
-    if (a.has("tta")) req["tta"] = a.get("tta");
-    if (a.has("device")) req["device"] = a.get("device");
-  } else if (cmd == "stop" || cmd == "pause" || cmd == "resume") {
-    auto id = job_arg(a, cmd);
-    if (!id.is_ok()) return fail(where, id.status());
-    req = {{"cmd", cmd}, {"job", *id}};
-    if (cmd == "pause" && a.flag("now")) req["now"] = true;
-  } else if (cmd == "status") {
-    req = {{"cmd", "status"}};
-    if (a.positional.size() > 1) {
-      auto id = job_arg(a, cmd);
-      if (!id.is_ok()) return fail(where, id.status());
-      req["job"] = *id;
-    }
-  } else if (cmd == "list" || cmd == "datasets" || cmd == "stages" || cmd == "ping" || cmd == "shutdown") {
-    if (a.positional.size() > 1 && !(cmd == "datasets" && a.positional.size() == 2))
-      return fail(where, invalid_argument("unexpected argument '" + a.positional[1] + "'"));
-    req = {{"cmd", cmd}};
-    if (cmd == "datasets" && a.positional.size() == 2) req["dataset"] = a.positional[1];
-    if (cmd == "shutdown" && a.flag("now")) req["now"] = true;
-  } else if (cmd == "dicom") {
-    req = {{"cmd", "dicom"}};
-    if (a.positional.size() > 1) {
-      if (a.positional[1] != "send" || a.positional.size() < 3)
-        return fail(where, invalid_argument("expected `dicom` or `dicom send FILE ...`"));
-      json files = json::array();
-      for (std::size_t i = 2; i < a.positional.size(); ++i)
-        files.push_back(fs::absolute(a.positional[i]).lexically_normal().string());
-      req["send"] = files;
-    }
-  } else {
-    return fail(
-        "ctl", invalid_argument("unknown command '" + cmd +
-                                "' (start, infer, stop, pause, resume, status, list, datasets, stages, ping, "
-                                "shutdown, dicom, keygen)"));
-  }
-
-  auto reply = call(c, req);
-  if (!reply.is_ok()) return fail(where, reply.status());
-  const json& r = *reply;
+/// The reply printed (readable, or raw with --json); an error reply goes to stderr.
+int show_reply(const CtlCommand& c, const json& r, bool raw, const std::string& where) {
   const bool ok = r.is_object() && r.value("ok", false);
-  if (a.flag("json")) {
+  if (raw) {
     std::cout << r.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
     if (!ok)
       std::fprintf(stderr, "segflow %s: %s\n", where.c_str(),
@@ -380,38 +493,35 @@ int cmd_ctl(int argc, char** argv) {
                  r.is_object() ? r.value("error", std::string("failed")).c_str() : "unexpected reply");
     return 1;
   }
-  if (cmd == "start") {
-    std::printf("job %s %s (run folder %s)\n", str(field(r, "job")).c_str(), str(field(r, "state")).c_str(),
-                str(field(r, "run_dir")).c_str());
-  } else if (cmd == "infer") {
-    std::printf("job %s %s (inference into %s)\n", str(field(r, "job")).c_str(),
-                str(field(r, "state")).c_str(), str(field(r, "output")).c_str());
-  } else if (cmd == "stop" || cmd == "pause" || cmd == "resume") {
-    std::printf("job %s: %s%s\n", str(field(r, "job")).c_str(), str(field(r, "state")).c_str(),
-                field(r, "pending").is_string() ? (" (" + field(r, "pending").get<std::string>() +
-                                                   " pending: a checkpoint is written first)")
-                                                      .c_str()
-                                                : "");
-  } else if (cmd == "status") {
-    if (r.contains("job"))
-      print_job(field(r, "job"));
-    else
-      print_jobs(field(r, "jobs"));
-  } else if (cmd == "list") {
-    print_jobs(field(r, "jobs"));
-  } else if (cmd == "datasets") {
-    print_datasets(r);
-  } else if (cmd == "stages") {
-    print_stages(field(r, "stages"));
-  } else if (cmd == "ping") {
-    std::printf("segflowd pid %s: control %s, events %s, devices %s\n", str(field(r, "pid")).c_str(),
-                str(field(r, "control")).c_str(), str(field(r, "events")).c_str(), devices_text(r).c_str());
-  } else if (cmd == "shutdown") {
-    std::printf("segflowd is shutting down (running jobs write a checkpoint first)\n");
-  } else if (cmd == "dicom") {
-    print_dicom(r);
-  }
+  c.print(r);
   return 0;
+}
+
+}  // namespace
+
+int cmd_ctl(int argc, char** argv) {
+  auto parsed = parse_args(argc, argv, 2,
+                           {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out",
+                            "checkpoint", "input", "output", "tta", "device"},
+                           {"json", "now", "help"});
+  if (!parsed.is_ok()) return fail("ctl", parsed.status());
+  const Args& a = *parsed;
+  if (a.flag("help") || a.positional.empty()) {
+    std::fputs(usage().c_str(), a.flag("help") ? stdout : stderr);
+    return a.flag("help") ? 0 : 2;
+  }
+  const std::string cmd = a.positional[0];
+  const CtlCommand* c = find_command(cmd);
+  if (c && c->local) return c->local(a);
+  const std::string where = "ctl " + cmd;
+  auto client = make_client(a);  // before the command is known, as the options apply to all
+  if (!client.is_ok()) return fail(where, client.status());
+  if (!c) return fail("ctl", invalid_argument("unknown command '" + cmd + "' (" + command_names() + ")"));
+  auto request = c->request(a);
+  if (!request.is_ok()) return fail(where, request.status());
+  auto reply = call(*client, *request);
+  if (!reply.is_ok()) return fail(where, reply.status());
+  return show_reply(*c, *reply, a.flag("json"), where);
 }
 
 }  // namespace segflow::apps

@@ -1,13 +1,13 @@
 // segflowd: the daemon. Parses arguments and the daemon config, then runs the service
-// (actors/daemon/daemon.hpp) until the shutdown command, SIGTERM or SIGINT.
+// (daemon/daemon.hpp) until the shutdown command, SIGTERM or SIGINT.
 #include <cstdio>
 #include <exception>
 #include <string>
 
-#include "actors/daemon/daemon.hpp"
-#include "actors/daemon/daemon_config.hpp"
 #include "apps/cli_args.hpp"
 #include "apps/launcher_env.hpp"
+#include "daemon/config.hpp"
+#include "daemon/daemon.hpp"
 
 namespace {
 
@@ -21,9 +21,9 @@ usage: segflowd [--config FILE] [--data-root DIR] [--state-dir DIR] [--control E
                      control ipc://state/control.sock, events ipc://state/events.sock
   the other options override the config's keys of the same name.
 
-Talk to it with `segflow ctl` (start, stop, pause, resume, status, list, datasets, stages,
-shutdown). SIGTERM or SIGINT stop it gracefully (jobs checkpoint at the end of their epoch;
-a second signal makes them stop at the next step).
+Talk to it with `segflow ctl COMMAND` (`segflow ctl --help` lists the commands). SIGTERM
+or SIGINT stop it gracefully (jobs checkpoint at the end of their epoch; a second signal
+makes them stop at the next step).
 )";
 
 }  // namespace
@@ -50,9 +50,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    actors::daemon::DaemonConfig cfg;
+    daemon::DaemonConfig cfg;
     if (args->has("config")) {
-      auto c = actors::daemon::load_daemon_config(args->get("config"));
+      auto c = daemon::load_daemon_config(args->get("config"));
       if (!c.is_ok()) {
         std::fprintf(stderr, "segflowd: %s\n", c.status().message().c_str());
         return 2;
@@ -64,11 +64,11 @@ int main(int argc, char** argv) {
     if (args->has("control")) cfg.control = args->get("control");
     if (args->has("events")) cfg.events = args->get("events");
     if (args->has("log-level")) cfg.log_level = args->get("log-level");
-    if (Status st = actors::daemon::finalize_daemon_config(cfg); !st.is_ok()) {
+    if (Status st = daemon::finalize_daemon_config(cfg); !st.is_ok()) {
       std::fprintf(stderr, "segflowd: %s\n", st.message().c_str());
       return 2;
     }
-    return actors::daemon::run_daemon(cfg);
+    return daemon::run_daemon(cfg);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "segflowd: internal error: %s\n", e.what());
     return 1;

@@ -21,12 +21,21 @@ if(NOT DEFINED TORCH_CUDA_ARCH_LIST)
   set(TORCH_CUDA_ARCH_LIST "9.0")  # H200; only used by LibTorch's CMake when compiling CUDA
 endif()
 find_package(Torch REQUIRED)
+# LibTorch built with CUDA (the torch wheel's cu130 build): the CUDA-only code (the augmenter's
+# side stream, actors/detail/device_stream.cpp) is compiled in, against the toolkit's headers;
+# a missing header is a build error, never a silent fallback. A CPU-only LibTorch leaves it out.
+if(TARGET torch_cuda)
+  set(SEGFLOW_WITH_CUDA 1)
+else()
+  set(SEGFLOW_WITH_CUDA 0)
+endif()
+message(STATUS "segflow: LibTorch with CUDA: ${SEGFLOW_WITH_CUDA}")
 # TorchConfig adds its flags to CMAKE_CXX_FLAGS; the ABI define must match the wheel.
 
 find_package(Threads REQUIRED)
 find_package(ZLIB REQUIRED)
 find_package(DCMTK REQUIRED CONFIG)
-if(NOT TARGET DCMTK::dcmnet)  # segflowd's DICOM node and sender (actors/daemon/dicom_*.cpp)
+if(NOT TARGET DCMTK::dcmnet)  # segflowd's DICOM node and sender (daemon/dicom/)
   message(FATAL_ERROR "DCMTK without dcmnet: install libdcmtk-dev (Debian) or build DCMTK with dcmnet")
 endif()
 find_package(spdlog REQUIRED CONFIG)

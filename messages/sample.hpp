@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -28,6 +29,10 @@ struct Sample {
 struct Batch {
   std::vector<std::string> ids;
   std::map<std::string, at::Tensor> tensors;  ///< (N, C, ...) each
+  /// Set when the tensors are still being made on a producer's CUDA side stream: makes the
+  /// calling thread's current stream wait for them (no host wait). Whoever hands the batch
+  /// to its consumer calls it once, on the consumer's thread; empty: ready as it is.
+  std::function<void()> ready;
 };
 
 }  // namespace segflow

@@ -34,4 +34,10 @@ std::string Status::to_string() const {
   return std::string(segflow::to_string(code_)) + ": " + message_;
 }
 
+std::string first_line(const std::exception& e) {
+  std::string what = e.what();
+  if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
+  return what;
+}
+
 }  // namespace segflow

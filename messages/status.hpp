@@ -4,6 +4,7 @@
 //   "configs/job.yaml: stages[2].options.spacing: expected 3 positive numbers, got [1.5, 0]"
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
 #include <utility>
@@ -25,6 +26,10 @@ enum class ErrorCode : std::uint8_t {
 
 /// Short stable name of an error code ("corrupt_data").
 const char* to_string(ErrorCode code) noexcept;
+
+/// The first line of an exception's message: LibTorch's errors carry a C++ stack trace after
+/// it, which does not belong in a one-line error.
+std::string first_line(const std::exception& e);
 
 /// Outcome of an operation without a value. Cheap to copy when ok.
 class [[nodiscard]] Status {

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -13,7 +14,6 @@ namespace segflow::models {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 /// Squared distance transform of one line (Felzenszwalb & Huttenlocher 2012): d[q] =
 /// min_p ((q - p) s)^2 + f[p] over the sites p with finite f. `v` holds n site indices, `z`
@@ -179,6 +179,102 @@ at::Tensor surface_voxels(const at::Tensor& mask) {
   return two_d ? out[0] : out;
 }
 
+namespace {
+
+/// Two (Z, Y, X) int32 label maps on one grid, on the CPU.
+struct LabelMaps {
+  const std::int32_t* pred = nullptr;
+  const std::int32_t* gt = nullptr;
+  std::int64_t Z = 0, Y = 0, X = 0;
+};
+
+/// Per-class counts and the bounding box of P ∪ G, in one pass over the grid.
+std::vector<Tally> tally_classes(const LabelMaps& m, const std::vector<std::int64_t>& labels) {
+  // Label value -> index into `labels` (-1: not scored).
+  std::int64_t max_label = -1;
+  for (auto l : labels) max_label = std::max(max_label, l);
+  std::vector<int> lut(static_cast<std::size_t>(std::max<std::int64_t>(0, max_label + 1)), -1);
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] >= 0) lut[static_cast<std::size_t>(labels[i])] = static_cast<int>(i);
+  const auto class_of = [&](std::int32_t v) {
+    return v >= 0 && static_cast<std::size_t>(v) < lut.size() ? lut[static_cast<std::size_t>(v)] : -1;
+  };
+  const std::int64_t Y = m.Y, X = m.X, plane = Y * X;
+  std::vector<Tally> tally(labels.size());
+  std::mutex mu;
+  at::parallel_for(0, m.Z, 1, [&](std::int64_t z0, std::int64_t z1) {
+    std::vector<Tally> local(labels.size());
+    for (std::int64_t z = z0; z < z1; ++z)
+      for (std::int64_t y = 0; y < Y; ++y)
+        for (std::int64_t x = 0; x < X; ++x) {
+          const std::int64_t i = z * plane + y * X + x;
+          const int cp = class_of(m.pred[i]), cg = class_of(m.gt[i]);
+          if (cp >= 0) {
+            ++local[cp].pred;
+            local[cp].add_box(z, y, x);
+          }
+          if (cg >= 0) {
+            ++local[cg].gt;
+            if (cg == cp)
+              ++local[cg].both;
+            else
+              local[cg].add_box(z, y, x);
+          }
+        }
+    std::lock_guard<std::mutex> lock(mu);
+    for (std::size_t c = 0; c < labels.size(); ++c) tally[c].merge(local[c]);
+  });
+  return tally;
+}
+
+/// HD95, ASSD and NSD of class `value` (present in both maps) from its surfaces. Everything
+/// happens inside the bounding box of P ∪ G: both surfaces lie in it, and the outside of
+/// the box is outside both masks.
+void score_surfaces(ClassScores& s, const Tally& t, const LabelMaps& m, std::int32_t value,
+                    const std::array<double, 3>& spacing_zyx, bool two_d, const EvalMetricOptions& options) {
+  const std::int64_t plane = m.Y * m.X;
+  const std::int64_t bz = t.hi[0] - t.lo[0] + 1, by = t.hi[1] - t.lo[1] + 1, bx = t.hi[2] - t.lo[2] + 1;
+  const std::int64_t n = bz * by * bx;
+  std::vector<std::uint8_t> mp(n), mg(n), ep(n), eg(n);
+  at::parallel_for(0, bz, 1, [&](std::int64_t z0, std::int64_t z1) {
+    for (std::int64_t z = z0; z < z1; ++z)
+      for (std::int64_t y = 0; y < by; ++y) {
+        const std::int64_t src = (z + t.lo[0]) * plane + (y + t.lo[1]) * m.X + t.lo[2];
+        const std::int64_t dst = (z * by + y) * bx;
+        for (std::int64_t x = 0; x < bx; ++x) {
+          mp[dst + x] = m.pred[src + x] == value;
+          mg[dst + x] = m.gt[src + x] == value;
+        }
+      }
+  });
+  surface_of(mp.data(), ep.data(), bz, by, bx, two_d);
+  surface_of(mg.data(), eg.data(), bz, by, bx, two_d);
+  // Distances from the surface voxels of `from` to the surface of `to`.
+  std::vector<double> field(n);
+  const auto directed = [&](const std::vector<std::uint8_t>& from, const std::vector<std::uint8_t>& to) {
+    for (std::int64_t i = 0; i < n; ++i) field[i] = to[i] ? 0.0 : kInf;
+    squared_edt_3d(field.data(), bz, by, bx, spacing_zyx[0], spacing_zyx[1], spacing_zyx[2]);
+    std::vector<double> d;
+    for (std::int64_t i = 0; i < n; ++i)
+      if (from[i]) d.push_back(std::sqrt(field[i]));
+    return d;
+  };
+  std::vector<double> d_pg = directed(ep, eg), d_gp = directed(eg, ep);
+  double sum = 0;
+  std::int64_t within = 0;
+  for (const auto* d : {&d_pg, &d_gp})
+    for (double v : *d) {
+      sum += v;
+      within += v <= options.tolerance_mm;
+    }
+  const double total = static_cast<double>(d_pg.size() + d_gp.size());
+  s.assd = sum / total;
+  s.nsd = static_cast<double>(within) / total;
+  s.hd95 = std::max(percentile_linear(d_pg, options.percentile), percentile_linear(d_gp, options.percentile));
+}
+
+}  // namespace
+
 std::vector<ClassScores> score_label_maps(const at::Tensor& pred_in, const at::Tensor& gt_in,
                                           const std::vector<std::int64_t>& labels,
                                           const std::vector<double>& spacing_xyz,
@@ -200,45 +296,9 @@ std::vector<ClassScores> score_label_maps(const at::Tensor& pred_in, const at::T
 
   pred = pred.to(torch::kCPU, torch::kInt32).contiguous();
   gt = gt.to(torch::kCPU, torch::kInt32).contiguous();
-  const std::int64_t Z = pred.size(0), Y = pred.size(1), X = pred.size(2), plane = Y * X;
-  const std::int32_t* P = pred.data_ptr<std::int32_t>();
-  const std::int32_t* G = gt.data_ptr<std::int32_t>();
-
-  // Label value -> index into `labels` (-1: not scored).
-  std::int64_t max_label = -1;
-  for (auto l : labels) max_label = std::max(max_label, l);
-  std::vector<int> lut(static_cast<std::size_t>(std::max<std::int64_t>(0, max_label + 1)), -1);
-  for (std::size_t i = 0; i < labels.size(); ++i)
-    if (labels[i] >= 0) lut[static_cast<std::size_t>(labels[i])] = static_cast<int>(i);
-  const auto class_of = [&](std::int32_t v) {
-    return v >= 0 && static_cast<std::size_t>(v) < lut.size() ? lut[static_cast<std::size_t>(v)] : -1;
-  };
-
-  // One pass: counts and the bounding box of P ∪ G per class.
-  std::vector<Tally> tally(labels.size());
-  std::mutex mu;
-  at::parallel_for(0, Z, 1, [&](std::int64_t z0, std::int64_t z1) {
-    std::vector<Tally> local(labels.size());
-    for (std::int64_t z = z0; z < z1; ++z)
-      for (std::int64_t y = 0; y < Y; ++y)
-        for (std::int64_t x = 0; x < X; ++x) {
-          const std::int64_t i = z * plane + y * X + x;
-          const int cp = class_of(P[i]), cg = class_of(G[i]);
-          if (cp >= 0) {
-            ++local[cp].pred;
-            local[cp].add_box(z, y, x);
-          }
-          if (cg >= 0) {
-            ++local[cg].gt;
-            if (cg == cp)
-              ++local[cg].both;
-            else
-              local[cg].add_box(z, y, x);
-          }
-        }
-    std::lock_guard<std::mutex> lock(mu);
-    for (std::size_t c = 0; c < labels.size(); ++c) tally[c].merge(local[c]);
-  });
+  const LabelMaps maps{pred.data_ptr<std::int32_t>(), gt.data_ptr<std::int32_t>(), pred.size(0), pred.size(1),
+                       pred.size(2)};
+  const std::vector<Tally> tally = tally_classes(maps, labels);
 
   std::vector<ClassScores> out;
   out.reserve(labels.size());
@@ -253,59 +313,16 @@ std::vector<ClassScores> score_label_maps(const at::Tensor& pred_in, const at::T
     if (t.pred == 0 && t.gt == 0) {
       s.dice = s.iou = 1.0;
       s.hd95 = s.assd = s.nsd = kNaN;
-      out.push_back(s);
-      continue;
-    }
-    s.dice = 2.0 * static_cast<double>(t.both) / static_cast<double>(t.pred + t.gt);
-    s.iou = static_cast<double>(t.both) / static_cast<double>(t.pred + t.gt - t.both);
-    if (t.pred == 0 || t.gt == 0) {
-      s.hd95 = s.assd = kInf;
-      s.nsd = 0.0;
-      out.push_back(s);
-      continue;
-    }
-    // Everything happens inside the bounding box of P ∪ G: both surfaces lie in it, and the
-    // outside of the box is outside both masks.
-    const std::int64_t bz = t.hi[0] - t.lo[0] + 1, by = t.hi[1] - t.lo[1] + 1, bx = t.hi[2] - t.lo[2] + 1;
-    const std::int64_t n = bz * by * bx;
-    std::vector<std::uint8_t> mp(n), mg(n), ep(n), eg(n);
-    const std::int32_t value = static_cast<std::int32_t>(labels[c]);
-    at::parallel_for(0, bz, 1, [&](std::int64_t z0, std::int64_t z1) {
-      for (std::int64_t z = z0; z < z1; ++z)
-        for (std::int64_t y = 0; y < by; ++y) {
-          const std::int64_t src = (z + t.lo[0]) * plane + (y + t.lo[1]) * X + t.lo[2];
-          const std::int64_t dst = (z * by + y) * bx;
-          for (std::int64_t x = 0; x < bx; ++x) {
-            mp[dst + x] = P[src + x] == value;
-            mg[dst + x] = G[src + x] == value;
-          }
-        }
-    });
-    surface_of(mp.data(), ep.data(), bz, by, bx, two_d);
-    surface_of(mg.data(), eg.data(), bz, by, bx, two_d);
-    // Distances from the surface voxels of `from` to the surface of `to`.
-    std::vector<double> field(n);
-    const auto directed = [&](const std::vector<std::uint8_t>& from, const std::vector<std::uint8_t>& to) {
-      for (std::int64_t i = 0; i < n; ++i) field[i] = to[i] ? 0.0 : kInf;
-      squared_edt_3d(field.data(), bz, by, bx, sz, sy, sx);
-      std::vector<double> d;
-      for (std::int64_t i = 0; i < n; ++i)
-        if (from[i]) d.push_back(std::sqrt(field[i]));
-      return d;
-    };
-    std::vector<double> d_pg = directed(ep, eg), d_gp = directed(eg, ep);
-    double sum = 0;
-    std::int64_t within = 0;
-    for (const auto* d : {&d_pg, &d_gp})
-      for (double v : *d) {
-        sum += v;
-        within += v <= options.tolerance_mm;
+    } else {
+      s.dice = 2.0 * static_cast<double>(t.both) / static_cast<double>(t.pred + t.gt);
+      s.iou = static_cast<double>(t.both) / static_cast<double>(t.pred + t.gt - t.both);
+      if (t.pred == 0 || t.gt == 0) {
+        s.hd95 = s.assd = kInf;
+        s.nsd = 0.0;
+      } else {
+        score_surfaces(s, t, maps, static_cast<std::int32_t>(labels[c]), {sz, sy, sx}, two_d, options);
       }
-    const double total = static_cast<double>(d_pg.size() + d_gp.size());
-    s.assd = sum / total;
-    s.nsd = static_cast<double>(within) / total;
-    s.hd95 =
-        std::max(percentile_linear(d_pg, options.percentile), percentile_linear(d_gp, options.percentile));
+    }
     out.push_back(s);
   }
   return out;

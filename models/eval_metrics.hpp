@@ -27,6 +27,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "models/metrics.hpp"
+
 namespace segflow::models {
 
 /// Exact Euclidean distance transform: for every voxel of `features` ((Z, Y, X) or (Y, X),

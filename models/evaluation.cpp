@@ -13,21 +13,21 @@
 #include <sstream>
 
 #include "messages/geometry.hpp"
-#include "models/detail/case_files.hpp"
 #include "models/inference.hpp"
+#include "pipeline/io/case_files.hpp"
 #include "pipeline/io/dataset.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/image_io.hpp"
+#include "pipeline/io/nifti.hpp"
 
 namespace segflow::models {
 
 namespace fs = std::filesystem;
-using detail::case_id_of;
-using detail::is_hidden;
+using pipeline::case_id_of;
+using pipeline::is_hidden;
 
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr std::int64_t kMaxLabelValue = 65535;
 constexpr std::int64_t kMaxDistinctLabels = 1000;
 
@@ -51,11 +51,9 @@ Result<pipeline::Image> read_label_source(const fs::path& path) {
     SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image ref, pipeline::read_dicom_series(image->files));
     return pipeline::read_dicom_seg(seg->files.front(), ref);
   }
-  for (const auto& e : fs::directory_iterator(path, ec)) {
-    const auto n = e.path().filename().string();
-    if (e.is_regular_file() && !is_hidden(e.path()) && (n.ends_with(".nii.gz") || n.ends_with(".nii")))
+  for (const auto& e : fs::directory_iterator(path, ec))
+    if (e.is_regular_file() && !is_hidden(e.path()) && pipeline::is_nifti_path(e.path()))
       return pipeline::read_image(e.path());
-  }
   return not_found(path.string() +
                    ": expected a DICOM SEG or a NIfTI label map in the folder, found neither");
 }
@@ -160,7 +158,7 @@ Result<std::vector<std::pair<std::string, fs::path>>> list_cases(const fs::path&
       if (p.filename() == "imagesTr" || p.filename() == "imagesTs" || p.filename() == "imgs") continue;
       id = p.filename().string();
     } else {
-      if (detail::is_side_file(p)) continue;
+      if (pipeline::is_side_file(p)) continue;
       id = case_id_of(p);
     }
     if (!found.emplace(id, p).second)
@@ -175,7 +173,7 @@ std::vector<std::pair<std::size_t, std::size_t>> match_cases(
     const std::vector<std::pair<std::string, fs::path>>& pred,
     const std::vector<std::pair<std::string, fs::path>>& gt, std::vector<std::string>& pred_only,
     std::vector<std::string>& gt_only) {
-  const auto strip = [](const std::string& id) { return detail::strip_channel_zero(id); };
+  const auto strip = [](const std::string& id) { return pipeline::strip_channel_zero(id); };
   std::map<std::string, std::size_t> gt_exact, gt_stripped;
   for (std::size_t i = 0; i < gt.size(); ++i) {
     gt_exact[gt[i].first] = i;
@@ -307,28 +305,113 @@ std::string csv_field(const std::string& s) {
 
 }  // namespace
 
+namespace {
+
+void note(const EvaluateOptions& o, const std::string& line) {
+  if (o.note) o.note(line);
+}
+
+Status check_options(const EvaluateOptions& o) {
+  if (!(o.tolerance_mm >= 0) || !std::isfinite(o.tolerance_mm))
+    return invalid_argument("--tolerance-mm: expected a number >= 0, got " + std::to_string(o.tolerance_mm));
+  for (auto c : o.classes)
+    if (c < 1 || c > kMaxLabelValue)
+      return invalid_argument("--classes: expected label values in 1.." + std::to_string(kMaxLabelValue) +
+                              ", got " + std::to_string(c));
+  std::error_code ec;
+  for (const auto* p : {&o.pred, &o.gt})
+    if (!fs::exists(*p, ec)) return not_found(p->string() + ": no such file or folder");
+  return Status::ok();
+}
+
+/// Label values seen, and notes not yet passed on, while scoring cases.
+struct Seen {
+  std::set<std::int64_t> pred_values, gt_values;
+  std::vector<std::string> notes;
+};
+
+/// Two folders of cases: the cases matched by id are scored (a case that fails is listed
+/// in r.failed), the unmatched ones listed.
+Status score_collections(const EvaluateOptions& o, EvaluationReport& r, Seen& seen) {
+  SEGFLOW_ASSIGN_OR_RETURN(auto gts, list_cases(o.gt, seen.notes));
+  SEGFLOW_ASSIGN_OR_RETURN(auto preds, list_cases(o.pred, seen.notes));
+  auto pairs = match_cases(preds, gts, r.pred_without_gt, r.gt_without_pred);
+  for (const auto& id : r.pred_without_gt)
+    note(o, "prediction " + id + " has no ground truth in " + o.gt.string());
+  for (const auto& id : r.gt_without_pred)
+    note(o, "ground truth " + id + " has no prediction in " + o.pred.string());
+  if (pairs.empty())
+    return not_found(o.pred.string() + ": no prediction matches a ground-truth case of " + o.gt.string() +
+                     " (" + std::to_string(preds.size()) + " predictions, " + std::to_string(gts.size()) +
+                     " ground-truth cases; ids are file names without extensions)");
+  for (const auto& [pi, gi] : pairs) {
+    for (const auto& n : seen.notes) note(o, n);
+    seen.notes.clear();
+    const std::string& id = gts[gi].first;
+    auto c =
+        evaluate_case(id, preds[pi].second, gts[gi].second, o, seen.pred_values, seen.gt_values, seen.notes);
+    if (!c.is_ok()) {
+      r.failed.emplace_back(id, c.status().message());
+      note(o, "case " + id + " not scored: " + c.status().message());
+      continue;
+    }
+    r.cases.push_back(std::move(*c));
+  }
+  return Status::ok();
+}
+
+/// The same classes in every case: a class a case has in neither map scores "both empty".
+void align_classes(EvaluationReport& r) {
+  std::set<std::int64_t> scored;
+  for (const auto& c : r.cases)
+    for (const auto& s : c.classes) scored.insert(s.label);
+  r.classes.assign(scored.begin(), scored.end());
+  for (auto& c : r.cases) {
+    std::vector<ClassScores> full;
+    for (auto l : r.classes) {
+      auto it = std::find_if(c.classes.begin(), c.classes.end(),
+                             [l](const ClassScores& s) { return s.label == l; });
+      full.push_back(it != c.classes.end() ? *it : both_empty(l));
+    }
+    c.classes = std::move(full);
+  }
+}
+
+/// The mean of class r.classes[k] over the cases that have it in either map (finite values
+/// only); `missed` counts those where one map lacks it.
+ClassMean class_mean(const EvaluationReport& r, std::size_t k) {
+  ClassMean m;
+  m.label = r.classes[k];
+  m.mean.label = m.label;
+  double sums[7] = {0, 0, 0, 0, 0, 0, 0};
+  std::int64_t counts[7] = {0, 0, 0, 0, 0, 0, 0};
+  for (const auto& c : r.cases) {
+    const ClassScores& s = c.classes[k];
+    if (s.voxels_pred == 0 && s.voxels_gt == 0) continue;
+    ++m.cases;
+    if (s.voxels_pred == 0 || s.voxels_gt == 0) ++m.missed;
+    const double v[7] = {s.dice, s.iou, s.hd95, s.assd, s.nsd, s.volume_pred_ml, s.volume_gt_ml};
+    for (int f = 0; f < 7; ++f)
+      if (std::isfinite(v[f])) sums[f] += v[f], ++counts[f];
+  }
+  double* out[7] = {&m.mean.dice,           &m.mean.iou,         &m.mean.hd95, &m.mean.assd, &m.mean.nsd,
+                    &m.mean.volume_pred_ml, &m.mean.volume_gt_ml};
+  for (int f = 0; f < 7; ++f) *out[f] = counts[f] ? sums[f] / static_cast<double>(counts[f]) : kNaN;
+  return m;
+}
+
+}  // namespace
+
 Result<EvaluationReport> evaluate(const EvaluateOptions& o) {
   try {
-    if (!(o.tolerance_mm >= 0) || !std::isfinite(o.tolerance_mm))
-      return invalid_argument("--tolerance-mm: expected a number >= 0, got " +
-                              std::to_string(o.tolerance_mm));
-    for (auto c : o.classes)
-      if (c < 1 || c > kMaxLabelValue)
-        return invalid_argument("--classes: expected label values in 1.." + std::to_string(kMaxLabelValue) +
-                                ", got " + std::to_string(c));
+    SEGFLOW_RETURN_IF_ERROR(check_options(o));
     std::error_code ec;
-    for (const auto* p : {&o.pred, &o.gt})
-      if (!fs::exists(*p, ec)) return not_found(p->string() + ": no such file or folder");
-    const auto note = [&](const std::string& line) {
-      if (o.note) o.note(line);
-    };
     EvaluationReport r;
     r.tolerance_mm = o.tolerance_mm;
     r.names = find_label_names(o.gt);
-    std::set<std::int64_t> pred_values, gt_values, scored;
-    std::vector<std::string> notes;
-    const bool gt_collection = fs::is_directory(o.gt, ec) && !detail::is_dicom_case_folder(o.gt);
-    const bool pred_collection = fs::is_directory(o.pred, ec) && !detail::is_dicom_case_folder(o.pred);
+    Seen seen;
+    const bool gt_collection = fs::is_directory(o.gt, ec) && !pipeline::is_dicom_case_folder(o.gt);
+    const bool pred_collection = fs::is_directory(o.pred, ec) && !pipeline::is_dicom_case_folder(o.pred);
     if (gt_collection != pred_collection)
       return invalid_argument(std::string("--pred ") + o.pred.string() + " is " +
                               (pred_collection ? "a folder of cases" : "one case") + " but --gt " +
@@ -338,79 +421,24 @@ Result<EvaluationReport> evaluate(const EvaluateOptions& o) {
       fs::path g = o.gt;
       if (g.filename().empty()) g = g.parent_path();  // "case_000/"
       std::string id = fs::is_directory(g, ec) ? g.filename().string() : case_id_of(g);
-      SEGFLOW_ASSIGN_OR_RETURN(CaseEvaluation c,
-                               evaluate_case(id, o.pred, o.gt, o, pred_values, gt_values, notes));
+      SEGFLOW_ASSIGN_OR_RETURN(
+          CaseEvaluation c, evaluate_case(id, o.pred, o.gt, o, seen.pred_values, seen.gt_values, seen.notes));
       r.cases.push_back(std::move(c));
     } else {
-      SEGFLOW_ASSIGN_OR_RETURN(auto gts, list_cases(o.gt, notes));
-      SEGFLOW_ASSIGN_OR_RETURN(auto preds, list_cases(o.pred, notes));
-      auto pairs = match_cases(preds, gts, r.pred_without_gt, r.gt_without_pred);
-      for (const auto& id : r.pred_without_gt)
-        note("prediction " + id + " has no ground truth in " + o.gt.string());
-      for (const auto& id : r.gt_without_pred)
-        note("ground truth " + id + " has no prediction in " + o.pred.string());
-      if (pairs.empty())
-        return not_found(o.pred.string() + ": no prediction matches a ground-truth case of " + o.gt.string() +
-                         " (" + std::to_string(preds.size()) + " predictions, " + std::to_string(gts.size()) +
-                         " ground-truth cases; ids are file names without extensions)");
-      for (const auto& [pi, gi] : pairs) {
-        for (const auto& n : notes) note(n);
-        notes.clear();
-        const std::string& id = gts[gi].first;
-        auto c = evaluate_case(id, preds[pi].second, gts[gi].second, o, pred_values, gt_values, notes);
-        if (!c.is_ok()) {
-          r.failed.emplace_back(id, c.status().message());
-          note("case " + id + " not scored: " + c.status().message());
-          continue;
-        }
-        r.cases.push_back(std::move(*c));
-      }
+      SEGFLOW_RETURN_IF_ERROR(score_collections(o, r, seen));
     }
-    for (const auto& n : notes) note(n);
+    for (const auto& n : seen.notes) note(o, n);
     if (r.cases.empty())
       return invalid_argument("no case could be scored; first error: " +
                               (r.failed.empty() ? std::string("none") : r.failed.front().second));
-
-    // The same classes in every case: a class a case has in neither map scores "both empty".
-    for (const auto& c : r.cases)
-      for (const auto& s : c.classes) scored.insert(s.label);
-    r.classes.assign(scored.begin(), scored.end());
-    for (auto& c : r.cases) {
-      std::vector<ClassScores> full;
-      for (auto l : r.classes) {
-        auto it = std::find_if(c.classes.begin(), c.classes.end(),
-                               [l](const ClassScores& s) { return s.label == l; });
-        full.push_back(it != c.classes.end() ? *it : both_empty(l));
-      }
-      c.classes = std::move(full);
-    }
-    for (auto v : pred_values)
-      if (!gt_values.count(v))
-        note("label " + std::to_string(v) + " is predicted but in no ground truth (scored with Dice 0)");
+    align_classes(r);
+    for (auto v : seen.pred_values)
+      if (!seen.gt_values.count(v))
+        note(o, "label " + std::to_string(v) + " is predicted but in no ground truth (scored with Dice 0)");
     for (auto v : o.classes)
-      if (!gt_values.count(v) && !pred_values.count(v))
-        note("label " + std::to_string(v) + " from --classes is in no prediction and no ground truth");
-
-    for (std::size_t k = 0; k < r.classes.size(); ++k) {
-      ClassMean m;
-      m.label = r.classes[k];
-      m.mean.label = m.label;
-      double sums[7] = {0, 0, 0, 0, 0, 0, 0};
-      std::int64_t counts[7] = {0, 0, 0, 0, 0, 0, 0};
-      for (const auto& c : r.cases) {
-        const ClassScores& s = c.classes[k];
-        if (s.voxels_pred == 0 && s.voxels_gt == 0) continue;
-        ++m.cases;
-        if (s.voxels_pred == 0 || s.voxels_gt == 0) ++m.missed;
-        const double v[7] = {s.dice, s.iou, s.hd95, s.assd, s.nsd, s.volume_pred_ml, s.volume_gt_ml};
-        for (int f = 0; f < 7; ++f)
-          if (std::isfinite(v[f])) sums[f] += v[f], ++counts[f];
-      }
-      double* out[7] = {&m.mean.dice,           &m.mean.iou,         &m.mean.hd95, &m.mean.assd, &m.mean.nsd,
-                        &m.mean.volume_pred_ml, &m.mean.volume_gt_ml};
-      for (int f = 0; f < 7; ++f) *out[f] = counts[f] ? sums[f] / static_cast<double>(counts[f]) : kNaN;
-      r.means.push_back(m);
-    }
+      if (!seen.gt_values.count(v) && !seen.pred_values.count(v))
+        note(o, "label " + std::to_string(v) + " from --classes is in no prediction and no ground truth");
+    for (std::size_t k = 0; k < r.classes.size(); ++k) r.means.push_back(class_mean(r, k));
     return r;
   } catch (const c10::Error& e) {
     return internal_error(std::string("eval: ") + e.what_without_backtrace());

@@ -2,6 +2,7 @@
 // Models out (`segflow export`): a trained checkpoint written as a PyTorch state dict that
 // loads into the reference implementation segflow's network mirrors, with the arguments to
 // build it:
+// clang-format off
 //   unet -> monai.networks.nets.UNet: segflow's UNet is MONAI's module for module, so only
 //           the names change ("down.1.conv.0.norm.weight" <-> "model.1.submodule.0.conv.
 //           unit0.adn.N.weight"); norm, act, dropout and bias become MONAI's arguments.
@@ -10,6 +11,7 @@
 //   plain_unet has no such counterpart (it is nnU-Net's architecture, not a MONAI class)
 //   and is refused. A SAM trained without an IoU head (the tiny preset) gets segment_anything's
 //   IoU head as zeros: the same masks, IoU predictions 0.
+// clang-format on
 // The state dict is torch.save's zip archive of a plain dict, which Python's torch.load reads
 // with its default weights_only unpickler; tensors as trained (float32), on the CPU.
 
@@ -26,8 +28,6 @@
 #include "models/fwd.hpp"
 
 namespace segflow::models {
-
-struct ModelOptions;
 
 /// A network in a reference implementation's terms.
 struct ExportedModel {

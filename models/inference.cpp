@@ -14,9 +14,9 @@
 #include <set>
 
 #include "models/class_names.hpp"
-#include "models/detail/case_files.hpp"
 #include "models/sliding_window.hpp"
 #include "models/trainer.hpp"
+#include "pipeline/io/case_files.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/dicom_seg_style.hpp"
 #include "pipeline/io/image_io.hpp"
@@ -375,7 +375,7 @@ bool is_dicom_input(const fs::path& p) {
 bool is_single_scan(const fs::path& input) {
   std::error_code ec;
   if (fs::is_regular_file(input, ec)) return true;
-  return detail::is_dicom_case_folder(input);
+  return pipeline::is_dicom_case_folder(input);
 }
 
 Result<std::vector<InferCase>> list_inference_cases(
@@ -386,7 +386,7 @@ Result<std::vector<InferCase>> list_inference_cases(
     fs::path p = input;
     if (p.filename().empty()) p = p.parent_path();
     return std::vector<InferCase>{
-        {detail::strip_channel_zero(detail::case_id_of(p)), {input}, is_dicom_input(input)}};
+        {pipeline::strip_channel_zero(pipeline::case_id_of(p)), {input}, is_dicom_input(input)}};
   }
   fs::path dir = input;
   for (const char* sub : {"imagesTs", "imagesTr", "imgs"})
@@ -397,10 +397,10 @@ Result<std::vector<InferCase>> list_inference_cases(
   std::vector<fs::path> files, folders;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const fs::path& p = e.path();
-    if (detail::is_hidden(p)) continue;
+    if (pipeline::is_hidden(p)) continue;
     if (e.is_directory()) {
-      if (detail::is_dicom_case_folder(p)) folders.push_back(p);
-    } else if (e.is_regular_file() && !detail::is_side_file(p)) {
+      if (pipeline::is_dicom_case_folder(p)) folders.push_back(p);
+    } else if (e.is_regular_file() && !pipeline::is_side_file(p)) {
       files.push_back(p);
     }
   }
@@ -409,14 +409,14 @@ Result<std::vector<InferCase>> list_inference_cases(
   std::sort(folders.begin(), folders.end());
   static const std::regex channel_re("^(.*)_([0-9]{4})$");
   const bool channels = !files.empty() && std::all_of(files.begin(), files.end(), [](const fs::path& p) {
-    return std::regex_match(detail::case_id_of(p), channel_re);
+    return std::regex_match(pipeline::case_id_of(p), channel_re);
   });
   std::map<std::string, InferCase> cases;
   if (channels) {
     std::map<std::string, std::map<int, fs::path>> by_case;
     for (const auto& p : files) {
       std::smatch m;
-      const std::string id = detail::case_id_of(p);
+      const std::string id = pipeline::case_id_of(p);
       std::regex_match(id, m, channel_re);
       by_case[m[1]][std::stoi(m[2])] = p;
     }
@@ -445,7 +445,7 @@ Result<std::vector<InferCase>> list_inference_cases(
     }
   } else {
     for (const auto& p : files) {
-      const std::string id = detail::case_id_of(p);
+      const std::string id = pipeline::case_id_of(p);
       cases[id] = InferCase{id, {p}, is_dicom_input(p)};
     }
   }
@@ -476,13 +476,12 @@ Result<InferResult> run_inference(const InferOptions& o) {
     const bool to_folder = fs::is_directory(out, ec) || out.string().ends_with("/");
     if (to_folder) {
       fs::create_directories(out, ec);
-      std::string stem = o.input.filename().string();
-      for (const char* e : {".nii.gz", ".nii"})
-        if (stem.ends_with(e)) stem = stem.substr(0, stem.size() - std::string(e).size());
+      const std::string stem =
+          pipeline::is_nifti_path(o.input) ? pipeline::image_stem(o.input) : o.input.filename().string();
       const bool seg = o.format == "seg" || (o.format.empty() && dicom);
       out = seg ? out / "seg.dcm" : out / (stem + "_seg.nii.gz");
     }
-    const std::string id = detail::strip_channel_zero(detail::case_id_of(o.input));
+    const std::string id = pipeline::strip_channel_zero(pipeline::case_id_of(o.input));
     SEGFLOW_ASSIGN_OR_RETURN(CasePrediction pred,
                              ensemble.predict(input.voxels, input.geometry, id, o.save_probabilities));
     SEGFLOW_ASSIGN_OR_RETURN(InferResult r,

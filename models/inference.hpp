@@ -24,10 +24,9 @@
 
 #include "messages/geometry.hpp"
 #include "messages/status.hpp"
+#include "models/fwd.hpp"
 
 namespace segflow::models {
-
-class Trainer;
 
 /// Test-time augmentation: the softmax averaged over every combination of flips of a set of
 /// spatial axes, window by window (nnU-Net's mirroring).

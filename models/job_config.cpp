@@ -11,6 +11,7 @@
 
 #include "models/class_names.hpp"
 #include "pipeline/options.hpp"
+#include "pipeline/split.hpp"
 #include "pipeline/stage_registry.hpp"
 
 namespace segflow::models {
@@ -316,9 +317,7 @@ Status validate_job_config(const JobConfig& cfg, const pipeline::StageRegistry& 
     auto opt = make_optimizer(cfg.optimizer, model->trainable_parameters());
     if (!opt.is_ok()) return opt.status().with_context(label + ": optimizer");
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
-    return invalid_config(label + ": model: cannot be built: " + what);
+    return invalid_config(label + ": model: cannot be built: " + first_line(e));
   }
   return Status::ok();
 }
@@ -346,6 +345,18 @@ std::string run_name(const JobConfig& cfg) {
   std::string name = cfg.name + "-s" + std::to_string(cfg.seed) + "-" + buf;
   if (cfg.data.fold >= 0) name += "-fold" + std::to_string(cfg.data.fold);
   return name;
+}
+
+pipeline::SplitOptions split_options(const JobConfig& cfg) {
+  pipeline::SplitOptions o;
+  o.seed = cfg.seed;
+  o.val_fraction = cfg.data.val_fraction;
+  o.val_cases = cfg.data.val_cases;
+  o.folds = cfg.data.folds;
+  o.fold = cfg.data.fold;
+  o.source = cfg.file;
+  o.root = cfg.data.root;
+  return o;
 }
 
 }  // namespace segflow::models

@@ -50,6 +50,7 @@
 namespace segflow::pipeline {
 class OptionParser;
 class StageRegistry;
+struct SplitOptions;
 }  // namespace segflow::pipeline
 
 namespace segflow::models {
@@ -65,7 +66,7 @@ struct DataSettings {
   std::int64_t num_classes = 0;  ///< label values 0..n-1 incl. background, >= 0; 0 = model out_channels
   /// Cross-validation (nnU-Net's): the sorted case ids are shuffled by the job seed and cut
   /// into `folds` parts of near-equal size; fold k validates on part k and trains on the
-  /// rest (actors/jobs/job_runner.hpp cross_validation_folds). >= 2 and at most the case count.
+  /// rest (pipeline/split.hpp cross_validation_folds). >= 2 and at most the case count.
   std::int64_t folds = 5;
   /// The fold this job trains, [0, folds - 1]; -1 = no cross-validation (the val_fraction /
   /// val_cases split). `segflow train --fold K` sets it.
@@ -161,5 +162,9 @@ Status validate_job_config(const JobConfig& cfg, const pipeline::StageRegistry& 
 /// and "-fold<K>" after it for a cross-validation fold (the folds of one config share the
 /// rest of the name; data.fold is left out of the hash, data.folds is in it).
 std::string run_name(const JobConfig& cfg);
+
+/// The split a job trains on: its seed and data.{val_fraction, val_cases, folds, fold}, with
+/// the config file and data.root for error messages (include pipeline/split.hpp to use it).
+pipeline::SplitOptions split_options(const JobConfig& cfg);
 
 }  // namespace segflow::models

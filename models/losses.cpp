@@ -156,61 +156,139 @@ Status LossOptions::validate() const {
   return Status::ok();
 }
 
-Result<LossFn> make_loss(const LossOptions& o) {
-  SEGFLOW_RETURN_IF_ERROR(o.validate());
-  const DiceLossOptions dice = o.dice;
+// ------------------------------------------------------------------------------ the table
+
+namespace {
+
+/// What the factories build from: the options of one loss, resolved once.
+struct LossParts {
+  DiceLossOptions dice;
   FocalLossOptions focal;
-  focal.gamma = o.gamma;
-  focal.alpha = o.alpha;
-  focal.use_softmax = o.focal_softmax;
-  focal.include_background = o.dice.include_background;
-  focal.to_onehot_y = o.dice.to_onehot_y;
-  const auto w = o.ce_weight;
-  const double ld = o.lambda_dice, lc = o.lambda_ce, lf = o.lambda_focal;
-  switch (o.kind) {
-    case LossKind::dice:
-      return LossFn([dice](const at::Tensor& x, const at::Tensor& t) { return dice_loss(x, t, dice); });
-    case LossKind::ce:
-      return LossFn([w](const at::Tensor& x, const at::Tensor& t) { return ce_loss(x, t, w); });
-    case LossKind::bce:
-      return LossFn([](const at::Tensor& x, const at::Tensor& t) { return bce_with_logits_loss(x, t); });
-    case LossKind::dice_ce:
-      return LossFn([dice, w, ld, lc](const at::Tensor& x, const at::Tensor& t) {
-        auto ce = x.size(1) == 1 ? bce_with_logits_loss(x, t) : ce_loss(x, t, w);
-        return ld * dice_loss(x, t, dice) + lc * ce;
-      });
-    case LossKind::dice_bce:
-      return LossFn([dice, ld, lc](const at::Tensor& x, const at::Tensor& t) {
-        return ld * dice_loss(x, t, dice) +
-               lc * bce_with_logits_loss(x, prepare_target(x, t, dice.to_onehot_y));
-      });
-    case LossKind::focal:
-      return LossFn([focal](const at::Tensor& x, const at::Tensor& t) { return focal_loss(x, t, focal); });
-    case LossKind::dice_focal:
-      return LossFn([dice, focal, ld, lf](const at::Tensor& x, const at::Tensor& t) {
-        return ld * dice_loss(x, t, dice) + lf * focal_loss(x, t, focal);
-      });
-  }
-  return invalid_argument("loss: unknown kind");
+  std::vector<double> ce_weight;
+  double lambda_dice = 1.0, lambda_ce = 1.0, lambda_focal = 1.0;
+};
+
+/// One loss: its kind, its name in a job config, the activation a given name brings, how it
+/// is built and what it is.
+struct LossEntry {
+  LossKind kind;
+  const char* name;
+  LossActivation default_act;  ///< what a given name sets: softmax or sigmoid before Dice
+  LossFn (*make)(const LossParts& parts);
+  const char* description;
+};
+
+using Arg = const at::Tensor&;
+
+LossFn make_dice(const LossParts& p) {
+  return [d = p.dice](Arg x, Arg t) { return dice_loss(x, t, d); };
+}
+LossFn make_ce(const LossParts& p) {
+  return [w = p.ce_weight](Arg x, Arg t) { return ce_loss(x, t, w); };
+}
+LossFn make_bce(const LossParts&) {
+  return [](Arg x, Arg t) { return bce_with_logits_loss(x, t); };
+}
+LossFn make_dice_ce(const LossParts& p) {
+  return [d = p.dice, w = p.ce_weight, ld = p.lambda_dice, lc = p.lambda_ce](Arg x, Arg t) {
+    auto ce = x.size(1) == 1 ? bce_with_logits_loss(x, t) : ce_loss(x, t, w);
+    return ld * dice_loss(x, t, d) + lc * ce;
+  };
+}
+LossFn make_dice_bce(const LossParts& p) {
+  return [d = p.dice, ld = p.lambda_dice, lc = p.lambda_ce](Arg x, Arg t) {
+    return ld * dice_loss(x, t, d) + lc * bce_with_logits_loss(x, prepare_target(x, t, d.to_onehot_y));
+  };
+}
+LossFn make_focal(const LossParts& p) {
+  return [f = p.focal](Arg x, Arg t) { return focal_loss(x, t, f); };
+}
+LossFn make_dice_focal(const LossParts& p) {
+  return [d = p.dice, f = p.focal, ld = p.lambda_dice, lf = p.lambda_focal](Arg x, Arg t) {
+    return ld * dice_loss(x, t, d) + lf * focal_loss(x, t, f);
+  };
+}
+
+constexpr LossActivation kSoftmax = LossActivation::softmax, kSigmoid = LossActivation::sigmoid;
+
+// The losses make_loss can build, in the order loss_names() lists them (and error messages
+// say "expected one of ..."). Adding a loss: its LossKind value (losses.hpp), its factory
+// above and one entry here.
+// clang-format off
+const LossEntry kLosses[] = {
+    // kind                name          activation  factory           description
+    {LossKind::dice,       "dice",       kSoftmax,   make_dice,        "Dice (MONAI DiceLoss)"},
+    {LossKind::ce,         "ce",         kSoftmax,   make_ce,          "cross entropy"},
+    {LossKind::bce,        "bce",        kSigmoid,   make_bce,         "binary cross entropy with logits"},
+    {LossKind::dice_ce,    "dice_ce",    kSoftmax,   make_dice_ce,     "Dice + CE (BCE for one channel)"},
+    {LossKind::dice_bce,   "dice_bce",   kSigmoid,   make_dice_bce,    "Dice + BCE on every channel"},
+    {LossKind::focal,      "focal",      kSoftmax,   make_focal,       "focal (MONAI FocalLoss)"},
+    {LossKind::dice_focal, "dice_focal", kSoftmax,   make_dice_focal,  "Dice + focal"},
+};
+// clang-format on
+
+const LossEntry* find_loss(LossKind kind) {
+  for (const auto& e : kLosses)
+    if (e.kind == kind) return &e;
+  return nullptr;
+}
+
+const LossEntry* find_loss(const std::string& name) {
+  for (const auto& e : kLosses)
+    if (name == e.name) return &e;
+  return nullptr;
+}
+
+/// The `name` option's doc: every loss with its description.
+std::string loss_names_doc() {
+  std::string doc;
+  for (const auto& e : kLosses) doc += std::string(doc.empty() ? "" : "; ") + e.name + ": " + e.description;
+  return doc;
+}
+
+}  // namespace
+
+const char* to_string(LossKind kind) {
+  const LossEntry* e = find_loss(kind);
+  return e ? e->name : "unknown";
 }
 
 std::vector<std::string> loss_names() {
-  return {"dice", "ce", "bce", "dice_ce", "dice_bce", "focal", "dice_focal"};
+  std::vector<std::string> names;
+  for (const auto& e : kLosses) names.push_back(e.name);
+  return names;
+}
+
+Result<LossFn> make_loss(const LossOptions& o) {
+  SEGFLOW_RETURN_IF_ERROR(o.validate());
+  const LossEntry* entry = find_loss(o.kind);
+  if (!entry) return invalid_argument("loss: unknown kind");
+  LossParts parts;
+  parts.dice = o.dice;
+  parts.focal.gamma = o.gamma;
+  parts.focal.alpha = o.alpha;
+  parts.focal.use_softmax = o.focal_softmax;
+  parts.focal.include_background = o.dice.include_background;
+  parts.focal.to_onehot_y = o.dice.to_onehot_y;
+  parts.ce_weight = o.ce_weight;
+  parts.lambda_dice = o.lambda_dice;
+  parts.lambda_ce = o.lambda_ce;
+  parts.lambda_focal = o.lambda_focal;
+  return entry->make(parts);
 }
 
 void LossOptions::bind(pipeline::OptionParser& p) {
   using pipeline::Range;
-  const auto names = loss_names();
-  std::string name = names.at(static_cast<size_t>(kind));
-  p.choice("name", name, names, "Dice, cross entropy, BCE, focal or a sum of two (MONAI's losses)");
-  for (size_t k = 0; k < names.size(); ++k)
-    if (names[k] == name) kind = static_cast<LossKind>(k);
-  // A given name brings its default activation (sigmoid for bce and dice_bce, softmax
-  // otherwise); setting one of softmax and sigmoid true turns the other off unless it is
-  // set as well.
+  std::string name = to_string(kind);
+  const std::string doc = loss_names_doc();
+  p.choice("name", name, loss_names(), doc.c_str());
+  if (const LossEntry* e = find_loss(name)) kind = e->kind;
+  // A given name brings its default activation (the table's: sigmoid for bce and dice_bce,
+  // softmax otherwise); setting one of softmax and sigmoid true turns the other off unless
+  // it is set as well.
   bool softmax = dice.act == LossActivation::softmax, sigmoid = dice.act == LossActivation::sigmoid;
   if (p.given("name")) {
-    sigmoid = kind == LossKind::dice_bce || kind == LossKind::bce;
+    sigmoid = find_loss(kind)->default_act == LossActivation::sigmoid;
     softmax = !sigmoid;
   }
   p.boolean("softmax", softmax, "softmax over channels before the Dice term (needs >= 2 channels)");

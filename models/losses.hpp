@@ -21,10 +21,7 @@
 #include <vector>
 
 #include "messages/status.hpp"
-
-namespace segflow::pipeline {
-class OptionParser;
-}
+#include "pipeline/fwd.hpp"
 
 namespace segflow::models {
 
@@ -74,8 +71,11 @@ struct FocalLossOptions {
 at::Tensor focal_loss(const at::Tensor& input, const at::Tensor& target,
                       const FocalLossOptions& options = {});
 
-/// The losses make_loss can build.
+/// The losses make_loss can build: each has one entry (name, description, default
+/// activation, factory) in the table of losses.cpp.
 enum class LossKind { dice, ce, bce, dice_ce, dice_bce, focal, dice_focal };
+/// The loss's name in a job config ("dice_ce").
+const char* to_string(LossKind kind);
 
 /// One loss by name with every knob (parsed from a job config by parse_loss_options).
 struct LossOptions {
@@ -114,7 +114,7 @@ Result<LossFn> make_loss(const LossOptions& options);
 /// "softmax"/"sigmoid" pick act (at most one true; neither = none); a given name brings its
 /// default (sigmoid for bce and dice_bce, softmax otherwise).
 Result<LossOptions> parse_loss_options(const nlohmann::json& j, const std::string& where = "loss");
-/// Names accepted by parse_loss_options' "name".
+/// Names accepted by parse_loss_options' "name", in the table's order.
 std::vector<std::string> loss_names();
 
 /// nnU-Net deep supervision: outputs[i] (full resolution first) are scored against the target

@@ -5,7 +5,6 @@
 
 namespace segflow::models {
 namespace {
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 at::Tensor as_label_map(const at::Tensor& t) {
   // (N, 1, *spatial) and (N, *spatial) both become (N, *spatial).

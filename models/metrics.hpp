@@ -4,9 +4,13 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace segflow::models {
+
+/// The score of what is not scored (an excluded empty class, a metric without a value).
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 /// What a (case, class) pair scores when the class is empty.
 enum class EmptyClassPolicy {

@@ -23,10 +23,7 @@
 
 #include "messages/status.hpp"
 #include "models/weights.hpp"
-
-namespace segflow::pipeline {
-class OptionParser;
-}
+#include "pipeline/fwd.hpp"
 
 namespace segflow::models {
 

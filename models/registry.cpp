@@ -221,9 +221,7 @@ Result<ModelHandle> create_model(const ModelOptions& options) {
   try {
     made = std::visit([](const auto& net) { return build(net); }, options.net);
   } catch (const std::exception& e) {
-    std::string what = e.what();  // LibTorch appends a backtrace after the first line
-    if (const auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);
-    return invalid_argument(options.name() + ": " + what);
+    return invalid_argument(options.name() + ": " + first_line(e));
   }
   if (!made.is_ok()) return made;
   if (!options.weights.empty()) {

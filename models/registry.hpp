@@ -2,6 +2,7 @@
 // Models by name with options from a job config: create_model("unet" | "plain_unet" | "sam",
 // options) -> ModelHandle, a uniform front over the three networks.
 //
+// clang-format off
 // Option keys (all optional; unknown keys are errors that list the known ones):
 //   every model: spatial_dims, in_channels, out_channels, weights (path of a segflow tensor
 //     archive loaded after construction), weights_strict (default true)
@@ -16,6 +17,7 @@
 //                num_multimask_outputs, iou_head, freeze_image_encoder,
 //                freeze_prompt_encoder (default true), freeze_mask_decoder
 //                (spatial_dims must be 2, out_channels 1; in_channels maps to in_chans)
+// clang-format on
 // Defaults are those of the option structs (UNetOptions, PlainConvUNetOptions, SamOptions);
 // a job config's `model` section is read into ModelOptions by parse_model_options (the one
 // option reader, pipeline/options.hpp), and create_model builds the network from it.

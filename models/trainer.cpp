@@ -1,28 +1,25 @@
 #include "models/trainer.hpp"
-#include "messages/file_util.hpp"
 
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/_foreach_mul.h>
-#include <c10/core/DeviceGuard.h>
 #include <torch/torch.h>
-
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <limits>
 
+#include "models/checkpoint.hpp"
+#include "models/detail/trainer_impl.hpp"
 #include "models/losses.hpp"
 #include "models/metrics.hpp"
 #include "models/optim.hpp"
 #include "models/sliding_window.hpp"
-#include "models/weights.hpp"
 
 namespace segflow::models {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
+using detail::BindDevice;
+using detail::first_line;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -31,36 +28,9 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-/// Binds `device` as the current CUDA device for the guard's lifetime (nothing on a CPU).
-class BindDevice {
- public:
-  explicit BindDevice(const c10::Device& device) {
-    if (device.is_cuda()) guard_.reset_device(device);
-  }
-
- private:
-  c10::OptionalDeviceGuard guard_;
-};
-
-std::string first_line(const std::exception& e) {
-  std::string what = e.what();
-  if (auto nl = what.find('\n'); nl != std::string::npos) what = what.substr(0, nl);
-  return what;
-}
-
 /// Memory format of a model's activations and conv weights when train.channels_last is set.
 at::MemoryFormat channels_last_format(std::int64_t spatial_dims) {
   return spatial_dims == 3 ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast;
-}
-
-std::string tensor_to_string(const at::Tensor& t) {
-  at::Tensor c = t.contiguous().to(torch::kCPU);
-  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<std::size_t>(c.numel()));
-}
-
-at::Tensor string_to_tensor(const std::string& s) {
-  return torch::from_blob(const_cast<char*>(s.data()), {static_cast<std::int64_t>(s.size())}, torch::kUInt8)
-      .clone();
 }
 
 }  // namespace
@@ -106,42 +76,16 @@ Result<c10::Device> resolve_device(const std::string& text) {
   return invalid_argument("device: expected auto, cpu, cuda or cuda:N, got \"" + text + "\"");
 }
 
-struct Trainer::Impl {
-  LossFn loss;
-  std::optional<DeepSupervisionLoss> ds_loss;
-  std::unique_ptr<FusedOptimizer> optimizer;
-  std::unique_ptr<GradScaler> scaler;
-  std::unique_ptr<LrSchedule> schedule;
-  double base_lr = 1e-3;
-  std::vector<at::Tensor> params;
-  /// On the device, double: [loss sum since the last read, loss sum of the epoch].
-  at::Tensor loss_sums;
-  std::int64_t host_reads = 0;
-  double last_loss = std::numeric_limits<double>::quiet_NaN();
-  double last_scale = 1.0;
-  std::int64_t window_steps = 0;  ///< steps since the last logged read
-  std::int64_t epoch_steps = 0;   ///< steps of the current epoch
-
-  /// What one device read of the training loop returns.
-  struct StatsRead {
-    double window_loss_sum = 0.0;
-    double epoch_loss_sum = 0.0;
-    std::int64_t skipped_total = 0;
-    double loss_scale = 1.0;
-  };
-  /// The one place the loop reads the device (every log_every steps and at the epoch's end);
-  /// starts a new logging window.
-  StatsRead read_stats() {
-    ++host_reads;
-    at::Tensor h = at::cat({loss_sums, scaler->skipped_steps().reshape({1}).to(at::kDouble),
-                            scaler->scale_tensor().reshape({1}).to(at::kDouble)})
-                       .to(at::kCPU);
-    const double* v = h.data_ptr<double>();
-    loss_sums.narrow(0, 0, 1).zero_();
-    window_steps = 0;
-    return StatsRead{v[0], v[1], static_cast<std::int64_t>(v[2]), v[3]};
-  }
-};
+Trainer::Impl::StatsRead Trainer::Impl::read_stats() {
+  ++host_reads;
+  at::Tensor h = at::cat({loss_sums, scaler->skipped_steps().reshape({1}).to(at::kDouble),
+                          scaler->scale_tensor().reshape({1}).to(at::kDouble)})
+                     .to(at::kCPU);
+  const double* v = h.data_ptr<double>();
+  loss_sums.narrow(0, 0, 1).zero_();
+  window_steps = 0;
+  return StatsRead{v[0], v[1], static_cast<std::int64_t>(v[2]), v[3]};
+}
 
 Trainer::Trainer(JobConfig cfg, c10::Device device, ModelHandle model)
     : cfg_(std::move(cfg)), device_(device), model_(std::move(model)), impl_(std::make_unique<Impl>()) {}
@@ -204,148 +148,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
   } catch (const std::exception& e) {
     return internal_error(cfg.file + ": building the trainer: " + first_line(e));
   }
-}
-
-Status Trainer::save_checkpoint(const fs::path& path) const {
-  try {
-    BindDevice bind(device_);
-    torch::serialize::OutputArchive root;
-    torch::serialize::OutputArchive model_ar, opt_ar;
-    model_.module().save(model_ar);
-    for (const auto& [name, t] : impl_->optimizer->state()) opt_ar.write(name, t);
-    root.write("model", model_ar);
-    root.write("optimizer_state", opt_ar);
-    const auto& scaler = *impl_->scaler;
-    json meta = {{"format", "segflow-checkpoint-2"},
-                 {"epoch", state_.epoch},
-                 {"step", state_.step},
-                 {"best_metric", state_.best_metric},
-                 {"best_epoch", state_.best_epoch},
-                 {"optimizer", impl_->optimizer->options().name},
-                 {"loss_scale", scaler.scale_value()},
-                 {"good_steps", scaler.growth_tracker_value()},
-                 {"skipped_steps", scaler.skipped_value()},
-                 {"num_classes", num_classes_},
-                 {"saved_on", device_.str()},
-                 {"config", cfg_.resolved}};
-    root.write("meta", string_to_tensor(meta.dump()));
-    root.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
-    if (device_.is_cuda()) {
-      auto& gen = at::globalContext().defaultGenerator(device_);
-      root.write("rng_cuda", gen.get_state());
-    }
-    std::error_code ec;
-    fs::create_directories(path.parent_path(), ec);
-    return replace_file_atomically(path, [&](const fs::path& tmp) {
-      root.save_to(tmp.string());
-      return Status::ok();
-    });
-  } catch (const std::exception& e) {
-    return io_error(path.string() + ": writing the checkpoint failed: " + first_line(e));
-  }
-}
-
-namespace {
-Result<json> read_meta(torch::serialize::InputArchive& root, const fs::path& path) {
-  at::Tensor meta_t;
-  if (!root.try_read("meta", meta_t))
-    return corrupt_data(path.string() + ": not a segflow checkpoint (no 'meta' record)");
-  try {
-    json meta = json::parse(tensor_to_string(meta_t));
-    const std::string format = meta.value("format", "nothing");
-    if (format != "segflow-checkpoint-1" && format != "segflow-checkpoint-2")
-      return corrupt_data(path.string() + ": meta.format: expected segflow-checkpoint-2 (or -1), got " +
-                          format);
-    return meta;
-  } catch (const std::exception& e) {
-    return corrupt_data(path.string() + ": meta: invalid JSON: " + e.what());
-  }
-}
-
-/// The archive with every tensor on the CPU, whatever device it was saved from (LibTorch's
-/// map_location): the caller copies them where they belong.
-Result<torch::serialize::InputArchive> open_archive(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return not_found(path.string() + ": no such checkpoint");
-  try {
-    torch::serialize::InputArchive root;
-    root.load_from(path.string(), c10::Device(c10::kCPU));
-    return root;
-  } catch (const std::exception& e) {
-    return corrupt_data(path.string() + ": unreadable checkpoint: " + first_line(e));
-  }
-}
-}  // namespace
-
-Status Trainer::load_checkpoint(const fs::path& path) {
-  SEGFLOW_ASSIGN_OR_RETURN(auto root, open_archive(path));
-  SEGFLOW_ASSIGN_OR_RETURN(json meta, read_meta(root, path));
-  try {
-    BindDevice bind(device_);
-    torch::serialize::InputArchive model_ar, opt_ar;
-    if (!root.try_read("model", model_ar)) return corrupt_data(path.string() + ": no 'model' record");
-    const TensorMap weights = read_module_archive(model_ar, model_.module());
-    if (Status st = load_into(model_.module(), weights, /*strict=*/true); !st.is_ok())
-      return corrupt_data(path.string() + ": model: checkpoint does not fit this model: " + st.message());
-    auto& opt = *impl_->optimizer;
-    if (root.try_read("optimizer_state", opt_ar)) {
-      TensorMap state;
-      for (const auto& [name, t] : opt.state()) {
-        at::Tensor v;
-        if (opt_ar.try_read(name, v)) state.emplace(name, v);
-      }
-      if (Status st = opt.load_state(state); !st.is_ok())
-        return corrupt_data(path.string() + ": " + st.message() +
-                            " (optimizer: " + meta.value("optimizer", "?") + " in the checkpoint, " +
-                            opt.options().name + " in the config)");
-    } else if (root.try_read("optimizer", opt_ar)) {
-      // Format 1: torch::optim's own serialisation. Read by the same torch::optim kind over
-      // the same parameters, then converted (the state tensors are still on the CPU here).
-      auto reference = make_optimizer(opt.options(), impl_->params);
-      if (!reference.is_ok()) return reference.status().with_context(path.string());
-      (*reference)->load(opt_ar);
-      if (Status st = opt.load_torch_state(**reference); !st.is_ok())
-        return corrupt_data(path.string() + ": optimizer (format 1): " + st.message());
-    } else {
-      return corrupt_data(path.string() + ": no 'optimizer_state' record");
-    }
-    at::Tensor rng;
-    if (root.try_read("rng_cpu", rng)) {
-      at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
-      cpu_gen.set_state(rng.to(at::kCPU));
-    }
-    if (device_.is_cuda() && root.try_read("rng_cuda", rng)) {
-      at::Generator cuda_gen = at::globalContext().defaultGenerator(device_);
-      cuda_gen.set_state(rng.to(at::kCPU));
-    }
-    state_.epoch = meta.at("epoch").get<std::int64_t>();
-    state_.step = meta.at("step").get<std::int64_t>();
-    state_.best_metric = meta.at("best_metric").get<double>();
-    state_.best_epoch = meta.at("best_epoch").get<std::int64_t>();
-    state_.good_steps = meta.at("good_steps").get<std::int64_t>();
-    state_.skipped_steps = meta.value("skipped_steps", std::int64_t{0});
-    // A scale from a run in another precision means nothing here: only fp16 keeps one.
-    state_.loss_scale = impl_->scaler->options().enabled ? meta.at("loss_scale").get<double>() : 1.0;
-    if (!impl_->scaler->options().enabled) state_.good_steps = 0;
-    impl_->scaler->load(state_.loss_scale, state_.good_steps, state_.skipped_steps);
-    impl_->last_scale = state_.loss_scale;
-    return Status::ok();
-  } catch (const std::exception& e) {
-    return corrupt_data(path.string() + ": checkpoint does not fit this model/optimizer: " + first_line(e));
-  }
-}
-
-Result<std::unique_ptr<Trainer>> load_for_inference(const fs::path& checkpoint, const std::string& device) {
-  SEGFLOW_ASSIGN_OR_RETURN(auto root, open_archive(checkpoint));
-  SEGFLOW_ASSIGN_OR_RETURN(json meta, read_meta(root, checkpoint));
-  SEGFLOW_ASSIGN_OR_RETURN(JobConfig cfg,
-                           job_config_from_json(meta.at("config"), checkpoint.string() + " (config)"));
-  cfg.model.weights.clear();  // the checkpoint holds the weights
-  SEGFLOW_ASSIGN_OR_RETURN(c10::Device dev, resolve_device(device));
-  if (cfg.train.amp == "fp16" && !dev.is_cuda()) cfg.train.amp = "none";
-  SEGFLOW_ASSIGN_OR_RETURN(auto t, Trainer::create(cfg, dev));
-  SEGFLOW_RETURN_IF_ERROR(t->load_checkpoint(checkpoint));
-  return t;
 }
 
 namespace {
@@ -583,14 +385,14 @@ Status Trainer::fit(pipeline::BatchSource& source, std::int64_t steps_per_epoch,
         state_.best_metric = v.mean_dice;
         state_.best_epoch = v.epoch;
         v.best = true;
-        SEGFLOW_RETURN_IF_ERROR(save_checkpoint(run_dir / "best.pt"));
-        observer.on_checkpoint(run_dir / "best.pt", "best");
+        SEGFLOW_RETURN_IF_ERROR(save_checkpoint(run_dir / kBestCheckpoint));
+        observer.on_checkpoint(run_dir / kBestCheckpoint, "best");
       }
       observer.on_validation(v);
     }
     if (state_.epoch % tr.checkpoint_interval == 0 || last || stopping) {
-      SEGFLOW_RETURN_IF_ERROR(save_checkpoint(run_dir / "last.pt"));
-      observer.on_checkpoint(run_dir / "last.pt", "last");
+      SEGFLOW_RETURN_IF_ERROR(save_checkpoint(run_dir / kLastCheckpoint));
+      observer.on_checkpoint(run_dir / kLastCheckpoint, "last");
     }
     if (stopping) break;
   }

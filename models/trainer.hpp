@@ -9,7 +9,8 @@
 // so N epochs + resume for N more gives the same weights as 2N epochs in one go (CPU).
 // Checkpoints are device-portable: they are read onto the CPU (map_location) and copied
 // into the trainer's own tensors, so a checkpoint written on cuda:1 loads on a CPU-only
-// machine or on cuda:0, and parameters keep their device, dtype and memory format.
+// machine or on cuda:0, and parameters keep their device, dtype and memory format. The
+// format, save_checkpoint / load_checkpoint and load_for_inference are in checkpoint.cpp.
 //
 // Mixed precision (train.amp): bf16 autocast on CPU and CUDA, fp16 autocast with dynamic
 // loss scaling on CUDA (GradScaler, models/optim.hpp). Every precision checks the
@@ -35,14 +36,13 @@
 
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
+#include "models/checkpoint.hpp"  // load_for_inference, for the callers of Trainer
+#include "models/fwd.hpp"
 #include "models/job_config.hpp"
 #include "models/registry.hpp"
 #include "pipeline/batch_source.hpp"
 
 namespace segflow::models {
-
-class FusedOptimizer;
-class GradScaler;
 
 /// One optimizer step as the observers see it. The device is read only on logged steps
 /// (global step a multiple of train.log_every): there `loss`, `skipped_steps` and
@@ -162,7 +162,7 @@ class Trainer {
   static Result<std::unique_ptr<Trainer>> create(const JobConfig& cfg, const c10::Device& device);
   ~Trainer();
 
-  /// Restores a checkpoint written by save_checkpoint on any device (or by an earlier
+  /// Restores a checkpoint (models/checkpoint.hpp) written by save_checkpoint on any device (or by an earlier
   /// segflow, format 1): the file is read onto the CPU and every tensor is copied into the
   /// trainer's own parameters, buffers, optimizer state and loss scaler on device(); shapes
   /// are checked first and nothing depends on the device it was saved from. Errors name the
@@ -234,9 +234,5 @@ class Trainer {
   std::vector<std::string> class_names_;
   std::unique_ptr<Impl> impl_;
 };
-
-/// A model with its config, restored from a checkpoint for inference.
-Result<std::unique_ptr<Trainer>> load_for_inference(const std::filesystem::path& checkpoint,
-                                                    const std::string& device = "auto");
 
 }  // namespace segflow::models

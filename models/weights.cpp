@@ -6,8 +6,11 @@
 #include <bit>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <vector>
+
+#include "pipeline/io/image.hpp"
 
 namespace segflow::models {
 namespace {
@@ -16,22 +19,6 @@ static_assert(std::endian::native == std::endian::little, "tensor archives assum
 
 constexpr char kMagic[8] = {'S', 'F', 'T', 'A', 'R', 'C', 'H', '1'};
 constexpr uint64_t kAlign = 64;
-
-struct DtypeName {
-  const char* name;
-  at::ScalarType type;
-};
-constexpr DtypeName kDtypes[] = {
-    {"float32", at::kFloat}, {"float64", at::kDouble}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16},
-    {"int64", at::kLong},    {"int32", at::kInt},      {"int16", at::kShort},  {"int8", at::kChar},
-    {"uint8", at::kByte},    {"bool", at::kBool},
-};
-
-const char* dtype_name(at::ScalarType t) {
-  for (const auto& d : kDtypes)
-    if (d.type == t) return d.name;
-  return nullptr;
-}
 
 std::string shape_str(at::IntArrayRef s) {
   std::ostringstream o;
@@ -92,9 +79,7 @@ Result<TensorMap> read_tensor_archive(const std::filesystem::path& path) {
       return corrupt_data(field + ": expected {name, dtype, shape, offset, nbytes}, got " + t.dump());
     const auto name = t["name"].get<std::string>();
     const auto dt = t["dtype"].get<std::string>();
-    const DtypeName* dtype = nullptr;
-    for (const auto& d : kDtypes)
-      if (dt == d.name) dtype = &d;
+    const std::optional<at::ScalarType> dtype = pipeline::dtype_from_name(dt);
     if (!dtype) return corrupt_data(field + " (" + name + ").dtype: unknown dtype '" + dt + "'");
     std::vector<int64_t> shape;
     uint64_t numel = 1;
@@ -106,7 +91,7 @@ Result<TensorMap> read_tensor_archive(const std::filesystem::path& path) {
       numel *= s.get<uint64_t>();
     }
     const uint64_t offset = t["offset"].get<uint64_t>(), nbytes = t["nbytes"].get<uint64_t>();
-    const uint64_t expected = numel * c10::elementSize(dtype->type);
+    const uint64_t expected = numel * c10::elementSize(*dtype);
     if (nbytes != expected)
       return corrupt_data(field + " (" + name + ").nbytes: expected " + std::to_string(expected) + " for " +
                           dt + " " + t["shape"].dump() + ", got " + std::to_string(nbytes));
@@ -114,7 +99,7 @@ Result<TensorMap> read_tensor_archive(const std::filesystem::path& path) {
       return corrupt_data(field + " (" + name + "): data [" + std::to_string(offset) + ", " +
                           std::to_string(offset + nbytes) + ") lies past the end of the file (truncated?)");
     if (out.count(name)) return corrupt_data(field + ": duplicate name '" + name + "'");
-    auto tensor = at::empty(shape, at::TensorOptions().dtype(dtype->type));
+    auto tensor = at::empty(shape, at::TensorOptions().dtype(*dtype));
     f.seekg(static_cast<std::streamoff>(data_start + offset));
     if (nbytes && !f.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(nbytes)))
       return io_error(field + " (" + name + "): read failed");
@@ -129,7 +114,7 @@ Status write_tensor_archive(const std::filesystem::path& path, const TensorMap& 
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     if (!t.defined()) return invalid_argument("write_tensor_archive: " + name + ": undefined tensor");
-    const char* dt = dtype_name(t.scalar_type());
+    const char* dt = pipeline::dtype_name(t.scalar_type());
     if (!dt)
       return invalid_argument("write_tensor_archive: " + name + ": unsupported dtype " +
                               std::string(c10::toString(t.scalar_type())));

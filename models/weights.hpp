@@ -3,6 +3,7 @@
 //
 // Format, version 1; every integer little-endian; written by write_tensor_archive and by
 // scripts/convert_sam_weights.py (which turns PyTorch SAM/MedSAM checkpoints into it):
+// clang-format off
 //   bytes [0, 8)     magic "SFTARCH1"
 //   bytes [8, 16)    uint64 H: length of the JSON header in bytes
 //   bytes [16, 16+H) UTF-8 JSON object:
@@ -14,6 +15,7 @@
 //   bytes [16+H, end) data: tensor i occupies [16+H+offset_i, 16+H+offset_i+nbytes_i), raw
 //                     C-contiguous little-endian elements. Writers align offsets to 64 bytes
 //                     and pad with zeros; readers use the offsets and ignore the padding.
+// clang-format on
 // dtype is one of float32, float64, float16, bfloat16, int64, int32, int16, int8, uint8,
 // bool; nbytes = product(shape) * element size (a scalar has shape []). Names are unique.
 

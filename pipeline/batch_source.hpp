@@ -12,11 +12,10 @@
 
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 #include "pipeline/io/dataset.hpp"
 
 namespace segflow::pipeline {
-
-class Pipeline;
 
 /// What a training data path is built from. Shared by every BatchSource implementation.
 struct LoaderOptions {

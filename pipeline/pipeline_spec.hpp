@@ -20,6 +20,7 @@
 
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 #include "pipeline/stage.hpp"
 
 namespace YAML {
@@ -27,8 +28,6 @@ class Node;
 }
 
 namespace segflow::pipeline {
-
-class StageRegistry;
 
 /// One entry of a pipeline spec.
 struct StageSpec {

@@ -23,10 +23,9 @@
 #include <vector>
 
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 
 namespace segflow::pipeline {
-
-class StageRegistry;
 
 /// Version of the plugin ABI; bump on any incompatible change of the shared headers.
 inline constexpr int kPluginAbiVersion = 1;

@@ -90,7 +90,8 @@ Result<Sample> sample_to_device(const Sample& s, const c10::Device& device, bool
       if (!t.defined() || t.device() == device || host_resident_key(k)) {
         out.tensors[k] = t;
       } else if (pinned && device.is_cuda() && t.device().is_cpu()) {
-        out.tensors[k] = t.pin_memory().to(device, /*non_blocking=*/true);
+        // A cached tensor was pinned once when the cache admitted it (MemoryCache `pin`).
+        out.tensors[k] = (t.is_pinned() ? t : t.pin_memory()).to(device, /*non_blocking=*/true);
       } else {
         out.tensors[k] = t.to(device);
       }
@@ -157,7 +158,7 @@ SimpleLoader::SimpleLoader(const LoaderOptions& options, EpochSampler sampler, c
       det_spec_(deterministic_spec(*options.pipeline)),
       cache_dtype_(cache_dtype),
       memory_(cacheable_cases(static_cast<std::int64_t>(options.cases.size()), options.cache_rate),
-              options.cache_bytes, cache_device),
+              options.cache_bytes, cache_device, /*pin=*/device.is_cuda()),
       assembler_(options.batch_size) {}
 
 Result<std::unique_ptr<SimpleLoader>> SimpleLoader::make(const LoaderOptions& options) {

@@ -31,11 +31,10 @@
 #include "messages/status.hpp"
 #include "pipeline/batch_source.hpp"
 #include "pipeline/cache/sample_cache.hpp"
+#include "pipeline/fwd.hpp"
 #include "pipeline/sampler.hpp"
 
 namespace segflow::pipeline {
-
-class DiskCache;
 
 /// Checks LoaderOptions (pipeline set, cases present, batch_size >= 1, decode_workers >= 1,
 /// max_inflight_batches >= 1, cache_rate in [0, 1], cache_bytes >= 0, a known cache_dtype,

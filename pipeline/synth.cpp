@@ -85,14 +85,29 @@ const char* phantom_label_name(int label) {
   }
 }
 
-Phantom make_phantom(int size, std::uint64_t seed, int index) {
-  torch::NoGradGuard no_grad;
-  std::mt19937_64 rng(seed * 1000003ULL + static_cast<std::uint64_t>(index) * 7919ULL + 17ULL);
-  std::uniform_real_distribution<double> uni(0.0, 1.0);
-  auto U = [&](double a, double b) { return a + (b - a) * uni(rng); };
+namespace {
 
-  // Grid: anisotropic spacing, thicker slices, roughly cubic field of view.
+/// The phantom's random numbers, drawn in a fixed order (the phantom depends on them only).
+struct PhantomRng {
+  std::mt19937_64 engine;
+  std::uniform_real_distribution<double> uni{0.0, 1.0};
+  /// Uniform in [a, b).
+  double operator()(double a, double b) { return a + (b - a) * uni(engine); }
+};
+
+/// The phantom's grid: its geometry, size and where the body sits in it.
+struct PhantomGrid {
   Geometry g;
+  std::int64_t nx = 0, ny = 0, nz = 0;
+  std::array<double, 3> centre{};    ///< body centre, mm (LPS)
+  std::array<double, 3> half_fov{};  ///< half the field of view, mm, per axis
+};
+
+/// Grid: anisotropic spacing, thicker slices, roughly cubic field of view; every third
+/// phantom oblique.
+PhantomGrid phantom_grid(int size, int index, PhantomRng& U) {
+  PhantomGrid pg;
+  Geometry& g = pg.g;
   const double sxy = U(0.7, 1.6);
   const double sz = U(1.5, 3.0);
   g.spacing = {sxy, sxy, sz};
@@ -108,9 +123,17 @@ Phantom make_phantom(int size, std::uint64_t seed, int index) {
     for (int c = 0; c < 3; ++c) off += g.direction[r * 3 + c] * g.spacing[c] * half_idx[c];
     g.origin[r] = centre[r] - off;
   }
-  const std::array<double, 3> half_fov{nx * sxy / 2.0, ny * sxy / 2.0, nz * sz / 2.0};
+  pg.nx = nx, pg.ny = ny, pg.nz = nz;
+  pg.centre = centre;
+  pg.half_fov = {nx * sxy / 2.0, ny * sxy / 2.0, nz * sz / 2.0};
+  return pg;
+}
 
-  // Physical coordinates of every voxel, normalised by the half field of view.
+/// Physical coordinates of every voxel, normalised by the half field of view: x, y, z, each
+/// (Z, Y, X) float32.
+std::array<at::Tensor, 3> body_coordinates(const PhantomGrid& pg) {
+  const Geometry& g = pg.g;
+  const std::int64_t nx = pg.nx, ny = pg.ny, nz = pg.nz;
   auto opts = torch::TensorOptions().dtype(torch::kFloat64);
   auto k = torch::arange(nz, opts).view({nz, 1, 1});
   auto j = torch::arange(ny, opts).view({1, ny, 1});
@@ -119,9 +142,18 @@ Phantom make_phantom(int size, std::uint64_t seed, int index) {
   for (int r = 0; r < 3; ++r) {
     at::Tensor p = g.origin[r] + g.direction[r * 3 + 0] * g.spacing[0] * i +
                    g.direction[r * 3 + 1] * g.spacing[1] * j + g.direction[r * 3 + 2] * g.spacing[2] * k;
-    u[r] = ((p - centre[r]) / half_fov[r]).to(torch::kFloat32).expand({nz, ny, nx}).contiguous();
+    u[r] = ((p - pg.centre[r]) / pg.half_fov[r]).to(torch::kFloat32).expand({nz, ny, nx}).contiguous();
   }
+  return u;
+}
 
+/// The anatomy: the body, its inside (below the fat layer) and the label map (1 liver,
+/// 2 spleen, 3 kidneys, 4 spine), each (Z, Y, X).
+struct Anatomy {
+  at::Tensor in_body, in_inner, label;
+};
+
+Anatomy phantom_anatomy(const std::array<at::Tensor, 3>& u, PhantomRng& U) {
   auto jitter = [&](std::array<double, 3> c, double d) {
     for (auto& v : c) v += U(-d, d);
     return c;
@@ -146,44 +178,61 @@ Phantom make_phantom(int size, std::uint64_t seed, int index) {
                            rotation(0, 0, U(0.1, 0.4))};
   const Ellipsoid spine{jitter({0.0, 0.45, 0.0}, 0.02), {0.1, 0.1, 1.3}, rotation(0, 0, 0)};
 
-  at::Tensor in_body = inside(u, body, 0.02, 5.0);
-  at::Tensor in_inner = inside(u, inner, 0.02, 5.0);
-  at::Tensor m_liver = inside(u, liver, 0.15, 3.0) & in_inner;
-  at::Tensor m_spleen = inside(u, spleen, 0.25, 2.0) & in_inner;
-  at::Tensor m_kidney = (inside(u, kidney_r, 0.1, 2.0) | inside(u, kidney_l, 0.1, 2.0)) & in_inner;
-  at::Tensor m_spine = inside(u, spine, 0.0) & in_inner;
+  Anatomy a;
+  a.in_body = inside(u, body, 0.02, 5.0);
+  a.in_inner = inside(u, inner, 0.02, 5.0);
+  at::Tensor m_liver = inside(u, liver, 0.15, 3.0) & a.in_inner;
+  at::Tensor m_spleen = inside(u, spleen, 0.25, 2.0) & a.in_inner;
+  at::Tensor m_kidney = (inside(u, kidney_r, 0.1, 2.0) | inside(u, kidney_l, 0.1, 2.0)) & a.in_inner;
+  at::Tensor m_spine = inside(u, spine, 0.0) & a.in_inner;
 
-  auto label = torch::zeros({nz, ny, nx}, torch::kUInt8);
-  label.masked_fill_(m_liver, 1);
-  label.masked_fill_(m_spleen, 2);
-  label.masked_fill_(m_kidney, 3);
-  label.masked_fill_(m_spine, 4);
+  a.label = torch::zeros(a.in_body.sizes(), torch::kUInt8);
+  a.label.masked_fill_(m_liver, 1);
+  a.label.masked_fill_(m_spleen, 2);
+  a.label.masked_fill_(m_kidney, 3);
+  a.label.masked_fill_(m_spine, 4);
+  return a;
+}
 
+/// HU per tissue, then a smooth bias field (low-frequency, +-30 HU inside the body) and
+/// Gaussian noise; rounded and clamped to -1024..3071.
+at::Tensor phantom_hu(const Anatomy& a, const std::array<at::Tensor, 3>& u, PhantomRng& U) {
+  const auto& label = a.label;
   const double hu_tissue = U(20, 40), hu_liver = U(90, 110), hu_spleen = U(140, 160), hu_kidney = U(190, 220),
                hu_bone = U(450, 650);
-  auto hu = torch::full({nz, ny, nx}, -1000.0f);
-  hu.masked_fill_(in_body, -100.0f);  // subcutaneous fat
-  hu.masked_fill_(in_inner, static_cast<float>(hu_tissue));
+  auto hu = torch::full(label.sizes(), -1000.0f);
+  hu.masked_fill_(a.in_body, -100.0f);  // subcutaneous fat
+  hu.masked_fill_(a.in_inner, static_cast<float>(hu_tissue));
   hu.masked_fill_(label == 1, static_cast<float>(hu_liver));
   hu.masked_fill_(label == 2, static_cast<float>(hu_spleen));
   hu.masked_fill_(label == 3, static_cast<float>(hu_kidney));
   hu.masked_fill_(label == 4, static_cast<float>(hu_bone));
 
-  // Smooth bias field (low-frequency, +-30 HU inside the body) and Gaussian noise.
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(rng());
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(U.engine());
   const double fx = U(0.5, 1.5), fy = U(0.5, 1.5), fz = U(0.3, 1.0), ph = U(0, 2 * kPi);
   at::Tensor bias =
       30.0 * torch::sin(fx * u[0] + ph) * torch::cos(fy * u[1] - 0.5 * ph) * torch::cos(fz * u[2]);
-  at::Tensor noise = torch::randn({nz, ny, nx}, gen, torch::kFloat32) * U(12, 20);
-  hu = torch::where(in_body, hu + bias + noise, hu + noise * 0.3);
-  hu = hu.round().clamp(-1024, 3071);
+  at::Tensor noise = torch::randn(label.sizes(), gen, torch::kFloat32) * U(12, 20);
+  hu = torch::where(a.in_body, hu + bias + noise, hu + noise * 0.3);
+  return hu.round().clamp(-1024, 3071);
+}
+
+}  // namespace
+
+Phantom make_phantom(int size, std::uint64_t seed, int index) {
+  torch::NoGradGuard no_grad;
+  PhantomRng U{std::mt19937_64(seed * 1000003ULL + static_cast<std::uint64_t>(index) * 7919ULL + 17ULL)};
+  const PhantomGrid grid = phantom_grid(size, index, U);
+  const std::array<at::Tensor, 3> u = body_coordinates(grid);
+  const Anatomy anatomy = phantom_anatomy(u, U);
+  const at::Tensor hu = phantom_hu(anatomy, u, U);
 
   Phantom ph_out;
   ph_out.image.voxels = hu.unsqueeze(0).contiguous();
-  ph_out.image.geometry = g;
+  ph_out.image.geometry = grid.g;
   ph_out.image.modality = "CT";
-  ph_out.label.voxels = label.unsqueeze(0).contiguous();
-  ph_out.label.geometry = g;
+  ph_out.label.voxels = anatomy.label.unsqueeze(0).contiguous();
+  ph_out.label.geometry = grid.g;
   ph_out.label.modality = "SEG";
   return ph_out;
 }

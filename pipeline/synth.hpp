@@ -6,11 +6,10 @@
 #include <string>
 
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 #include "pipeline/io/image.hpp"
 
 namespace segflow::pipeline {
-
-class OptionParser;
 
 /// Options of `segflow synth` and of a job config's `data.synth` section.
 struct SynthOptions {

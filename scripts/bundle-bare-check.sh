@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proves the GPU bundle on a bare Debian 12 root, as bare as the GPU machine: debootstrap's
-# minbase plus python3 and xz (no -dev library, no DCMTK, CAF, ZeroMQ or ITK), LibTorch only
+# minbase plus python3 (no xz, no -dev library, no DCMTK, CAF, ZeroMQ or ITK), LibTorch only
 # from the torch wheel (the venv's torch and its CUDA/Python dependencies, bind-mounted
 # read-only under /opt/torchsite), then runs `gpu-check.sh --bundle-cpu-check` inside it.
 # Needs root (debootstrap, mount, chroot) and the Debian mirror apt uses.
@@ -12,7 +12,7 @@ root=${1:-/tmp/segflow-bare-root}
 command -v debootstrap > /dev/null || apt-get install -y debootstrap
 mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
 if [[ ! -x $root/usr/bin/python3 ]]; then
-  debootstrap --variant=minbase --include=python3,xz-utils,libgomp1 bookworm "$root" "${mirror:-http://deb.debian.org/debian}"
+  debootstrap --variant=minbase --include=python3,libgomp1 bookworm "$root" "${mirror:-http://deb.debian.org/debian}"
 fi
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 mkdir -p "$root/opt/torchsite"

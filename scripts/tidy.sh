@@ -5,7 +5,7 @@
 # otherwise build/'s (GCC), with the GCC precompiled header replaced by the header it holds
 # (clang cannot read GCC's .gch).
 # usage: scripts/tidy.sh [-j N] [--changed BASE | --sources | --all | FILE...]
-#   --sources  the library and program sources (messages, pipeline, models, actors, apps,
+#   --sources  the library and program sources (messages, pipeline, models, actors, daemon, apps,
 #              bench), not the tests; --all (the default) adds the tests and fuzz harnesses.
 #   About 17 s of CPU per file: LibTorch's headers are in every translation unit.
 # Prints one line per file with findings and a JSON summary line; exits 1 on any finding.
@@ -46,7 +46,7 @@ list_db() { python3 -c "import json; [print(e['file']) for e in json.load(open('
 case "${1:---all}" in
   --changed) mapfile -t files < <(git diff --name-only "${2:?--changed needs a base}" -- '*.cpp' | grep -v '^tests/plugins/' || true) ;;
   --all) mapfile -t files < <(list_db) ;;
-  --sources) mapfile -t files < <(list_db | grep -E "^$PWD/(messages|pipeline|models|actors|apps|bench)/") ;;
+  --sources) mapfile -t files < <(list_db | grep -E "^$PWD/(messages|pipeline|models|actors|daemon|apps|bench)/") ;;
   *) files=("$@") ;;
 esac
 [ "${#files[@]}" -gt 0 ] || { echo "tidy: no files"; exit 0; }

@@ -2,7 +2,9 @@
 # that registers each one. Cases in the doctest test suite "serial" (heavy training, several
 # processes) run alone (RUN_SERIAL) with two intra-op threads; every other case runs beside
 # one more test with one intra-op thread, so `ctest -j2` never puts more than two busy
-# threads on two cores.
+# threads on two cores. Every case runs with libgomp's passive wait policy, as segflow and
+# segflowd do (apps/launcher_env.hpp): with the default (active) policy an OpenMP team that
+# waits spins, and beside another busy process the spinning slows both severalfold.
 #
 # Inputs (-D): EXE, SUITE (test names are "SUITE: case"), OUT, WORKDIR, TIMEOUT, ENV (a ;-list of VAR=VALUE).
 cmake_minimum_required(VERSION 3.25)
@@ -39,7 +41,7 @@ set(script "")
 foreach(coded IN LISTS all)
   string(REPLACE "<semicolon>" ";" name "${coded}")
   string(REPLACE "," "\\," filter "${name}")
-  set(env ${ENV})
+  set(env ${ENV} OMP_WAIT_POLICY=passive)
   if(coded IN_LIST serial)
     set(extra "RUN_SERIAL TRUE")
     list(APPEND env OMP_NUM_THREADS=2)

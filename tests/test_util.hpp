@@ -1,14 +1,20 @@
 #pragma once
-// Helpers shared by the test suites: temporary folders, running commands (the segflow
-// binary, the Python reference readers) and reading their output.
+// Helpers shared by the test suites: REQUIRE_OK and friends for Status and Result<T>,
+// temporary folders, running commands (the segflow binary, the Python reference readers)
+// and reading their output.
 
+#include <ATen/core/Tensor.h>
 #include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <torch/cuda.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,20 +22,47 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "child_process.hpp"
+#include "messages/status.hpp"
 
 namespace segflow::testing {
 
-/// Entry points a test can start as a child process (see tests/doctest_main.cpp): the
-/// suite's own executable run with SEGFLOW_TEST_CHILD=<name> calls the entry and exits.
-inline std::map<std::string, std::function<int()>>& child_entries() {
-  static std::map<std::string, std::function<int()>> entries;
-  return entries;
+namespace detail {
+inline const Status& status_of(const Status& s) { return s; }
+template <class T>
+Status status_of(const Result<T>& r) {
+  return r.status();
 }
+}  // namespace detail
 
-/// Registers a child entry at static-initialisation time (one per name and suite).
-struct ChildEntry {
-  ChildEntry(const std::string& name, std::function<int()> fn) { child_entries()[name] = std::move(fn); }
-};
+}  // namespace segflow::testing
+
+/// `REQUIRE_OK(expr)`: `expr` (a Status or a Result<T>) must be ok; otherwise the case stops
+/// and the report shows the expression and its Status ("invalid_config: job.yaml: ...").
+#define REQUIRE_OK(...) SEGFLOW_TEST_OK_IMPL(REQUIRE_MESSAGE, __VA_ARGS__)
+/// `CHECK_OK(expr)`: the same, but the case goes on after a failure.
+#define CHECK_OK(...) SEGFLOW_TEST_OK_IMPL(CHECK_MESSAGE, __VA_ARGS__)
+#define SEGFLOW_TEST_OK_IMPL(ASSERT_MESSAGE, ...)                                                           \
+  do {                                                                                                      \
+    const auto& segflow_status_ = (__VA_ARGS__);                                                            \
+    ASSERT_MESSAGE(                                                                                         \
+        segflow_status_.is_ok(),                                                                            \
+        #__VA_ARGS__ " is not ok: " << ::segflow::testing::detail::status_of(segflow_status_).to_string()); \
+  } while (0)
+
+/// `REQUIRE_OK_AND_ASSIGN(auto x, make())`: `make()` (a Result<T>) must be ok (as
+/// REQUIRE_OK); then its value is moved into `x`. A statement of its own, like a declaration.
+#define REQUIRE_OK_AND_ASSIGN(lhs, ...) \
+  SEGFLOW_TEST_OK_AND_ASSIGN_IMPL(SEGFLOW_CONCAT(segflow_result_, __LINE__), lhs, __VA_ARGS__)
+#define SEGFLOW_TEST_OK_AND_ASSIGN_IMPL(tmp, lhs, ...)                                   \
+  auto tmp = (__VA_ARGS__);                                                              \
+  REQUIRE_MESSAGE(tmp.is_ok(), #__VA_ARGS__ " is not ok: " << tmp.status().to_string()); \
+  lhs = std::move(tmp).value()
+
+namespace segflow::testing {
 
 /// Set by skip_case() while a case runs; the suites' main (tests/doctest_main.cpp) lets a
 /// case that skipped itself make no assertion, and fails any other such case.
@@ -67,23 +100,9 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-/// Result of a command: exit status and what it printed (stdout; stderr when merged).
-struct CommandResult {
-  int exit_code = -1;
-  std::string out;
-};
-
-/// Runs a shell command, capturing stdout (append " 2>&1" to capture stderr as well).
-inline CommandResult run_command(const std::string& cmd) {
-  CommandResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) throw std::runtime_error("popen failed: " + cmd);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int st = pclose(p);
-  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
+/// True when `part` occurs in `s` (error messages, logs).
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
 }
 
 /// Single-quotes a string for the shell.
@@ -97,6 +116,10 @@ inline std::string shell_quote(const std::string& s) {
   }
   return q + "'";
 }
+
+/// Single-quotes a path, or a C string, for the shell.
+inline std::string shell_quote(const std::filesystem::path& p) { return shell_quote(p.string()); }
+inline std::string shell_quote(const char* s) { return shell_quote(std::string(s)); }
 
 /// The project venv's Python (has numpy, pydicom, nibabel, SimpleITK); $SEGFLOW_PYTHON
 /// overrides it (the GPU bundle runs where the build's venv does not exist).
@@ -136,6 +159,43 @@ inline std::string segflow_bin() {
   return d ? std::string(d) + "/segflow" : std::string("segflow");
 }
 
+/// Runs `segflow ARGS` with stderr merged into the output.
+inline CommandResult run_segflow(const std::string& args) {
+  return run_command(shell_quote(segflow_bin()) + " " + args + " 2>&1");
+}
+
+/// What `segflow ARGS` did, with stdout and stderr apart.
+struct SegflowRun {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+/// Runs `segflow ARGS`, its stderr kept apart (through a file in `scratch`).
+inline SegflowRun run_segflow(const std::string& args, const std::filesystem::path& scratch) {
+  const auto err = scratch / "stderr.txt";
+  auto r = run_command(shell_quote(segflow_bin()) + " " + args + " 2>" + shell_quote(err.string()));
+  std::ifstream f(err, std::ios::binary);
+  return {r.exit_code, r.out, {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()}};
+}
+
+/// Runs a Python snippet (`python -c CODE ARGS...`) in the project venv; its output (stderr
+/// merged). The case stops when it fails.
+inline std::string run_python(const std::string& code, const std::vector<std::string>& args) {
+  std::string cmd = shell_quote(python()) + " -c " + shell_quote(code);
+  for (const auto& a : args) cmd.append(" ").append(shell_quote(a));
+  auto r = run_command(cmd + " 2>&1");
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  return r.out;
+}
+
+/// True when two tensors have the same dtype, shape and bytes (NaNs compare equal).
+inline bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  at::Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
+}
+
 /// Runs tests/tools/reference.py (an independent reader) and parses its JSON output.
 inline nlohmann::json reference_read(const std::string& reader, const std::filesystem::path& p) {
   auto r = run_command(shell_quote(python()) + " " +
@@ -154,6 +214,22 @@ inline bool has_temporaries(const std::filesystem::path& dir) {
   return false;
 }
 
+/// A free TCP port on 127.0.0.1 (bound and released: another process may take it before
+/// the caller binds it, which the tests accept).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t n = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
 /// Writes bytes to a file.
 inline void write_file(const std::filesystem::path& p, const std::string& bytes) {
   std::ofstream f(p, std::ios::binary);
@@ -164,53 +240,6 @@ inline void write_file(const std::filesystem::path& p, const std::string& bytes)
 inline std::string read_file(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-/// The tiny 3D training job the apps, daemon and parallel suites run (epochs take a second
-/// or two on a CPU): 5 synthetic 24^3 NIfTI cases in a data root, resampled to 2.5 x 2.5 x
-/// 3 mm, a CT window to [0, 1], 16^3 pos/neg crops x 2, then `after_crop`; a 3D UNet with
-/// `model`, DiceCE, Adam 0.01, `train`, validation on 16^3 windows.
-struct TinyJob {
-  std::string name = "tiny";
-  std::string after_crop = "  - name: rand_flip\n    options: {prob: 0.5, spatial_axis: [0]}\n";
-  std::string model = "channels: [4, 8, 16], strides: [2, 2], num_res_units: 1, norm: batch, dropout: 0.1";
-  int epochs = 4;
-  /// The rest of the `train` line; suites append to it (e.g. ", log_every: 1").
-  std::string train =
-      "batch_size: 2, device: cpu, val_interval: 2, checkpoint_interval: 1, loader: simple, threads: 1";
-};
-
-/// `job` as YAML with its cases under `data_root` (made on first use); no `output` section.
-inline std::string tiny_job_yaml(const std::filesystem::path& data_root, const TinyJob& job = {}) {
-  return "name: " + job.name +
-         "\n"
-         "seed: 3\n"
-         "data:\n"
-         "  root: " +
-         data_root.string() +
-         "\n"
-         "  synth: {cases: 5, size: 24, format: nifti, seed: 9}\n"
-         "  val_cases: 1\n"
-         "  num_classes: 5\n"
-         "stages:\n"
-         "  - name: load\n"
-         "  - name: resample\n"
-         "    options: {spacing: [2.5, 2.5, 3.0]}\n"
-         "  - name: scale_intensity_range\n"
-         "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
-         "  - name: fg_bg_indices\n"
-         "  - name: rand_crop_pos_neg\n"
-         "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 2}\n" +
-         job.after_crop + "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, " +
-         job.model +
-         "}\n"
-         "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-         "optimizer: {name: adam, lr: 0.01}\n"
-         "schedule: {name: constant}\n"
-         "train: {epochs: " +
-         std::to_string(job.epochs) + ", " + job.train +
-         "}\n"
-         "validation: {roi_size: [16, 16, 16], overlap: 0.25, sw_batch_size: 2}\n";
 }
 
 /// First statement of every test case that needs CUDA: `if (!cuda_or_skip()) return;`.

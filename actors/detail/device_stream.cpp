@@ -4,18 +4,16 @@
 
 #include <optional>
 
-#if __has_include(<c10/cuda/CUDAGuard.h>) && __has_include(<cuda_runtime_api.h>)
+#if SEGFLOW_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#define SEGFLOW_HAVE_CUDA_STREAMS 1
-#else
-#define SEGFLOW_HAVE_CUDA_STREAMS 0
 #endif
 
 namespace segflow::actors::detail {
 
 struct DeviceStream::Impl {
-#if SEGFLOW_HAVE_CUDA_STREAMS
+#if SEGFLOW_WITH_CUDA
   explicit Impl(c10::cuda::CUDAStream s) : stream(s) {}
   c10::cuda::CUDAStream stream;
   std::optional<c10::cuda::CUDAStreamGuard> guard;
@@ -24,7 +22,7 @@ struct DeviceStream::Impl {
 };
 
 DeviceStream::DeviceStream(const c10::Device& device) {
-#if SEGFLOW_HAVE_CUDA_STREAMS
+#if SEGFLOW_WITH_CUDA
   if (device.is_cuda() && torch::cuda::is_available()) {
     const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
     impl_ = std::make_unique<Impl>(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index));
@@ -39,25 +37,37 @@ DeviceStream::~DeviceStream() = default;
 bool DeviceStream::active() const { return impl_ != nullptr; }
 
 void DeviceStream::enter() {
-#if SEGFLOW_HAVE_CUDA_STREAMS
+#if SEGFLOW_WITH_CUDA
   if (impl_ && impl_->depth++ == 0) impl_->guard.emplace(impl_->stream);
 #endif
 }
 
 void DeviceStream::leave() {
-#if SEGFLOW_HAVE_CUDA_STREAMS
+#if SEGFLOW_WITH_CUDA
   if (impl_ && --impl_->depth == 0) impl_->guard.reset();
 #endif
 }
 
 void DeviceStream::synchronize() {
-#if SEGFLOW_HAVE_CUDA_STREAMS
+#if SEGFLOW_WITH_CUDA
   if (impl_) impl_->stream.synchronize();
 #endif
 }
 
+std::function<void()> DeviceStream::ready_fence() {
+#if SEGFLOW_WITH_CUDA
+  if (!impl_) return {};
+  auto event = std::make_shared<at::cuda::CUDAEvent>();
+  event->record(impl_->stream);
+  const c10::DeviceIndex index = impl_->stream.device_index();
+  return [event, index] { event->block(c10::cuda::getCurrentCUDAStream(index)); };
+#else
+  return {};
+#endif
+}
+
 void DeviceStream::hand_over(const at::Tensor& t) {
-#if SEGFLOW_HAVE_CUDA_STREAMS
+#if SEGFLOW_WITH_CUDA
   if (impl_ && t.defined() && t.is_cuda())
     t.record_stream(c10::cuda::getDefaultCUDAStream(t.device().index()).unwrap());
 #else

@@ -1,12 +1,17 @@
 #pragma once
 // A side CUDA stream for an augmenter, so that its host-to-device copies and random stages
-// do not serialise with the trainer's work on the default stream. Compiled in only when the
-// CUDA headers are there; used only when torch::cuda::is_available() at run time. On the
-// CPU (or without CUDA) every member is a no-op.
+// do not serialise with the trainer's work on the default stream. Compiled in whenever
+// LibTorch has CUDA (SEGFLOW_WITH_CUDA, cmake/SegflowDeps.cmake); used only when
+// torch::cuda::is_available() at run time. On the CPU every member is a no-op.
+//
+// A batch made on the side stream is handed over without blocking the augmenter: an event is
+// recorded on the side stream after the batch's last kernel, and the consumer's stream waits
+// on it (ready_fence(), run on the trainer's thread) before its first kernel on the batch.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <functional>
 #include <memory>
 
 namespace segflow::actors::detail {
@@ -24,9 +29,12 @@ class DeviceStream {
   /// Makes the side stream current on this thread until leave() (CUDAStreamGuard).
   void enter();
   void leave();
-  /// Waits until everything queued on the side stream is done (before a batch is handed
-  /// to the trainer, which uses its own stream).
+  /// Waits on the host until everything queued on the side stream is done.
   void synchronize();
+  /// Records an event on the side stream now and returns what makes the *calling thread's*
+  /// current stream wait for it (cudaStreamWaitEvent: the host does not block). Empty when
+  /// no side stream is in use.
+  std::function<void()> ready_fence();
   /// Tells the caching allocator that `t` will be used on the device's default stream (the
   /// trainer's), so its memory is not reused by the side stream while that still runs.
   void hand_over(const at::Tensor& t);

@@ -30,91 +30,6 @@ using nlohmann::json;
 
 namespace {
 
-/// The seeded Fisher-Yates permutation of 0..n-1 that every split of a job uses.
-std::vector<std::size_t> seeded_order(std::size_t n, std::uint64_t seed) {
-  pipeline::Rng rng(pipeline::mix_seed({seed, 0x5711}));
-  std::vector<std::size_t> order(n);
-  for (std::size_t i = 0; i < n; ++i) order[i] = i;
-  for (auto i = static_cast<std::int64_t>(n) - 1; i > 0; --i) std::swap(order[i], order[rng.integer(0, i)]);
-  return order;
-}
-
-}  // namespace
-
-Result<std::vector<FoldIds>> cross_validation_folds(std::vector<std::string> ids, std::int64_t folds,
-                                                    std::uint64_t seed) {
-  const auto n = static_cast<std::int64_t>(ids.size());
-  if (folds < 2 || folds > n)
-    return invalid_argument("cross-validation: expected 2 to " + std::to_string(n) + " folds for " +
-                            std::to_string(n) + " cases, got " + std::to_string(folds));
-  std::sort(ids.begin(), ids.end());
-  const std::vector<std::size_t> order = seeded_order(ids.size(), seed);
-  std::vector<std::int64_t> part(ids.size(), 0);  // the fold whose validation part holds case i
-  for (std::int64_t k = 0, at = 0; k < folds; ++k) {
-    const std::int64_t size = n / folds + (k < n % folds ? 1 : 0);
-    for (std::int64_t j = 0; j < size; ++j) part[order[static_cast<std::size_t>(at + j)]] = k;
-    at += size;
-  }
-  std::vector<FoldIds> table(static_cast<std::size_t>(folds));
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    for (std::int64_t k = 0; k < folds; ++k) (part[i] == k ? table[k].val : table[k].train).push_back(ids[i]);
-  return table;
-}
-
-Result<Split> make_split(const std::vector<pipeline::CaseEntry>& cases, const models::JobConfig& cfg) {
-  std::vector<pipeline::CaseEntry> sorted = cases;
-  std::sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.id < b.id; });
-  const auto n = static_cast<std::int64_t>(sorted.size());
-  Split s;
-  if (cfg.data.fold >= 0) {
-    std::vector<std::string> ids;
-    for (const auto& c : sorted) ids.push_back(c.id);
-    auto table = cross_validation_folds(ids, cfg.data.folds, cfg.seed);
-    if (!table.is_ok())
-      return invalid_config((cfg.file.empty() ? std::string("config") : cfg.file) +
-                            ": data.folds: expected at most the " + std::to_string(n) + " cases of " +
-                            cfg.data.root + " (each fold validates on one case at least), got " +
-                            std::to_string(cfg.data.folds));
-    const FoldIds& mine = (*table)[static_cast<std::size_t>(cfg.data.fold)];
-    for (const auto& c : sorted)
-      (std::binary_search(mine.val.begin(), mine.val.end(), c.id) ? s.val : s.train).push_back(c);
-    s.fold = cfg.data.fold;
-    s.folds = std::move(*table);
-    return s;
-  }
-  std::int64_t nval = cfg.data.val_cases >= 0 ? cfg.data.val_cases
-                                              : std::llround(cfg.data.val_fraction * static_cast<double>(n));
-  if (cfg.data.val_cases < 0 && cfg.data.val_fraction > 0 && n > 1) nval = std::max<std::int64_t>(nval, 1);
-  nval = std::min(nval, std::max<std::int64_t>(0, n - 1));
-  // Seeded Fisher-Yates over the sorted ids.
-  const std::vector<std::size_t> order = seeded_order(sorted.size(), cfg.seed);
-  std::vector<bool> is_val(sorted.size(), false);
-  for (std::int64_t i = 0; i < nval; ++i) is_val[order[i]] = true;
-  for (std::size_t i = 0; i < sorted.size(); ++i) (is_val[i] ? s.val : s.train).push_back(sorted[i]);
-  return s;
-}
-
-Split split_cases(const std::vector<pipeline::CaseEntry>& cases, const models::JobConfig& cfg) {
-  auto s = make_split(cases, cfg);
-  return s.is_ok() ? std::move(*s) : Split{};
-}
-
-Status write_split(const fs::path& run_dir, const Split& split) {
-  json j = {{"train", json::array()}, {"val", json::array()}};
-  for (const auto& c : split.train) j["train"].push_back(c.id);
-  for (const auto& c : split.val) j["val"].push_back(c.id);
-  if (split.fold >= 0) {
-    j["fold"] = split.fold;
-    j["folds"] = split.folds.size();
-    json table = json::array();
-    for (const auto& f : split.folds) table.push_back({{"train", f.train}, {"val", f.val}});
-    SEGFLOW_RETURN_IF_ERROR(write_file_atomically(run_dir / "splits.json", table.dump(2) + '\n'));
-  }
-  return write_file_atomically(run_dir / "split.json", j.dump(2) + '\n');
-}
-
-namespace {
-
 Status ensure_dataset_locked(const models::JobConfig& cfg);
 
 }  // namespace
@@ -226,7 +141,7 @@ Result<PreparedJob> prepare_job(const models::JobConfig& cfg, const RunOptions& 
                            pipeline::scan_dataset(cfg.data.root, pipeline::ScanOptions{.validate = false}));
   for (auto& s : index.skipped) observer.on_case_failure({s.path.string(), s.reason});
   if (index.cases.empty()) return invalid_argument(cfg.data.root + ": no usable cases");
-  SEGFLOW_ASSIGN_OR_RETURN(job.split, make_split(index.cases, cfg));
+  SEGFLOW_ASSIGN_OR_RETURN(job.split, pipeline::make_split(index.cases, models::split_options(cfg)));
   if (job.split.train.empty()) return invalid_argument(cfg.data.root + ": no training cases after the split");
 
   SEGFLOW_ASSIGN_OR_RETURN(pipeline::Pipeline pipe, pipeline::build_pipeline(cfg.stages, registry, cfg.file));
@@ -296,75 +211,6 @@ Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& op
   SEGFLOW_RETURN_IF_ERROR(
       trainer->fit(*job.source, job.steps_per_epoch, job.validation, run.dir(), run.events()));
   return run.dir();
-}
-
-struct JsonlMetricsObserver::Impl {
-  std::ofstream out;
-  std::int64_t every = 10;
-  std::mutex mu;
-  void write(const json& j) {
-    std::lock_guard<std::mutex> lock(mu);
-    out << j.dump() << '\n';
-    out.flush();
-  }
-};
-
-JsonlMetricsObserver::JsonlMetricsObserver(const fs::path& file, std::int64_t log_every)
-    : impl_(std::make_unique<Impl>()) {
-  impl_->out.open(file, std::ios::app);
-  impl_->every = std::max<std::int64_t>(1, log_every);
-}
-JsonlMetricsObserver::~JsonlMetricsObserver() = default;
-
-void JsonlMetricsObserver::on_step(const models::StepInfo& i) {
-  if (i.step % impl_->every != 0 && !i.skipped) return;
-  impl_->write({{"type", "step"},
-                {"epoch", i.epoch},
-                {"step", i.step},
-                {"loss", i.loss},
-                {"lr", i.lr},
-                {"step_ms", i.step_s * 1e3},
-                {"data_wait_ms", i.data_wait_s * 1e3},
-                {"samples", i.samples},
-                {"skipped", i.skipped},
-                {"skipped_steps", i.skipped_steps},
-                {"loss_scale", i.loss_scale}});
-}
-void JsonlMetricsObserver::on_epoch_end(const models::EpochInfo& i) {
-  impl_->write({{"type", "epoch"},
-                {"epoch", i.epoch},
-                {"steps", i.steps},
-                {"loss", i.loss},
-                {"seconds", i.seconds},
-                {"samples_per_s", i.samples_per_s},
-                {"data_wait_s", i.data_wait_s},
-                {"lr", i.lr},
-                {"skipped_steps", i.skipped_steps}});
-}
-void JsonlMetricsObserver::on_validation(const models::ValidationInfo& i) {
-  json per = json::array();
-  for (double d : i.dice_per_class) per.push_back(std::isfinite(d) ? json(d) : json(nullptr));
-  json named = json::object();  // the same Dice keyed by class name (models/class_names.hpp)
-  for (std::size_t k = 0; k < i.dice_per_class.size(); ++k) named[models::class_key(i, k)] = per[k];
-  impl_->write({{"type", "validation"},
-                {"epoch", i.epoch},
-                {"mean_dice", std::isfinite(i.mean_dice) ? json(i.mean_dice) : json(nullptr)},
-                {"dice_per_class", per},
-                {"dice_by_class", named},
-                {"cases", i.cases},
-                {"seconds", i.seconds},
-                {"best", i.best}});
-}
-void JsonlMetricsObserver::on_checkpoint(const fs::path& p, const std::string& kind) {
-  impl_->write({{"type", "checkpoint"}, {"kind", kind}, {"path", p.string()}});
-}
-void JsonlMetricsObserver::on_case_failure(const pipeline::CaseFailure& f) {
-  impl_->write({{"type", "case_failure"}, {"case", f.case_id}, {"reason", f.reason}});
-}
-void JsonlMetricsObserver::on_data_event(const Event& e) {
-  json j = event_to_json(e);
-  j["type"] = "data_event";
-  impl_->write(j);
 }
 
 }  // namespace segflow::actors

@@ -30,13 +30,13 @@ RunFolder::~RunFolder() {
   }
 }
 
-Status RunFolder::open(const models::JobConfig& cfg, models::Trainer& trainer, const Split& split,
+Status RunFolder::open(const models::JobConfig& cfg, models::Trainer& trainer, const pipeline::Split& split,
                        models::TrainObserver& user) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) return io_error(dir_.string() + ": cannot create the run folder: " + ec.message());
   SEGFLOW_RETURN_IF_ERROR(write_file_atomically(dir_ / "config.json", cfg.resolved.dump(2) + '\n'));
-  SEGFLOW_RETURN_IF_ERROR(write_split(dir_, split));
+  SEGFLOW_RETURN_IF_ERROR(pipeline::write_split(dir_, split));
   if (resume_) {
     SEGFLOW_RETURN_IF_ERROR(trainer.load_checkpoint(*resume_));
     log::info("resumed from " + resume_->string() + " at epoch " + std::to_string(trainer.state().epoch));

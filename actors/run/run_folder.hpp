@@ -8,18 +8,32 @@
 // observer (the daemon's PUB socket, a test, the CLI's progress lines).
 // Not thread-safe: the trainer that owns the run posts to it from its own thread.
 
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <optional>
 
-#include "actors/jobs/job_runner.hpp"
 #include "actors/run/event_bus.hpp"
 #include "actors/run/run_outputs.hpp"
 #include "messages/status.hpp"
 #include "models/job_config.hpp"
 #include "models/trainer.hpp"
+#include "pipeline/split.hpp"
 
 namespace segflow::actors {
+
+/// How to run a job: where its run folder goes, what it resumes from, which rank it is.
+struct RunOptions {
+  std::optional<std::filesystem::path> resume;   ///< checkpoint to resume from
+  bool resume_last = false;                      ///< resume from the run folder's last.pt if present
+  std::filesystem::path plugin_dir;              ///< extra stages (shared libraries); empty = none
+  std::optional<std::filesystem::path> run_dir;  ///< override the deterministic run folder
+  std::int64_t rank = 0;                         ///< data-parallel rank (this trainer's shard)
+  std::int64_t world_size = 1;
+  /// Where the data path's collector publishes its events (a run's event bus:
+  /// RunFolder::data_events()); null: nowhere.
+  std::shared_ptr<EventSink> data_events;
+};
 
 class RunFolder {
  public:
@@ -37,7 +51,7 @@ class RunFolder {
   /// found no checkpoint: an attempt that died before its first one); then opens the sinks.
   /// Events posted to events() reach metrics.jsonl, TensorBoard, progress.svg and `user`;
   /// data-path events (data_events()) reach metrics.jsonl and `user` when it is a RunSink.
-  Status open(const models::JobConfig& cfg, models::Trainer& trainer, const Split& split,
+  Status open(const models::JobConfig& cfg, models::Trainer& trainer, const pipeline::Split& split,
               models::TrainObserver& user);
 
   const std::filesystem::path& dir() const { return dir_; }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <mutex>
 #include <sstream>
 #include <string_view>
 
@@ -21,6 +22,78 @@
 namespace segflow::actors {
 
 namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ---- metrics.jsonl ----
+
+struct JsonlMetricsObserver::Impl {
+  std::ofstream out;
+  std::int64_t every = 10;
+  std::mutex mu;
+  void write(const json& j) {
+    std::lock_guard<std::mutex> lock(mu);
+    out << j.dump() << '\n';
+    out.flush();
+  }
+};
+
+JsonlMetricsObserver::JsonlMetricsObserver(const fs::path& file, std::int64_t log_every)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->out.open(file, std::ios::app);
+  impl_->every = std::max<std::int64_t>(1, log_every);
+}
+JsonlMetricsObserver::~JsonlMetricsObserver() = default;
+
+void JsonlMetricsObserver::on_step(const models::StepInfo& i) {
+  if (i.step % impl_->every != 0 && !i.skipped) return;
+  impl_->write({{"type", "step"},
+                {"epoch", i.epoch},
+                {"step", i.step},
+                {"loss", i.loss},
+                {"lr", i.lr},
+                {"step_ms", i.step_s * 1e3},
+                {"data_wait_ms", i.data_wait_s * 1e3},
+                {"samples", i.samples},
+                {"skipped", i.skipped},
+                {"skipped_steps", i.skipped_steps},
+                {"loss_scale", i.loss_scale}});
+}
+void JsonlMetricsObserver::on_epoch_end(const models::EpochInfo& i) {
+  impl_->write({{"type", "epoch"},
+                {"epoch", i.epoch},
+                {"steps", i.steps},
+                {"loss", i.loss},
+                {"seconds", i.seconds},
+                {"samples_per_s", i.samples_per_s},
+                {"data_wait_s", i.data_wait_s},
+                {"lr", i.lr},
+                {"skipped_steps", i.skipped_steps}});
+}
+void JsonlMetricsObserver::on_validation(const models::ValidationInfo& i) {
+  json per = json::array();
+  for (double d : i.dice_per_class) per.push_back(std::isfinite(d) ? json(d) : json(nullptr));
+  json named = json::object();  // the same Dice keyed by class name (models/class_names.hpp)
+  for (std::size_t k = 0; k < i.dice_per_class.size(); ++k) named[models::class_key(i, k)] = per[k];
+  impl_->write({{"type", "validation"},
+                {"epoch", i.epoch},
+                {"mean_dice", std::isfinite(i.mean_dice) ? json(i.mean_dice) : json(nullptr)},
+                {"dice_per_class", per},
+                {"dice_by_class", named},
+                {"cases", i.cases},
+                {"seconds", i.seconds},
+                {"best", i.best}});
+}
+void JsonlMetricsObserver::on_checkpoint(const fs::path& p, const std::string& kind) {
+  impl_->write({{"type", "checkpoint"}, {"kind", kind}, {"path", p.string()}});
+}
+void JsonlMetricsObserver::on_case_failure(const pipeline::CaseFailure& f) {
+  impl_->write({{"type", "case_failure"}, {"case", f.case_id}, {"reason", f.reason}});
+}
+void JsonlMetricsObserver::on_data_event(const Event& e) {
+  json j = event_to_json(e);
+  j["type"] = "data_event";
+  impl_->write(j);
+}
 
 // ---- CRC-32C and the TFRecord framing ----
 

@@ -1,6 +1,8 @@
 #pragma once
-// What a run leaves for people to look at, beside metrics.jsonl:
+// What a run leaves for people to look at, one sink of the run's event bus each:
 //
+//  - metrics.jsonl: one JSON object per event, flushed per line (the record the other
+//    outputs and `segflow ctl status` are rebuilt from).
 //  - TensorBoard event files (tb/events.out.tfevents.<time>.<host>.<pid>): the TFRecord
 //    framing (length, masked CRC-32C, payload, masked CRC-32C) around hand-encoded
 //    tensorflow.Event protos holding simple_value scalars. No protobuf dependency; the
@@ -9,20 +11,41 @@
 //  - progress.svg: loss, validation Dice, learning rate and epoch time against the epoch,
 //    redrawn after every epoch (nnU-Net's progress.png, as a vector image any browser shows).
 //
-// Both are TrainObservers; they are driven from the trainer's thread and not thread-safe.
+// Each is a TrainObserver driven from the trainer's thread; only metrics.jsonl is thread-safe.
 
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "actors/run/event_bus.hpp"
 #include "messages/file_util.hpp"
 #include "messages/status.hpp"
 #include "models/trainer.hpp"
 
 namespace segflow::actors {
+
+/// Writes metrics.jsonl: one JSON object per line with "type" step|epoch|validation|
+/// checkpoint|case_failure|data_event, flushed per line. A sink of the run's event bus.
+class JsonlMetricsObserver : public RunSink {
+ public:
+  explicit JsonlMetricsObserver(const std::filesystem::path& file, std::int64_t log_every = 10);
+  ~JsonlMetricsObserver() override;
+  void on_step(const models::StepInfo& i) override;
+  void on_epoch_end(const models::EpochInfo& i) override;
+  void on_validation(const models::ValidationInfo& i) override;
+  void on_checkpoint(const std::filesystem::path& p, const std::string& kind) override;
+  void on_case_failure(const pipeline::CaseFailure& f) override;
+  /// {"type": "data_event", "kind", "source", "message", "case_id", "epoch", "time_ns"}
+  void on_data_event(const Event& e) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 /// CRC-32C (Castagnoli), as TFRecord uses it.
 std::uint32_t crc32c(const void* data, std::size_t n);

@@ -23,12 +23,6 @@ namespace {
 using BackendType = c10d::ProcessGroup::BackendType;
 
 /// The first line of a LibTorch message (the rest is a C++ stack trace).
-std::string first_line(const std::exception& e) {
-  std::string what = e.what();
-  if (auto nl = what.find('\n'); nl != std::string::npos) what = what.substr(0, nl);
-  return what;
-}
-
 std::string seconds_text(std::chrono::milliseconds ms) {
   return std::to_string(static_cast<double>(ms.count()) / 1000.0) + " s";
 }

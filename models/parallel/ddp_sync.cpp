@@ -13,12 +13,6 @@ namespace segflow::models::parallel {
 
 namespace {
 
-std::string first_line(const std::exception& e) {
-  std::string what = e.what();
-  if (auto nl = what.find('\n'); nl != std::string::npos) what = what.substr(0, nl);
-  return what;
-}
-
 /// GradientSync's methods cannot return a Status: the trainer turns exceptions into one.
 void throw_if_error(const Status& st) {
   if (!st.is_ok()) throw std::runtime_error(st.message());

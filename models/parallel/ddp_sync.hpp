@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "messages/status.hpp"
+#include "models/fwd.hpp"
 #include "models/trainer.hpp"
 
 namespace c10d {
@@ -50,8 +51,6 @@ class Module;
 }
 
 namespace segflow::models::parallel {
-
-class Collective;
 
 struct DdpOptions {
   double bucket_cap_mb = 25.0;       ///< bucket size in MiB (DDP's bucket_cap_mb), > 0

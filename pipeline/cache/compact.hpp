@@ -39,10 +39,9 @@
 
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 
 namespace segflow::pipeline {
-
-class Pipeline;
 
 /// How cached samples are held (train.cache_dtype).
 enum class CacheDtype {

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "pipeline/io/image.hpp"
 #include "pipeline/pipeline_spec.hpp"
 
 namespace segflow::pipeline {
@@ -42,32 +43,6 @@ std::string hex64(std::uint64_t v) {
 }
 
 std::string errno_text() { return std::strerror(errno); }
-
-struct DtypeName {
-  const char* name;
-  c10::ScalarType type;
-};
-constexpr std::array<DtypeName, 10> kDtypes{{{"float32", c10::ScalarType::Float},
-                                             {"float64", c10::ScalarType::Double},
-                                             {"float16", c10::ScalarType::Half},
-                                             {"bfloat16", c10::ScalarType::BFloat16},
-                                             {"uint8", c10::ScalarType::Byte},
-                                             {"int8", c10::ScalarType::Char},
-                                             {"int16", c10::ScalarType::Short},
-                                             {"int32", c10::ScalarType::Int},
-                                             {"int64", c10::ScalarType::Long},
-                                             {"bool", c10::ScalarType::Bool}}};
-
-const char* dtype_name(c10::ScalarType t) {
-  for (const auto& d : kDtypes)
-    if (d.type == t) return d.name;
-  return nullptr;
-}
-std::optional<c10::ScalarType> dtype_from(const std::string& n) {
-  for (const auto& d : kDtypes)
-    if (n == d.name) return d.type;
-  return std::nullopt;
-}
 
 /// Fields of one file for the key: size, mtime and a hash of its first and last bytes.
 Status describe_file(const std::filesystem::path& p, std::int64_t ends, std::string& out) {
@@ -280,7 +255,7 @@ Result<std::optional<Sample>> DiskCache::load(const std::string& key) const {
     std::vector<std::uint64_t> hashes;
     for (const auto& rec : header.at("tensors")) {
       const std::string name = rec.at("name").get<std::string>();
-      const auto dtype = dtype_from(rec.at("dtype").get<std::string>());
+      const auto dtype = dtype_from_name(rec.at("dtype").get<std::string>());
       if (!dtype) return corrupt("dtype");
       const auto shape = rec.at("shape").get<std::vector<std::int64_t>>();
       const auto offset = rec.at("offset").get<std::uint64_t>();

@@ -46,11 +46,10 @@
 
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 #include "pipeline/io/dataset.hpp"
 
 namespace segflow::pipeline {
-
-class Pipeline;
 
 /// Bump when the file format or a deterministic stage's output changes.
 inline constexpr std::uint32_t kDiskCacheVersion = 1;

@@ -49,8 +49,11 @@ Result<Sample> move_to_cache_device(const Sample& sample, const c10::Device& dev
   if (device.is_cpu()) return sample;
   Sample out = sample;
   try {
+    // Through pinned memory, asynchronously on the current stream: the copy is ordered before
+    // any later work on that stream, and the host does not wait for it.
     for (auto& [k, t] : out.tensors)
-      if (t.defined() && !host_resident_key(k) && t.device() != device) t = t.to(device);
+      if (t.defined() && !host_resident_key(k) && t.device() != device)
+        t = device.is_cuda() && t.is_cpu() ? t.pin_memory().to(device, /*non_blocking=*/true) : t.to(device);
   } catch (const c10::Error& e) {
     return internal_error("cache: sample '" + sample.id + "' to " + device.str() + ": " +
                           e.what_without_backtrace());
@@ -79,6 +82,13 @@ bool MemoryCache::offer(std::int64_t index, const Sample& sample) {
   for (auto& [k, t] : kept.tensors) {
     if (!t.defined()) continue;
     const auto held = static_cast<std::int64_t>(t.storage().nbytes());
+    if (pin_ && t.is_cpu() && !host_resident_key(k)) {
+      try {
+        t = t.pin_memory();  // a contiguous copy of its own
+        continue;
+      } catch (const c10::Error&) {  // no page-locked memory left: kept pageable
+      }
+    }
     if (!t.is_contiguous() || held > t.numel() * static_cast<std::int64_t>(t.element_size())) t = t.clone();
   }
   bytes_ += n;

@@ -15,12 +15,10 @@
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
 #include "pipeline/cache/compact.hpp"
+#include "pipeline/fwd.hpp"
 #include "pipeline/io/dataset.hpp"
 
 namespace segflow::pipeline {
-
-class DiskCache;
-class Pipeline;
 
 /// Bytes of a sample's tensors (numel * element size, summed).
 std::int64_t sample_bytes(const Sample& sample);
@@ -56,13 +54,16 @@ Result<Sample> move_to_cache_device(const Sample& sample, const c10::Device& dev
 /// shuffled epoch order). Admitted tensors are compacted (a view of a larger storage is
 /// cloned) so that the counted bytes are the bytes held. With a CUDA `device` the admitted
 /// tensors live in that device's memory (move_to_cache_device; the budget counts them all,
-/// host-resident ones included). Not thread-safe: one owner.
+/// host-resident ones included). A host cache that feeds a CUDA device (`pin`) keeps its
+/// tensors in pinned (page-locked) memory, pinned once when admitted, so that each epoch's
+/// copies to the device are asynchronous DMA without a staging copy. Not thread-safe: one owner.
 class MemoryCache {
  public:
   /// `cacheable`: indices [0, cacheable) may be kept; `budget_bytes` >= 0; `device`: where
-  /// admitted tensors live (CPU or CUDA).
-  MemoryCache(std::int64_t cacheable, std::int64_t budget_bytes, c10::Device device = c10::Device(c10::kCPU))
-      : cacheable_(cacheable), budget_(budget_bytes), device_(device) {}
+  /// admitted tensors live (CPU or CUDA); `pin`: pin host tensors (a CUDA consumer).
+  MemoryCache(std::int64_t cacheable, std::int64_t budget_bytes, c10::Device device = c10::Device(c10::kCPU),
+              bool pin = false)
+      : cacheable_(cacheable), budget_(budget_bytes), device_(device), pin_(pin && device.is_cpu()) {}
 
   /// The cached sample of `index`, or nullptr.
   const Sample* find(std::int64_t index) const;
@@ -85,6 +86,7 @@ class MemoryCache {
   std::int64_t cacheable_;
   std::int64_t budget_;
   c10::Device device_;
+  bool pin_ = false;
   std::int64_t bytes_ = 0;
   std::int64_t voxels_ = 0;
   std::int64_t not_admitted_ = 0;

@@ -11,8 +11,8 @@
 #include <map>
 #include <regex>
 
+#include "pipeline/io/case_files.hpp"
 #include "pipeline/io/image_io.hpp"
-#include "pipeline/io/nifti.hpp"
 
 namespace segflow::pipeline {
 
@@ -32,28 +32,35 @@ const char* to_string(DatasetLayout l) {
 
 namespace {
 
-bool hidden(const fs::path& p) {
-  const auto n = p.filename().string();
-  return n.empty() || n[0] == '.';  // includes macOS "._x.nii.gz" resource forks in MSD tarballs
-}
-
-/// Name without its image extension (.nii.gz, .nrrd, .mha, .npy, ...).
-std::string stem_of(const fs::path& p) { return image_stem(p); }
-
-/// The data file of a detached header (.nhdr -> x.raw / x.raw.gz, .mhd -> x.raw / x.zraw):
-/// read through its header, not a case of its own.
-bool is_detached_data(const fs::path& p) {
-  const std::string n = p.filename().string();
-  return n.ends_with(".raw") || n.ends_with(".raw.gz") || n.ends_with(".zraw");
-}
-
 std::vector<fs::path> sorted_entries(const fs::path& dir) {
   std::vector<fs::path> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (!hidden(e.path())) out.push_back(e.path());
+    if (!is_hidden(e.path())) out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+/// The endings of the formats with geometry (".nii.gz", ".nii", ".nrrd", ...), in table order.
+std::vector<std::string> volume_endings() {
+  std::vector<std::string> out;
+  for (const auto& info : image_formats())
+    if (info.has_geometry) out.insert(out.end(), info.extensions.begin(), info.extensions.end());
+  return out;
+}
+
+/// "not a NIfTI, NRRD or MetaImage file (.nii.gz, .nii, .nrrd, .nhdr, .mha, .mhd)".
+std::string not_a_volume_message() {
+  std::vector<std::string> titles;
+  for (const auto& info : image_formats())
+    if (info.has_geometry) titles.push_back(info.title);
+  std::string s = "not a ";
+  for (std::size_t i = 0; i < titles.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == titles.size() ? " or " : ", ") + titles[i];
+  s += " file (";
+  const auto endings = volume_endings();
+  for (std::size_t i = 0; i < endings.size(); ++i) s += (i == 0 ? "" : ", ") + endings[i];
+  return s + ")";
 }
 
 }  // namespace
@@ -94,11 +101,10 @@ void scan_msd(const fs::path& root, DatasetIndex& idx) {
       continue;
     }
     if (!is_volume_path(p)) {
-      idx.skipped.push_back(
-          {p, "not a NIfTI, NRRD or MetaImage file (.nii.gz, .nii, .nrrd, .nhdr, .mha, .mhd) in imagesTr/"});
+      idx.skipped.push_back({p, not_a_volume_message() + " in imagesTr/"});
       continue;
     }
-    std::string s = ending.empty() ? stem_of(p) : name.substr(0, name.size() - ending.size());
+    std::string s = ending.empty() ? image_stem(p) : name.substr(0, name.size() - ending.size());
     std::smatch m;
     if (std::regex_match(s, m, channel_re))
       channels[m[1]][std::stoi(m[2])] = p;
@@ -122,8 +128,7 @@ void scan_msd(const fs::path& root, DatasetIndex& idx) {
     }
     if (!ok) continue;
     const std::vector<std::string> exts =
-        ending.empty() ? std::vector<std::string>{".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd"}
-                       : std::vector<std::string>{ending};
+        ending.empty() ? volume_endings() : std::vector<std::string>{ending};
     for (const auto& ext : exts) {
       fs::path l = labels / (id + ext);
       if (fs::exists(l)) {
@@ -137,12 +142,12 @@ void scan_msd(const fs::path& root, DatasetIndex& idx) {
 
 void scan_medsam(const fs::path& root, DatasetIndex& idx) {
   for (const auto& p : sorted_entries(root / "imgs")) {
-    if (p.extension() != ".npy") {
+    if (format_from_name(p) != ImageFormat::npy) {
       idx.skipped.push_back({p, "not an .npy file in imgs/"});
       continue;
     }
     CaseEntry c;
-    c.id = stem_of(p);
+    c.id = image_stem(p);
     c.images.push_back(p);
     fs::path gt = root / "gts" / p.filename();
     if (!fs::exists(gt)) {

@@ -41,7 +41,8 @@ struct DatasetIndex {
   /// when neither names anything.
   std::vector<std::string> label_names;
   /// nnU-Net v2 dataset.json `file_ending` (".nii.gz", ".nrrd", ".mha", ...): images and labels
-  /// of the MSD layout must end with it. Empty: any of .nii.gz, .nii, .nrrd, .nhdr, .mha, .mhd.
+  /// of the MSD layout must end with it. Empty: any ending of a format with geometry in the
+  /// format table (image_formats.cpp): .nii.gz, .nii, .nrrd, .nhdr, .mha, .mhd.
   std::string file_ending;
 };
 

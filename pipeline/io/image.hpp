@@ -4,7 +4,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "messages/geometry.hpp"
 
@@ -25,7 +27,13 @@ struct Image {
   std::int64_t channels() const;
 };
 
-/// Name of a tensor dtype as inspect prints it: "uint8", "int16", "float32", ...
+/// segflow's name of a voxel type, as inspect prints it and the disk cache and tensor
+/// archives store it: "uint8", "int16", "uint16", "float32", "bfloat16", "bool", ...; nullptr
+/// for a type without one (complex, quantized, ...).
+const char* dtype_name(at::ScalarType type);
+/// The voxel type named by `name` (one of dtype_name's); nullopt for any other text.
+std::optional<at::ScalarType> dtype_from_name(std::string_view name);
+/// dtype_name of the tensor's type, or LibTorch's own name for a type without one.
 std::string dtype_name(const at::Tensor& t);
 
 }  // namespace segflow::pipeline

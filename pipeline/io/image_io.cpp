@@ -1,85 +1,65 @@
 #include "pipeline/io/image_io.hpp"
 
-#include <torch/torch.h>
-
-#include "pipeline/io/dicom.hpp"
-#include "pipeline/io/metaimage.hpp"
-#include "pipeline/io/nifti.hpp"
-#include "pipeline/io/npy.hpp"
-#include "pipeline/io/nrrd.hpp"
-
 namespace segflow::pipeline {
 
 namespace fs = std::filesystem;
 
-ImageFormat detect_format(const fs::path& path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) return ImageFormat::dicom_folder;
-  if (is_nifti_path(path)) return ImageFormat::nifti;
-  if (is_nrrd_path(path)) return ImageFormat::nrrd;
-  if (is_metaimage_path(path)) return ImageFormat::metaimage;
-  if (path.extension() == ".npy") return ImageFormat::npy;
-  auto ext = path.extension().string();
-  if (ext == ".dcm" || ext == ".DCM" || ext == ".ima" || ext == ".IMA" || ext.empty() ||
-      looks_like_dicom(path))
-    return ImageFormat::dicom_file;
-  return ImageFormat::unknown;
+namespace {
+
+/// What the table reads: ".nii.gz, .nii, ..., a DICOM file or a folder with a DICOM series".
+std::string known_formats() {
+  std::string s;
+  for (const auto& info : image_formats()) {
+    if (info.by_content || info.folder) continue;
+    for (const auto& e : info.extensions) s += e + ", ";
+  }
+  std::vector<std::string> others;
+  for (const auto& info : image_formats()) {
+    if (info.by_content) others.push_back(std::string("a ") + info.title + " file");
+    if (info.folder) others.push_back(std::string("a folder with a ") + info.title);
+  }
+  for (std::size_t i = 0; i < others.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == others.size() ? " or " : ", ") + others[i];
+  return s;
 }
 
-const char* to_string(ImageFormat f) {
-  switch (f) {
-    case ImageFormat::nifti:
-      return "nifti";
-    case ImageFormat::nrrd:
-      return "nrrd";
-    case ImageFormat::metaimage:
-      return "metaimage";
-    case ImageFormat::npy:
-      return "npy";
-    case ImageFormat::dicom_file:
-      return "dicom";
-    case ImageFormat::dicom_folder:
-      return "dicom-folder";
-    case ImageFormat::unknown:
-      return "unknown";
+}  // namespace
+
+ImageFormat detect_format(const fs::path& path) {
+  std::error_code ec;
+  const bool folder = fs::is_directory(path, ec);
+  if (!folder)
+    if (ImageFormat f = format_from_name(path); f != ImageFormat::unknown) return f;
+  for (const auto& info : image_formats()) {
+    if (folder ? info.folder : info.by_content && info.by_content(path)) return info.format;
   }
-  return "unknown";
+  return ImageFormat::unknown;
 }
 
 Result<Image> read_image(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return not_found(path.string() + ": no such file or folder");
-  switch (detect_format(path)) {
-    case ImageFormat::nifti:
-      return read_nifti(path);
-    case ImageFormat::nrrd:
-      return read_nrrd(path);
-    case ImageFormat::metaimage:
-      return read_metaimage(path);
-    case ImageFormat::npy:
-      return read_npy_image(path);
-    case ImageFormat::dicom_file:
-    case ImageFormat::dicom_folder:
-      return read_dicom(path);
-    case ImageFormat::unknown:
-      break;
+  const ImageFormatInfo* info = image_format_info(detect_format(path));
+  if (!info || !info->read)
+    return unsupported(path.string() + ": unknown image format: expected " + known_formats());
+  return info->read(path);
+}
+
+Status write_image(const fs::path& path, const Image& image) {
+  const ImageFormatInfo* info = image_format_info(format_from_name(path));
+  if (!info || !info->write) {
+    std::string writable;
+    for (const auto& f : image_formats())
+      for (const auto& e : f.write ? f.extensions : std::vector<std::string>{})
+        writable += (writable.empty() ? "" : ", ") + e;
+    return unsupported(path.string() + ": cannot write this format: expected a name ending in " + writable);
   }
-  return unsupported(path.string() +
-                     ": unknown image format: expected .nii, .nii.gz, .nrrd, .nhdr, .mha, .mhd, .npy, "
-                     "a DICOM file or a folder with a DICOM series");
+  return info->write(path, image);
 }
 
 bool is_volume_path(const fs::path& path) {
-  return is_nifti_path(path) || is_nrrd_path(path) || is_metaimage_path(path);
-}
-
-std::string image_stem(const fs::path& path) {
-  const std::string n = path.filename().string();
-  for (const char* ext : {".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd", ".npy"}) {
-    const std::string e = ext;
-    if (n.size() > e.size() && n.ends_with(e)) return n.substr(0, n.size() - e.size());
-  }
-  return path.stem().string();
+  const ImageFormatInfo* info = image_format_info(format_from_name(path));
+  return info && info->has_geometry;
 }
 
 }  // namespace segflow::pipeline

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "pipeline/io/detail/volume_io.hpp"
+#include "pipeline/io/image_formats.hpp"
 
 namespace segflow::pipeline {
 
@@ -130,10 +131,6 @@ std::string type_names() {
   return s;
 }
 
-void byte_swap(unsigned char* p, std::int64_t count, int size) {
-  for (std::int64_t i = 0; i < count; ++i, p += size) std::reverse(p, p + size);
-}
-
 /// Inflates `in` (zlib or gzip framing) into exactly `out_n` bytes at `out`.
 Status inflate_exact(const std::vector<unsigned char>& in, unsigned char* out, std::int64_t out_n,
                      const std::string& where, const std::string& expected_text) {
@@ -187,6 +184,207 @@ Status inflate_exact(const std::vector<unsigned char>& in, unsigned char* out, s
   return Status::ok();
 }
 
+/// The required fields, checked on the header text.
+struct RequiredFields {
+  std::int64_t ndims = 0;
+  std::vector<std::int64_t> dims;  ///< DimSize: x, y (, z)
+  const ElementType* type = nullptr;
+  std::string data_name;  ///< ElementDataFile: LOCAL or a file name
+};
+
+Result<RequiredFields> check_required_fields(const std::string& file, const HeaderText& h) {
+  auto field = [&](const char* k) -> const std::string* {
+    auto it = h.fields.find(k);
+    return it == h.fields.end() ? nullptr : &it->second;
+  };
+  RequiredFields f;
+  if (const auto* ot = field("ObjectType"); ot && *ot != "Image")
+    return unsupported(file + ": ObjectType: expected Image, got " + *ot);
+  const std::string* nd = field("NDims");
+  if (!nd || !parse_int(*nd, f.ndims))
+    return corrupt_data(file + ": NDims: expected 2 or 3, got " +
+                        (nd ? "\"" + *nd + "\"" : std::string("none")));
+  if (f.ndims != 2 && f.ndims != 3) return unsupported(file + ": NDims: expected 2 or 3, got " + *nd);
+  const std::string* ds = field("DimSize");
+  const auto dim_words = ds ? words(*ds) : std::vector<std::string>{};
+  for (const auto& w : dim_words) {
+    std::int64_t v = 0;
+    if (parse_int(w, v) && v > 0 && v <= INT32_MAX) f.dims.push_back(v);
+  }
+  if (f.dims.size() != static_cast<std::size_t>(f.ndims) || dim_words.size() != f.dims.size())
+    return corrupt_data(file + ": DimSize: expected " + std::to_string(f.ndims) + " positive integers, got " +
+                        (ds ? "\"" + *ds + "\"" : std::string("none")));
+  if (std::find(h.order.begin(), h.order.end(), "NDims") >
+      std::find(h.order.begin(), h.order.end(), "DimSize"))
+    return corrupt_data(file + ": DimSize: expected after NDims, got it before");
+  const std::string* et = field("ElementType");
+  MET_ValueEnumType met = MET_NONE;
+  if (et && MET_StringToType(et->c_str(), &met))
+    for (const auto& t : kTypes)
+      if (t.met == met) f.type = &t;
+  if (!f.type)
+    return unsupported(file + ": ElementType: expected one of " + type_names() + ", got " +
+                       (et ? *et : std::string("none")));
+  if (const auto* bd = field("BinaryData"); bd && !is_true(*bd))
+    return unsupported(file + ": BinaryData: expected True (ASCII data is not supported), got " + *bd);
+  f.data_name = *field("ElementDataFile");
+  if (f.data_name == "LIST" || f.data_name.rfind("LIST ", 0) == 0 ||
+      f.data_name.find('%') != std::string::npos)
+    return unsupported(file + ": ElementDataFile: expected LOCAL or one data file, got \"" + f.data_name +
+                       "\" (slice lists and file patterns are not supported)");
+  if (f.data_name.empty())
+    return corrupt_data(file + ": ElementDataFile: expected LOCAL or a data file name, got nothing");
+  return f;
+}
+
+/// The numbers MetaIO parses from the header: channels, data size, layout and geometry.
+struct ParsedHeader {
+  int channels = 1;
+  int elem = 0;               ///< bytes per element
+  std::int64_t voxels = 0;    ///< elements, channels included
+  std::int64_t expected = 0;  ///< bytes of data
+  std::string expected_text;  ///< "N bytes of MET_SHORT for DimSize [x, y, z]"
+  bool compressed = false;    ///< CompressedData
+  int header_size = 0;        ///< HeaderSize (-1: the data is the end of the file)
+  bool msb = false;           ///< BinaryDataByteOrderMSB
+  Geometry geometry;
+};
+
+Result<ParsedHeader> parse_header_numbers(const std::string& file, const RequiredFields& f) {
+  MetaImage m;
+  if (!m.Read(file.c_str(), false))
+    return corrupt_data(file + ": MetaIO could not parse the header (its message is printed above)");
+  ParsedHeader p;
+  p.channels = m.ElementNumberOfChannels();
+  if (p.channels < 1)
+    return corrupt_data(file + ": ElementNumberOfChannels: expected >= 1, got " + std::to_string(p.channels));
+  MET_SizeOfType(f.type->met, &p.elem);
+  p.voxels = p.channels;
+  for (auto d : f.dims) p.voxels *= d;
+  p.expected = p.voxels * p.elem;
+  std::string dims_text = "[";
+  for (std::size_t i = 0; i < f.dims.size(); ++i) dims_text += (i ? ", " : "") + std::to_string(f.dims[i]);
+  dims_text += "]";
+  p.expected_text = std::to_string(p.expected) + " bytes of " + MET_ValueTypeName[f.type->met] +
+                    " for DimSize " + dims_text +
+                    (p.channels > 1 ? " x " + std::to_string(p.channels) + " channels" : "");
+  p.compressed = m.CompressedData();
+  p.header_size = m.HeaderSize();
+  p.msb = m.BinaryDataByteOrderMSB();
+
+  std::array<std::array<double, 3>, 3> steps{};
+  std::array<double, 3> origin{0.0, 0.0, 0.0};
+  for (int a = 0; a < f.ndims; ++a) {
+    origin[static_cast<std::size_t>(a)] = m.Offset(a);
+    for (int r = 0; r < f.ndims; ++r)
+      steps[static_cast<std::size_t>(a)][static_cast<std::size_t>(r)] =
+          m.TransformMatrix(a, r) * m.ElementSpacing(a);
+  }
+  SEGFLOW_ASSIGN_OR_RETURN(p.geometry,
+                           detail::geometry_from_steps(static_cast<int>(f.ndims), steps, origin,
+                                                       file + ": TransformMatrix/ElementSpacing"));
+  return p;
+}
+
+/// Where the data is: the header file itself (LOCAL) or the ElementDataFile beside it.
+struct DataSource {
+  Fd fd;
+  std::int64_t size = 0;    ///< bytes in the file
+  std::int64_t offset = 0;  ///< where the data starts
+  bool local = false;
+  std::string where;  ///< the file, and the data file when detached, for messages
+};
+
+Status open_data(const fs::path& path, const HeaderText& h, const RequiredFields& f, const ParsedHeader& p,
+                 const Fd& header_fd, std::int64_t file_size, DataSource& d) {
+  const std::string file = path.string();
+  d.local = f.data_name == "LOCAL";
+  fs::path data_path = path;
+  if (!d.local) {
+    data_path = f.data_name;
+    if (data_path.is_relative()) data_path = path.parent_path() / data_path;
+  }
+  d.where = d.local ? file : file + " (ElementDataFile " + data_path.string() + ")";
+  d.size = file_size;
+  std::error_code ec;
+  if (d.local) {
+    d.fd.fd = ::dup(header_fd.fd);
+  } else {
+    if (!fs::is_regular_file(data_path, ec))
+      return not_found(file + ": ElementDataFile: expected a readable file " + data_path.string() +
+                       ", got no such file");
+    d.fd.fd = ::open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (d.fd.fd < 0) return io_error(data_path.string() + ": cannot open: " + std::strerror(errno));
+    d.size = static_cast<std::int64_t>(fs::file_size(data_path, ec));
+  }
+  d.offset = d.local ? h.data_offset : 0;
+  if (p.header_size > 0) d.offset += p.header_size;
+  if (p.header_size == -1) {
+    if (p.compressed)
+      return unsupported(
+          file + ": HeaderSize: -1 (data at the end of the file) with CompressedData is not supported");
+    d.offset = d.size - p.expected;
+    if (d.offset < 0)
+      return corrupt_data(d.where + ": DimSize: expected " + p.expected_text + ", got " +
+                          std::to_string(d.size));
+  }
+  return Status::ok();
+}
+
+/// Reads up to n bytes at `offset` (pread in pieces of at most 1 GiB); how many it got.
+Result<std::int64_t> read_data_at(const DataSource& d, unsigned char* dst, std::int64_t n,
+                                  std::int64_t offset) {
+  std::int64_t done = 0;
+  while (done < n) {
+    const ssize_t r =
+        ::pread(d.fd.fd, dst + done, static_cast<std::size_t>(std::min<std::int64_t>(n - done, 1 << 30)),
+                static_cast<off_t>(offset + done));
+    if (r < 0) return io_error(d.where + ": read failed: " + std::strerror(errno));
+    if (r == 0) break;
+    done += r;
+  }
+  return done;
+}
+
+/// Raw data: exactly the expected bytes after the offset.
+Status read_raw(const DataSource& d, const ParsedHeader& p, unsigned char* dst) {
+  const std::int64_t available = d.size - d.offset;
+  if (available != p.expected)
+    return corrupt_data(d.where + ": DimSize: expected " + p.expected_text +
+                        (d.local ? " after the header" : "") + ", got " +
+                        std::to_string(std::max<std::int64_t>(available, 0)));
+  SEGFLOW_ASSIGN_OR_RETURN(std::int64_t done, read_data_at(d, dst, p.expected, d.offset));
+  if (done != p.expected)
+    return corrupt_data(d.where + ": DimSize: expected " + p.expected_text + ", got " + std::to_string(done));
+  return Status::ok();
+}
+
+/// CompressedData: CompressedDataSize bytes (else the rest of the file), inflated into
+/// exactly the expected bytes.
+Status read_compressed(const std::string& file, const HeaderText& h, const DataSource& d,
+                       const ParsedHeader& p, unsigned char* dst) {
+  std::int64_t csize = d.size - d.offset;
+  if (auto it = h.fields.find("CompressedDataSize"); it != h.fields.end()) {
+    const std::string& cds = it->second;
+    std::int64_t v = 0;
+    if (!parse_int(cds, v) || v < 0)
+      return corrupt_data(file + ": CompressedDataSize: expected a non-negative integer, got \"" + cds +
+                          "\"");
+    if (v > 0) {
+      if (v > csize)
+        return corrupt_data(d.where + ": CompressedDataSize: expected " + std::to_string(v) +
+                            " bytes of compressed data, got " +
+                            std::to_string(std::max<std::int64_t>(csize, 0)));
+      csize = v;
+    }
+  }
+  if (csize <= 0) return corrupt_data(d.where + ": CompressedData: expected compressed data, got 0 bytes");
+  std::vector<unsigned char> in(static_cast<std::size_t>(csize));
+  SEGFLOW_ASSIGN_OR_RETURN(std::int64_t done, read_data_at(d, in.data(), csize, d.offset));
+  in.resize(static_cast<std::size_t>(done));
+  return inflate_exact(in, dst, p.expected, d.where, p.expected_text);
+}
+
 Result<Image> read_metaimage_impl(const fs::path& path) {
   const std::string file = path.string();
   std::error_code ec;
@@ -200,174 +398,27 @@ Result<Image> read_metaimage_impl(const fs::path& path) {
   header_fd.fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
   if (header_fd.fd < 0) return io_error(file + ": cannot open: " + std::strerror(errno));
 
-  // 1. The required fields, checked on the text.
+  // 1. The required fields, checked on the text. 2. MetaIO parses the numbers.
   SEGFLOW_ASSIGN_OR_RETURN(HeaderText h, scan_header(file, header_fd.fd, file_size));
-  auto field = [&](const char* k) -> const std::string* {
-    auto it = h.fields.find(k);
-    return it == h.fields.end() ? nullptr : &it->second;
-  };
-  if (const auto* ot = field("ObjectType"); ot && *ot != "Image")
-    return unsupported(file + ": ObjectType: expected Image, got " + *ot);
-  const std::string* nd = field("NDims");
-  std::int64_t ndims = 0;
-  if (!nd || !parse_int(*nd, ndims))
-    return corrupt_data(file + ": NDims: expected 2 or 3, got " +
-                        (nd ? "\"" + *nd + "\"" : std::string("none")));
-  if (ndims != 2 && ndims != 3) return unsupported(file + ": NDims: expected 2 or 3, got " + *nd);
-  const std::string* ds = field("DimSize");
-  const auto dim_words = ds ? words(*ds) : std::vector<std::string>{};
-  std::vector<std::int64_t> dims;
-  for (const auto& w : dim_words) {
-    std::int64_t v = 0;
-    if (parse_int(w, v) && v > 0 && v <= INT32_MAX) dims.push_back(v);
-  }
-  if (dims.size() != static_cast<std::size_t>(ndims) || dim_words.size() != dims.size())
-    return corrupt_data(file + ": DimSize: expected " + std::to_string(ndims) + " positive integers, got " +
-                        (ds ? "\"" + *ds + "\"" : std::string("none")));
-  if (std::find(h.order.begin(), h.order.end(), "NDims") >
-      std::find(h.order.begin(), h.order.end(), "DimSize"))
-    return corrupt_data(file + ": DimSize: expected after NDims, got it before");
-  const std::string* et = field("ElementType");
-  MET_ValueEnumType met = MET_NONE;
-  const ElementType* type = nullptr;
-  if (et && MET_StringToType(et->c_str(), &met))
-    for (const auto& t : kTypes)
-      if (t.met == met) type = &t;
-  if (!type)
-    return unsupported(file + ": ElementType: expected one of " + type_names() + ", got " +
-                       (et ? *et : std::string("none")));
-  if (const auto* bd = field("BinaryData"); bd && !is_true(*bd))
-    return unsupported(file + ": BinaryData: expected True (ASCII data is not supported), got " + *bd);
-  const std::string data_name = *field("ElementDataFile");
-  if (data_name == "LIST" || data_name.rfind("LIST ", 0) == 0 || data_name.find('%') != std::string::npos)
-    return unsupported(file + ": ElementDataFile: expected LOCAL or one data file, got \"" + data_name +
-                       "\" (slice lists and file patterns are not supported)");
-  if (data_name.empty())
-    return corrupt_data(file + ": ElementDataFile: expected LOCAL or a data file name, got nothing");
+  SEGFLOW_ASSIGN_OR_RETURN(RequiredFields f, check_required_fields(file, h));
+  SEGFLOW_ASSIGN_OR_RETURN(ParsedHeader p, parse_header_numbers(file, f));
 
-  // 2. MetaIO parses the numbers.
-  MetaImage m;
-  if (!m.Read(file.c_str(), false))
-    return corrupt_data(file + ": MetaIO could not parse the header (its message is printed above)");
-  const int channels = m.ElementNumberOfChannels();
-  if (channels < 1)
-    return corrupt_data(file + ": ElementNumberOfChannels: expected >= 1, got " + std::to_string(channels));
-  int elem = 0;
-  MET_SizeOfType(type->met, &elem);
-  std::int64_t voxels = channels;
-  for (auto d : dims) voxels *= d;
-  const std::int64_t expected = voxels * elem;
-  std::string dims_text = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i) dims_text += (i ? ", " : "") + std::to_string(dims[i]);
-  dims_text += "]";
-  const std::string expected_text = std::to_string(expected) + " bytes of " + MET_ValueTypeName[type->met] +
-                                    " for DimSize " + dims_text +
-                                    (channels > 1 ? " x " + std::to_string(channels) + " channels" : "");
-
-  std::array<std::array<double, 3>, 3> steps{};
-  std::array<double, 3> origin{0.0, 0.0, 0.0};
-  for (int a = 0; a < ndims; ++a) {
-    origin[static_cast<std::size_t>(a)] = m.Offset(a);
-    for (int r = 0; r < ndims; ++r)
-      steps[static_cast<std::size_t>(a)][static_cast<std::size_t>(r)] =
-          m.TransformMatrix(a, r) * m.ElementSpacing(a);
-  }
-  SEGFLOW_ASSIGN_OR_RETURN(Geometry geometry,
-                           detail::geometry_from_steps(static_cast<int>(ndims), steps, origin,
-                                                       file + ": TransformMatrix/ElementSpacing"));
-
-  // 3. The data.
-  const bool local = data_name == "LOCAL";
-  fs::path data_path = path;
-  if (!local) {
-    data_path = data_name;
-    if (data_path.is_relative()) data_path = path.parent_path() / data_path;
-  }
-  const std::string where = local ? file : file + " (ElementDataFile " + data_path.string() + ")";
-  Fd data_fd;
-  std::int64_t data_size = file_size;
-  if (local) {
-    data_fd.fd = ::dup(header_fd.fd);
-  } else {
-    if (!fs::is_regular_file(data_path, ec))
-      return not_found(file + ": ElementDataFile: expected a readable file " + data_path.string() +
-                       ", got no such file");
-    data_fd.fd = ::open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (data_fd.fd < 0) return io_error(data_path.string() + ": cannot open: " + std::strerror(errno));
-    data_size = static_cast<std::int64_t>(fs::file_size(data_path, ec));
-  }
-  const bool compressed = m.CompressedData();
-  std::int64_t offset = local ? h.data_offset : 0;
-  const int header_size = m.HeaderSize();
-  if (header_size > 0) offset += header_size;
-  if (header_size == -1) {
-    if (compressed)
-      return unsupported(
-          file + ": HeaderSize: -1 (data at the end of the file) with CompressedData is not supported");
-    offset = data_size - expected;
-    if (offset < 0)
-      return corrupt_data(where + ": DimSize: expected " + expected_text + ", got " +
-                          std::to_string(data_size));
-  }
-
-  std::vector<std::int64_t> shape;  // memory order: (Z,) Y, X, C
-  for (auto it = dims.rbegin(); it != dims.rend(); ++it) shape.push_back(*it);
-  shape.push_back(channels);
-  at::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(type->torch));
+  // 3. The data, in memory order (Z,) Y, X, C.
+  DataSource d;
+  SEGFLOW_RETURN_IF_ERROR(open_data(path, h, f, p, header_fd, file_size, d));
+  std::vector<std::int64_t> shape;
+  for (auto it = f.dims.rbegin(); it != f.dims.rend(); ++it) shape.push_back(*it);
+  shape.push_back(p.channels);
+  at::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(f.type->torch));
   auto* dst = static_cast<unsigned char*>(t.data_ptr());
-  if (!compressed) {
-    const std::int64_t available = data_size - offset;
-    if (available != expected)
-      return corrupt_data(where + ": DimSize: expected " + expected_text +
-                          (local ? " after the header" : "") + ", got " +
-                          std::to_string(std::max<std::int64_t>(available, 0)));
-    std::int64_t done = 0;
-    while (done < expected) {
-      const ssize_t r = ::pread(data_fd.fd, dst + done,
-                                static_cast<std::size_t>(std::min<std::int64_t>(expected - done, 1 << 30)),
-                                static_cast<off_t>(offset + done));
-      if (r < 0) return io_error(where + ": read failed: " + std::strerror(errno));
-      if (r == 0) break;
-      done += r;
-    }
-    if (done != expected)
-      return corrupt_data(where + ": DimSize: expected " + expected_text + ", got " + std::to_string(done));
-  } else {
-    std::int64_t csize = data_size - offset;
-    if (const auto* cds = field("CompressedDataSize")) {
-      std::int64_t v = 0;
-      if (!parse_int(*cds, v) || v < 0)
-        return corrupt_data(file + ": CompressedDataSize: expected a non-negative integer, got \"" + *cds +
-                            "\"");
-      if (v > 0) {
-        if (v > csize)
-          return corrupt_data(where + ": CompressedDataSize: expected " + std::to_string(v) +
-                              " bytes of compressed data, got " +
-                              std::to_string(std::max<std::int64_t>(csize, 0)));
-        csize = v;
-      }
-    }
-    if (csize <= 0) return corrupt_data(where + ": CompressedData: expected compressed data, got 0 bytes");
-    std::vector<unsigned char> in(static_cast<std::size_t>(csize));
-    std::int64_t done = 0;
-    while (done < csize) {
-      const ssize_t r = ::pread(data_fd.fd, in.data() + done,
-                                static_cast<std::size_t>(std::min<std::int64_t>(csize - done, 1 << 30)),
-                                static_cast<off_t>(offset + done));
-      if (r < 0) return io_error(where + ": read failed: " + std::strerror(errno));
-      if (r == 0) break;
-      done += r;
-    }
-    in.resize(static_cast<std::size_t>(done));
-    SEGFLOW_RETURN_IF_ERROR(inflate_exact(in, dst, expected, where, expected_text));
-  }
-  if (m.BinaryDataByteOrderMSB() && elem > 1) byte_swap(dst, voxels, elem);  // this host is little-endian
+  SEGFLOW_RETURN_IF_ERROR(p.compressed ? read_compressed(file, h, d, p, dst) : read_raw(d, p, dst));
+  if (p.msb && p.elem > 1) detail::swap_bytes(dst, p.voxels, p.elem);  // this host is little-endian
 
   // (Z, Y, X, C) -> (C, Z, Y, X); 2D (Y, X, C) -> (C, 1, Y, X).
-  if (ndims == 2) t = t.unsqueeze(0);
+  if (f.ndims == 2) t = t.unsqueeze(0);
   Image image;
   image.voxels = t.permute({3, 0, 1, 2}).contiguous();
-  image.geometry = geometry;
+  image.geometry = p.geometry;
   image.source = path;
   return image;
 }
@@ -483,9 +534,6 @@ Status write_metaimage(const fs::path& path, const Image& image, const MetaImage
   }
 }
 
-bool is_metaimage_path(const fs::path& p) {
-  const auto ext = p.extension().string();
-  return ext == ".mha" || ext == ".mhd" || ext == ".MHA" || ext == ".MHD";
-}
+bool is_metaimage_path(const fs::path& p) { return format_from_name(p) == ImageFormat::metaimage; }
 
 }  // namespace segflow::pipeline

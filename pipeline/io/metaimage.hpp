@@ -34,7 +34,7 @@ struct MetaImageWriteOptions {
 Status write_metaimage(const std::filesystem::path& path, const Image& image,
                        const MetaImageWriteOptions& options = {});
 
-/// True for names ending in .mha or .mhd.
+/// True for names the format table gives MetaImage (.mha, .mhd, also in capitals).
 bool is_metaimage_path(const std::filesystem::path& path);
 
 }  // namespace segflow::pipeline

@@ -17,6 +17,7 @@
 #include "pipeline/io/detail/nifti_geometry.hpp"
 #include "pipeline/io/detail/nifti_header.hpp"
 #include "pipeline/io/detail/volume_io.hpp"
+#include "pipeline/io/image_formats.hpp"
 
 namespace segflow::pipeline {
 
@@ -132,24 +133,6 @@ at::ScalarType torch_type(std::int16_t dt) {
   }
 }
 
-template <class U>
-void swap_words(unsigned char* p, std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i, p += sizeof(U)) {
-    U u;
-    std::memcpy(&u, p, sizeof u);
-    if constexpr (sizeof(U) == 2) u = __builtin_bswap16(u);
-    if constexpr (sizeof(U) == 4) u = __builtin_bswap32(u);
-    if constexpr (sizeof(U) == 8) u = __builtin_bswap64(u);
-    std::memcpy(p, &u, sizeof u);
-  }
-}
-
-void byte_swap(unsigned char* p, std::int64_t count, int size) {
-  if (size == 2) swap_words<std::uint16_t>(p, count);
-  if (size == 4) swap_words<std::uint32_t>(p, count);
-  if (size == 8) swap_words<std::uint64_t>(p, count);
-}
-
 std::string dims_text(const NiftiHeader& h) {
   std::string s = "[";
   for (std::int64_t i = 1; i <= h.dim[0]; ++i) s += (i > 1 ? ", " : "") + std::to_string(h.dim[i]);
@@ -170,6 +153,55 @@ Result<fs::path> pair_image_path(const fs::path& header) {
   }
   return not_found(header.string() + ": magic: a header/image pair (ni1/ni2) but its image file " + s +
                    ".img is missing");
+}
+
+/// Reads the `data_bytes` of voxels at the header's vox_offset into `dst`: from `in` (the
+/// single file, whose first `head_n` bytes are in `head`) or from `img` (the .img of a pair).
+/// `truncated` starts the message when the data ends early.
+Status read_voxel_data(const NiftiHeader& h, GzInput& in, GzInput& img, const unsigned char* head,
+                       std::int64_t head_n, unsigned char* dst, std::int64_t data_bytes,
+                       const std::string& truncated) {
+  const auto vox_offset = static_cast<std::int64_t>(h.vox_offset);
+  GzInput* data = h.pair ? &img : &in;
+  std::int64_t got = 0;
+  // Bring the stream to vox_offset.
+  if (h.pair) {
+    SEGFLOW_ASSIGN_OR_RETURN(std::int64_t skipped, img.skip(vox_offset));
+    if (skipped < vox_offset) got = -1;
+  } else if (vox_offset < head_n) {
+    got = std::min<std::int64_t>(head_n - vox_offset, data_bytes);
+    std::memcpy(dst, head + vox_offset, static_cast<std::size_t>(got));
+  } else {
+    SEGFLOW_ASSIGN_OR_RETURN(std::int64_t skipped, in.skip(vox_offset - head_n));
+    if (skipped < vox_offset - head_n) got = -1;
+  }
+  if (got < 0) return corrupt_data(truncated + ", the data ends before vox_offset");
+  if (got < data_bytes) {
+    SEGFLOW_ASSIGN_OR_RETURN(std::int64_t r, data->read(dst + got, data_bytes - got));
+    got += r;
+  }
+  if (got < data_bytes)
+    return corrupt_data(truncated + ", got " + std::to_string(vox_offset + got) +
+                        (data->compressed() ? " after decompression" : ""));
+  return data->check_trailer();
+}
+
+/// The voxels as the image holds them: RGB components as channels, (C, Z, Y, X, k) ->
+/// (C * k, Z, Y, X), components of channel 0 first; otherwise scl_slope / scl_inter applied
+/// (float32) unless they are (0 or 1, 0).
+Result<at::Tensor> image_values(const std::string& file, const NiftiHeader& h, at::Tensor t, int components) {
+  if (components > 1) {
+    const auto c = t.size(0), z = t.size(1), y = t.size(2), x = t.size(3);
+    return t.permute({0, 4, 1, 2, 3}).reshape({c * components, z, y, x}).contiguous();
+  }
+  const double slope = h.scl_slope, inter = h.scl_inter;
+  if (std::isfinite(slope) && slope != 0.0 && !(slope == 1.0 && inter == 0.0)) {
+    if (!std::isfinite(inter))
+      return corrupt_data(file + ": scl_inter: expected a finite number with scl_slope " +
+                          std::to_string(slope) + ", got " + std::to_string(inter));
+    t = (t.to(at::kDouble) * slope + inter).to(at::kFloat);
+  }
+  return t;
 }
 
 Result<Image> read_nifti_impl(const fs::path& path) {
@@ -204,7 +236,7 @@ Result<Image> read_nifti_impl(const fs::path& path) {
   // (deflate expands at most 1032:1), so a header claiming more fails before the allocation.
   GzInput img;
   GzInput* data = &in;
-  std::int64_t got = 0, data_file_size = file_size;
+  std::int64_t data_file_size = file_size;
   std::string data_name = file;
   if (h.pair) {
     SEGFLOW_ASSIGN_OR_RETURN(fs::path img_path, pair_image_path(path));
@@ -230,41 +262,10 @@ Result<Image> read_nifti_impl(const fs::path& path) {
   at::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(torch_type(h.datatype)));
   auto* dst = static_cast<unsigned char*>(t.data_ptr());
 
-  // Bring the stream to vox_offset.
-  if (h.pair) {
-    SEGFLOW_ASSIGN_OR_RETURN(std::int64_t skipped, img.skip(vox_offset));
-    if (skipped < vox_offset) got = -1;
-  } else if (vox_offset < head_n) {
-    got = std::min<std::int64_t>(head_n - vox_offset, data_bytes);
-    std::memcpy(dst, head + vox_offset, static_cast<std::size_t>(got));
-  } else {
-    SEGFLOW_ASSIGN_OR_RETURN(std::int64_t skipped, in.skip(vox_offset - head_n));
-    if (skipped < vox_offset - head_n) got = -1;
-  }
-  if (got < 0) return corrupt_data(truncated + ", the data ends before vox_offset");
-  if (got < data_bytes) {
-    SEGFLOW_ASSIGN_OR_RETURN(std::int64_t r, data->read(dst + got, data_bytes - got));
-    got += r;
-  }
-  if (got < data_bytes)
-    return corrupt_data(truncated + ", got " + std::to_string(vox_offset + got) +
-                        (data->compressed() ? " after decompression" : ""));
-  SEGFLOW_RETURN_IF_ERROR(data->check_trailer());
-
+  SEGFLOW_RETURN_IF_ERROR(read_voxel_data(h, in, img, head, head_n, dst, data_bytes, truncated));
   const int elem = h.bitpix / 8;
-  if (h.swapped && !rgb && elem > 1) byte_swap(dst, t.numel(), elem);
-
-  if (rgb) {  // (C, Z, Y, X, k) -> (C * k, Z, Y, X), components of channel 0 first
-    t = t.permute({0, 4, 1, 2, 3}).reshape({c * components, z, y, x}).contiguous();
-  } else {
-    const double slope = h.scl_slope, inter = h.scl_inter;
-    if (std::isfinite(slope) && slope != 0.0 && !(slope == 1.0 && inter == 0.0)) {
-      if (!std::isfinite(inter))
-        return corrupt_data(file + ": scl_inter: expected a finite number with scl_slope " +
-                            std::to_string(slope) + ", got " + std::to_string(inter));
-      t = (t.to(at::kDouble) * slope + inter).to(at::kFloat);
-    }
-  }
+  if (h.swapped && !rgb && elem > 1) detail::swap_bytes(dst, t.numel(), elem);
+  SEGFLOW_ASSIGN_OR_RETURN(t, image_values(file, h, std::move(t), rgb ? components : 1));
 
   Image image;
   image.voxels = std::move(t);
@@ -389,9 +390,6 @@ Status write_nifti(const fs::path& path, const Image& image) {
   }
 }
 
-bool is_nifti_path(const fs::path& p) {
-  const auto s = p.string();
-  return s.ends_with(".nii") || s.ends_with(".nii.gz");
-}
+bool is_nifti_path(const fs::path& p) { return format_from_name(p) == ImageFormat::nifti; }
 
 }  // namespace segflow::pipeline

@@ -18,7 +18,7 @@ Result<Image> read_nifti(const std::filesystem::path& path);
 /// (code 1, scanner), stored in the tensor's dtype. Written to a temp file and renamed.
 Status write_nifti(const std::filesystem::path& path, const Image& image);
 
-/// True for names ending in .nii or .nii.gz.
+/// True for names the format table gives NIfTI (.nii, .nii.gz).
 bool is_nifti_path(const std::filesystem::path& path);
 
 }  // namespace segflow::pipeline

@@ -13,6 +13,7 @@
 
 #include "messages/file_util.hpp"
 #include "pipeline/io/detail/npy_header.hpp"
+#include "pipeline/io/detail/volume_io.hpp"
 
 namespace segflow::pipeline {
 
@@ -70,27 +71,6 @@ Result<std::string> descr_of(at::ScalarType s, const std::string& file) {
     default:
       return unsupported(file + ": tensor dtype " + std::string(c10::toString(s)) +
                          " has no .npy descriptor; expected bool, (u)int8..64 or float16/32/64");
-  }
-}
-
-void byte_swap(unsigned char* p, std::int64_t count, int size) {
-  for (std::int64_t i = 0; i < count; ++i, p += size) {
-    if (size == 2) {
-      std::uint16_t u;
-      std::memcpy(&u, p, 2);
-      u = __builtin_bswap16(u);
-      std::memcpy(p, &u, 2);
-    } else if (size == 4) {
-      std::uint32_t u;
-      std::memcpy(&u, p, 4);
-      u = __builtin_bswap32(u);
-      std::memcpy(p, &u, 4);
-    } else if (size == 8) {
-      std::uint64_t u;
-      std::memcpy(&u, p, 8);
-      u = __builtin_bswap64(u);
-      std::memcpy(p, &u, 8);
-    }
   }
 }
 
@@ -171,7 +151,7 @@ Result<at::Tensor> read_npy_impl(const fs::path& path) {
   if (bytes > 0 &&
       std::fread(p, 1, static_cast<std::size_t>(bytes), f.get()) != static_cast<std::size_t>(bytes))
     return io_error(file + ": data: read failed: " + std::strerror(errno));
-  if (type.size > 1 && type.big_endian != kHostBigEndian) byte_swap(p, count, type.size);
+  if (type.size > 1 && type.big_endian != kHostBigEndian) detail::swap_bytes(p, count, type.size);
   if (type.kind == detail::NpyKind::boolean)  // numpy may store any non-zero byte as True
     for (std::int64_t i = 0; i < count; ++i) p[i] = p[i] != 0;
   if (h.fortran_order && t.dim() > 1) {
@@ -189,7 +169,8 @@ Status write_npy_impl(const fs::path& path, const at::Tensor& tensor) {
   at::Tensor t = tensor.to(torch::kCPU).contiguous();
   if (kHostBigEndian && t.element_size() > 1) {
     t = t.clone();
-    byte_swap(static_cast<unsigned char*>(t.data_ptr()), t.numel(), static_cast<int>(t.element_size()));
+    detail::swap_bytes(static_cast<unsigned char*>(t.data_ptr()), t.numel(),
+                       static_cast<int>(t.element_size()));
   }
   const std::string header = detail::make_npy_header(descr, t.sizes().vec());
   return replace_file_atomically(path, [&](const fs::path& tmp) -> Status {

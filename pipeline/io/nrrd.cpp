@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "pipeline/io/detail/volume_io.hpp"
+#include "pipeline/io/image_formats.hpp"
 
 namespace segflow::pipeline {
 
@@ -215,45 +216,54 @@ Status check_data_length(const std::string& file, const Nrrd* n, const NrrdIoSta
   return Status::ok();
 }
 
-Result<Image> read_nrrd_locked(const fs::path& path) {
-  const std::string file = path.string();
-  NrrdPtr header(nrrdNew());
-  {
-    IoPtr nio(nrrdIoStateNew());
-    nrrdIoStateSet(nio.get(), nrrdIoStateSkipData, 1);
-    nrrdIoStateSet(nio.get(), nrrdIoStateKeepNrrdDataFileOpen, 1);
-    if (nrrdLoad(header.get(), file.c_str(), nio.get())) return biff_status(file);
-    const Nrrd* n = header.get();
-    if (n->type == nrrdTypeBlock)
-      return unsupported(file + ": type: expected a scalar type, got block (" + std::to_string(n->blockSize) +
-                         "-byte blocks)");
-    if (!nio->encoding->available())
-      return unsupported(file +
-                         ": encoding: expected raw, ascii, hex or gzip (the encodings NrrdIO reads), got " +
-                         nio->encoding->name);
-    const std::int64_t expected =
-        static_cast<std::int64_t>(nrrdElementNumber(n)) * static_cast<std::int64_t>(nrrdElementSize(n));
-    SEGFLOW_RETURN_IF_ERROR(check_data_length(file, n, nio.get(), expected));
-  }
-  const Nrrd* h = header.get();
-  unsigned domain[NRRD_DIM_MAX], range[NRRD_DIM_MAX];
-  const unsigned ndomain = nrrdDomainAxesGet(h, domain);
-  const unsigned nrange = nrrdRangeAxesGet(h, range);
+/// Reads the header into `header` (the data is skipped) and checks the type, the encoding
+/// and the length of the data.
+Status load_header(const std::string& file, Nrrd* header) {
+  IoPtr nio(nrrdIoStateNew());
+  nrrdIoStateSet(nio.get(), nrrdIoStateSkipData, 1);
+  nrrdIoStateSet(nio.get(), nrrdIoStateKeepNrrdDataFileOpen, 1);
+  if (nrrdLoad(header, file.c_str(), nio.get())) return biff_status(file);
+  const Nrrd* n = header;
+  if (n->type == nrrdTypeBlock)
+    return unsupported(file + ": type: expected a scalar type, got block (" + std::to_string(n->blockSize) +
+                       "-byte blocks)");
+  if (!nio->encoding->available())
+    return unsupported(file +
+                       ": encoding: expected raw, ascii, hex or gzip (the encodings NrrdIO reads), got " +
+                       nio->encoding->name);
+  const std::int64_t expected =
+      static_cast<std::int64_t>(nrrdElementNumber(n)) * static_cast<std::int64_t>(nrrdElementSize(n));
+  return check_data_length(file, n, nio.get(), expected);
+}
+
+/// The spatial (domain) axes and the at most one other (range) axis of a header.
+struct Axes {
+  unsigned domain[NRRD_DIM_MAX] = {}, range[NRRD_DIM_MAX] = {};
+  unsigned ndomain = 0, nrange = 0;
+};
+
+Result<Axes> spatial_axes(const std::string& file, const Nrrd* h) {
+  Axes a;
+  a.ndomain = nrrdDomainAxesGet(h, a.domain);
+  a.nrange = nrrdRangeAxesGet(h, a.range);
   std::string kinds;
-  for (unsigned a = 0; a < h->dim; ++a)
-    kinds += std::string(a ? " " : "") + (h->axis[a].kind ? airEnumStr(nrrdKind, h->axis[a].kind) : "???");
-  if (ndomain < 2 || ndomain > 3 || nrange > 1)
+  for (unsigned k = 0; k < h->dim; ++k)
+    kinds += std::string(k ? " " : "") + (h->axis[k].kind ? airEnumStr(nrrdKind, h->axis[k].kind) : "???");
+  if (a.ndomain < 2 || a.ndomain > 3 || a.nrange > 1)
     return unsupported(file +
                        ": kinds: expected 2 or 3 spatial axes (domain, space) and at most one other (list, "
                        "vector, ...), got dimension " +
                        std::to_string(h->dim) + " with kinds " + kinds);
-  if (h->spaceDim != 0 && h->spaceDim != ndomain)
-    return unsupported(file + ": space: expected a space of dimension " + std::to_string(ndomain) +
+  if (h->spaceDim != 0 && h->spaceDim != a.ndomain)
+    return unsupported(file + ": space: expected a space of dimension " + std::to_string(a.ndomain) +
                        " (the spatial axes), got " +
                        (h->space ? airEnumStr(nrrdSpace, h->space) : "space dimension") + " of dimension " +
                        std::to_string(h->spaceDim));
+  return a;
+}
 
-  // Geometry (LPS).
+/// Geometry (LPS) from space directions and origin, or per-axis spacings and axis mins.
+Result<Geometry> nrrd_geometry(const std::string& file, const Nrrd* h, const Axes& axes) {
   std::array<std::array<double, 3>, 3> steps{};
   std::array<double, 3> origin{0.0, 0.0, 0.0};
   std::array<double, 3> flip{1.0, 1.0, 1.0};
@@ -269,8 +279,8 @@ Result<Image> read_nrrd_locked(const fs::path& path) {
     default:  // LPS, scanner-xyz (LPS for a supine patient), 3D-right-handed, no space
       break;
   }
-  for (unsigned k = 0; k < ndomain; ++k) {
-    const unsigned ax = domain[k];
+  for (unsigned k = 0; k < axes.ndomain; ++k) {
+    const unsigned ax = axes.domain[k];
     double spacing = 1.0;
     double dir[NRRD_SPACE_DIM_MAX];
     const int status = nrrdSpacingCalculate(h, ax, &spacing, dir);
@@ -295,14 +305,16 @@ Result<Image> read_nrrd_locked(const fs::path& path) {
       for (unsigned r = 0; r < h->spaceDim; ++r) origin[r] = h->spaceOrigin[r] * flip[r];
   } else {
     double o[NRRD_DIM_MAX];
-    if (nrrdOriginCalculate(h, domain, ndomain, nrrdCenterCell, o) == nrrdOriginStatusOkay)
-      for (unsigned k = 0; k < ndomain; ++k) origin[k] = o[k];
+    Axes domain = axes;  // NrrdIO takes the axis list non-const
+    if (nrrdOriginCalculate(h, domain.domain, axes.ndomain, nrrdCenterCell, o) == nrrdOriginStatusOkay)
+      for (unsigned k = 0; k < axes.ndomain; ++k) origin[k] = o[k];
   }
-  SEGFLOW_ASSIGN_OR_RETURN(
-      Geometry geometry,
-      detail::geometry_from_steps(static_cast<int>(ndomain), steps, origin, file + ": space directions"));
+  return detail::geometry_from_steps(static_cast<int>(axes.ndomain), steps, origin,
+                                     file + ": space directions");
+}
 
-  // Data.
+/// The data, read a second time with it, as (C, Z, Y, X) in the file's type.
+Result<at::Tensor> nrrd_voxels(const std::string& file, const Nrrd* h, const Axes& axes) {
   NrrdPtr data(nrrdNew());
   if (nrrdLoad(data.get(), file.c_str(), nullptr)) return biff_status(file);
   Nrrd* n = data.get();
@@ -316,14 +328,22 @@ Result<Image> read_nrrd_locked(const fs::path& path) {
   n->data = nullptr;  // the tensor owns it now
   const auto dim = static_cast<std::int64_t>(n->dim);
   std::vector<std::int64_t> perm;
-  if (nrange == 1) perm.push_back(dim - 1 - range[0]);
-  for (unsigned k = ndomain; k-- > 0;) perm.push_back(dim - 1 - domain[k]);
+  if (axes.nrange == 1) perm.push_back(dim - 1 - axes.range[0]);
+  for (unsigned k = axes.ndomain; k-- > 0;) perm.push_back(dim - 1 - axes.domain[k]);
   t = t.permute(perm);
-  if (nrange == 0) t = t.unsqueeze(0);
-  if (ndomain == 2) t = t.unsqueeze(1);
+  if (axes.nrange == 0) t = t.unsqueeze(0);
+  if (axes.ndomain == 2) t = t.unsqueeze(1);
+  return t.contiguous();
+}
+
+Result<Image> read_nrrd_locked(const fs::path& path) {
+  const std::string file = path.string();
+  NrrdPtr header(nrrdNew());
+  SEGFLOW_RETURN_IF_ERROR(load_header(file, header.get()));
+  SEGFLOW_ASSIGN_OR_RETURN(const Axes axes, spatial_axes(file, header.get()));
   Image image;
-  image.voxels = t.contiguous();
-  image.geometry = geometry;
+  SEGFLOW_ASSIGN_OR_RETURN(image.geometry, nrrd_geometry(file, header.get(), axes));
+  SEGFLOW_ASSIGN_OR_RETURN(image.voxels, nrrd_voxels(file, header.get(), axes));
   image.source = path;
   return image;
 }
@@ -435,9 +455,6 @@ Status write_nrrd(const fs::path& path, const Image& image, const NrrdWriteOptio
   }
 }
 
-bool is_nrrd_path(const fs::path& p) {
-  const auto ext = p.extension().string();
-  return ext == ".nrrd" || ext == ".nhdr" || ext == ".NRRD" || ext == ".NHDR";
-}
+bool is_nrrd_path(const fs::path& p) { return format_from_name(p) == ImageFormat::nrrd; }
 
 }  // namespace segflow::pipeline

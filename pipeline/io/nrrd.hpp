@@ -36,7 +36,7 @@ struct NrrdWriteOptions {
 Status write_nrrd(const std::filesystem::path& path, const Image& image,
                   const NrrdWriteOptions& options = {});
 
-/// True for names ending in .nrrd or .nhdr.
+/// True for names the format table gives NRRD (.nrrd, .nhdr, also in capitals).
 bool is_nrrd_path(const std::filesystem::path& path);
 
 }  // namespace segflow::pipeline

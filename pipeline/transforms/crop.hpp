@@ -10,11 +10,10 @@
 
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 #include "pipeline/stage.hpp"
 
 namespace segflow::pipeline {
-
-class OptionParser;
 
 /// Options of stage "fg_bg_indices" (MONAI FgBgToIndices). Stores "fg_indices" and
 /// "bg_indices": flat indices into the spatial grid of `label_key` (row-major over

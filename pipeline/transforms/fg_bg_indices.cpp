@@ -24,10 +24,10 @@ namespace {
 at::Tensor stride_subsample(const at::Tensor& idx, std::int64_t max) {
   const std::int64_t n = idx.numel();
   if (max <= 0 || n <= max) return idx;
-  auto sel = (torch::arange(max, torch::kFloat64) * (static_cast<double>(n) / static_cast<double>(max)))
+  auto sel = (torch::arange(max, torch::TensorOptions(torch::kFloat64).device(idx.device())) *
+              (static_cast<double>(n) / static_cast<double>(max)))
                  .floor()
-                 .to(torch::kLong)
-                 .to(idx.device());
+                 .to(torch::kLong);
   return idx.index_select(0, sel);
 }
 

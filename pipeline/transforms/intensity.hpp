@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-namespace segflow::pipeline {
+#include "pipeline/fwd.hpp"
 
-class OptionParser;
+namespace segflow::pipeline {
 
 /// Options of stage "scale_intensity_range" (MONAI ScaleIntensityRange; a CT window).
 struct ScaleIntensityRangeOptions {

@@ -5,11 +5,10 @@
 
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 #include "pipeline/io/dataset.hpp"
 
 namespace segflow::pipeline {
-
-class OptionParser;
 
 /// Options of stage "load".
 struct LoadOptions {

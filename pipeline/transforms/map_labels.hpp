@@ -21,10 +21,9 @@
 #include <vector>
 
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 
 namespace segflow::pipeline {
-
-class OptionParser;
 
 /// Options of stage "map_labels": `mapping` or `keep` (not both); with neither (the default)
 /// the labels are unchanged.

@@ -3,14 +3,13 @@
 
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 #include "pipeline/stage.hpp"
 
 #include <cstdint>
 #include <string>
 
 namespace segflow::pipeline {
-
-class OptionParser;
 
 /// Options of stage "medsam_box". Picks a slice (z) that contains foreground and a label
 /// present in it (or `label`), and makes: "image" (3, S, S) float32 (a 1-channel image is

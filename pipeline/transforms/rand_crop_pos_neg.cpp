@@ -51,9 +51,22 @@ struct Candidates {
       for (std::int64_t k : picks) v.push_back(set->select(k));
       return v;
     }
-    auto sel = torch::tensor(picks, torch::kLong).to(list.device());
-    at::Tensor v = list.index_select(0, sel).to(torch::kLong).cpu().contiguous();
-    return std::vector<std::int64_t>(v.data_ptr<std::int64_t>(), v.data_ptr<std::int64_t>() + v.numel());
+    std::vector<std::int64_t> v;
+    v.reserve(picks.size());
+    if (list.is_cpu()) {  // the usual case (index lists are host-resident): read in place
+      const at::Tensor l =
+          list.scalar_type() == torch::kInt ? list.contiguous() : list.to(torch::kLong).contiguous();
+      if (l.scalar_type() == torch::kInt)
+        for (std::int64_t k : picks) v.push_back(l.data_ptr<std::int32_t>()[k]);
+      else
+        for (std::int64_t k : picks) v.push_back(l.data_ptr<std::int64_t>()[k]);
+      return v;
+    }
+    // A device list: one gather there and one copy back, as the crop boxes are cut on the host.
+    auto sel = torch::tensor(picks, torch::kLong).to(list.device(), /*non_blocking=*/true);
+    at::Tensor h = list.index_select(0, sel).to(torch::kLong).cpu();
+    v.assign(h.data_ptr<std::int64_t>(), h.data_ptr<std::int64_t>() + h.numel());
+    return v;
   }
 };
 
@@ -68,6 +81,95 @@ Result<Candidates> candidates_of(const Sample& s, const std::string& key) {
   return c;
 }
 
+/// The crop in tensor order (d = 0 is the first spatial dim: z for 3-D): the volume's shape,
+/// the crop size, the padded shape and the padding before the volume (centred, when the
+/// volume is smaller than the crop).
+struct CropGrid {
+  std::int64_t nsp = 0;
+  std::vector<std::int64_t> shape, crop, padded, before;
+  std::int64_t numel = 1;  ///< voxels of the unpadded volume
+  bool pad = false;
+};
+
+CropGrid crop_grid(at::IntArrayRef label_sizes, const std::array<std::int64_t, 3>& spatial_size,
+                   std::int64_t nsp) {
+  CropGrid g;
+  g.nsp = nsp;
+  g.shape.assign(label_sizes.begin() + 1, label_sizes.end());
+  g.crop.resize(nsp), g.padded.resize(nsp), g.before.resize(nsp);
+  for (std::int64_t d = 0; d < nsp; ++d) {
+    const std::int64_t want = spatial_size[nsp - 1 - d];
+    g.crop[d] = want <= 0 ? g.shape[d] : want;
+    g.padded[d] = std::max(g.shape[d], g.crop[d]);
+    g.before[d] = (g.padded[d] - g.shape[d]) / 2;
+    g.numel *= g.shape[d];
+  }
+  for (std::int64_t d = 0; d < nsp; ++d) g.pad = g.pad || g.padded[d] != g.shape[d];
+  return g;
+}
+
+/// The crop centres drawn: per crop, one uniform (pos or neg) and one integer (which voxel),
+/// in crop order; a crop with neither class anywhere draws a centre anywhere.
+struct Draws {
+  std::vector<int> kind;  ///< per crop: 1 fg, 0 bg, -1 anywhere
+  std::vector<std::int64_t> fg_pick, bg_pick;
+  std::vector<std::array<std::int64_t, 3>> any_centre;
+};
+
+Draws draw_centres(const RandCropPosNegOptions& o, const CropGrid& g, std::int64_t n_fg, std::int64_t n_bg,
+                   Rng& rng) {
+  const double ratio = o.pos / (o.pos + o.neg);
+  Draws dr;
+  dr.kind.resize(o.num_samples);
+  for (std::int64_t k = 0; k < o.num_samples; ++k) {
+    bool want_pos = rng.uniform() < ratio;
+    if (n_fg == 0) want_pos = false;
+    if (n_bg == 0) want_pos = true;
+    if (n_fg == 0 && n_bg == 0) {
+      dr.kind[k] = -1;
+      std::array<std::int64_t, 3> c{0, 0, 0};
+      for (std::int64_t d = 0; d < g.nsp; ++d) c[d] = rng.integer(0, g.shape[d] - 1);
+      dr.any_centre.push_back(c);
+    } else if (want_pos) {
+      dr.kind[k] = 1;
+      dr.fg_pick.push_back(rng.integer(0, n_fg - 1));
+    } else {
+      dr.kind[k] = 0;
+      dr.bg_pick.push_back(rng.integer(0, n_bg - 1));
+    }
+  }
+  return dr;
+}
+
+/// Crop k of `s` around centre `c` (tensor order) from the (padded) tensors `src`; the
+/// sample's other tensors are kept, its candidate indices dropped.
+Sample crop_at(const Sample& s, const std::map<std::string, at::Tensor>& src,
+               const std::vector<std::string>& keys, const CropGrid& g, const std::array<std::int64_t, 3>& c,
+               std::int64_t k) {
+  const std::int64_t nsp = g.nsp;
+  std::array<std::int64_t, 3> start_xyz{0, 0, 0};
+  std::vector<std::int64_t> start(nsp);
+  for (std::int64_t d = 0; d < nsp; ++d) {
+    const std::int64_t centre = c[d] + g.before[d];
+    start[d] = std::clamp<std::int64_t>(centre - g.crop[d] / 2, 0, g.padded[d] - g.crop[d]);
+    start_xyz[nsp - 1 - d] = start[d] - g.before[d];
+  }
+  Sample o_s;
+  o_s.id = s.id + "#" + std::to_string(k);
+  o_s.geometry = detail::crop_geometry(s.geometry, start_xyz);
+  static const std::string fg_marker = std::string(kCompactMarkerPrefix) + "fg_indices",
+                           bg_marker = std::string(kCompactMarkerPrefix) + "bg_indices";
+  for (const auto& [name, t] : s.tensors)
+    if (name != "fg_indices" && name != "bg_indices" && name != fg_marker && name != bg_marker)
+      o_s.tensors[name] = t;
+  for (const auto& key : keys) {
+    at::Tensor t = src.at(key);
+    for (std::int64_t d = 0; d < nsp; ++d) t = t.narrow(d + 1, start[d], g.crop[d]);
+    o_s.tensors[key] = t.contiguous();
+  }
+  return o_s;
+}
+
 }  // namespace
 
 Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& input, const RandCropPosNegOptions& o, Rng& rng) {
@@ -77,21 +179,8 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& input, const RandCro
   all.push_back(o.label_key);
   if (!o.image_key.empty()) all.push_back(o.image_key);
   SEGFLOW_ASSIGN_OR_RETURN(const std::int64_t nsp, detail::check_keys(input, all, kStage));
-
-  // Spatial sizes in tensor order (d = 0 is the first spatial dim: z for 3-D).
-  const auto label_sizes = input.at(o.label_key).sizes();  // the same in the compact form
-  std::vector<std::int64_t> shape(label_sizes.begin() + 1, label_sizes.end());
-  std::vector<std::int64_t> crop(nsp), padded(nsp), before(nsp);
-  std::int64_t numel = 1;
-  for (std::int64_t d = 0; d < nsp; ++d) {
-    const std::int64_t want = o.spatial_size[nsp - 1 - d];
-    crop[d] = want <= 0 ? shape[d] : want;
-    padded[d] = std::max(shape[d], crop[d]);
-    before[d] = (padded[d] - shape[d]) / 2;
-    numel *= shape[d];
-  }
-  bool pad = false;
-  for (std::int64_t d = 0; d < nsp; ++d) pad = pad || padded[d] != shape[d];
+  // The label's sizes are the same in the compact form.
+  const CropGrid g = crop_grid(input.at(o.label_key).sizes(), o.spatial_size, nsp);
 
   // A compact sample (pipeline/cache/compact.hpp) is cropped as it is and the crops are
   // expanded; when the volume needs padding or the indices must be computed from the
@@ -99,7 +188,7 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& input, const RandCro
   const bool precomputed = input.has("fg_indices") && input.has("bg_indices");
   bool compact = is_compact(input);
   std::optional<Sample> expanded;
-  if (compact && (pad || !precomputed)) {
+  if (compact && (g.pad || !precomputed)) {
     SEGFLOW_ASSIGN_OR_RETURN(expanded, expand_sample(input));
     compact = false;
   }
@@ -111,7 +200,7 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& input, const RandCro
   if (precomputed) {
     SEGFLOW_ASSIGN_OR_RETURN(fg, candidates_of(s, "fg_indices"));
     SEGFLOW_ASSIGN_OR_RETURN(bg, candidates_of(s, "bg_indices"));
-    if (std::max(fg.extent(), bg.extent()) > numel)
+    if (std::max(fg.extent(), bg.extent()) > g.numel)
       return invalid_argument(std::string(kStage) + ": sample '" + s.id +
                               "': fg_indices/bg_indices do not fit the label grid " +
                               detail::shape_string(label) + " (a spatial stage ran after fg_bg_indices?)");
@@ -119,41 +208,18 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& input, const RandCro
     std::tie(fg.list, bg.list) =
         fg_bg_indices(label, o.image_key.empty() ? at::Tensor() : s.at(o.image_key), o.image_threshold, 0);
   }
-  const std::int64_t n_fg = fg.size(), n_bg = bg.size();
-  const double ratio = o.pos / (o.pos + o.neg);
-
-  // Draws: per crop, one uniform (pos or neg) and one integer (which voxel).
-  std::vector<int> kind(o.num_samples);  // 1 fg, 0 bg, -1 anywhere
-  std::vector<std::int64_t> fg_pick, bg_pick;
-  std::vector<std::array<std::int64_t, 3>> any_centre;
-  for (std::int64_t k = 0; k < o.num_samples; ++k) {
-    bool want_pos = rng.uniform() < ratio;
-    if (n_fg == 0) want_pos = false;
-    if (n_bg == 0) want_pos = true;
-    if (n_fg == 0 && n_bg == 0) {
-      kind[k] = -1;
-      std::array<std::int64_t, 3> c{0, 0, 0};
-      for (std::int64_t d = 0; d < nsp; ++d) c[d] = rng.integer(0, shape[d] - 1);
-      any_centre.push_back(c);
-    } else if (want_pos) {
-      kind[k] = 1;
-      fg_pick.push_back(rng.integer(0, n_fg - 1));
-    } else {
-      kind[k] = 0;
-      bg_pick.push_back(rng.integer(0, n_bg - 1));
-    }
-  }
-  const std::vector<std::int64_t> fg_flat = fg.gather(fg_pick), bg_flat = bg.gather(bg_pick);
+  const Draws dr = draw_centres(o, g, fg.size(), bg.size(), rng);
+  const std::vector<std::int64_t> fg_flat = fg.gather(dr.fg_pick), bg_flat = bg.gather(dr.bg_pick);
 
   // Pad (centred, zeros) when the volume is smaller than the crop.
   std::map<std::string, at::Tensor> src;
   for (const auto& key : keys) {
     at::Tensor t = s.at(key);
-    if (pad) {
+    if (g.pad) {
       std::vector<std::int64_t> p;  // last dim first, (before, after) pairs
       for (std::int64_t d = nsp - 1; d >= 0; --d) {
-        p.push_back(before[d]);
-        p.push_back(padded[d] - shape[d] - before[d]);
+        p.push_back(g.before[d]);
+        p.push_back(g.padded[d] - g.shape[d] - g.before[d]);
       }
       t = torch::constant_pad_nd(t, p, 0);
     }
@@ -165,35 +231,16 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& input, const RandCro
   std::size_t fi = 0, bi = 0, ai = 0;
   for (std::int64_t k = 0; k < o.num_samples; ++k) {
     std::array<std::int64_t, 3> c{0, 0, 0};
-    if (kind[k] == -1) {
-      c = any_centre[ai++];
+    if (dr.kind[k] == -1) {
+      c = dr.any_centre[ai++];
     } else {
-      std::int64_t flat = kind[k] == 1 ? fg_flat[fi++] : bg_flat[bi++];
+      std::int64_t flat = dr.kind[k] == 1 ? fg_flat[fi++] : bg_flat[bi++];
       for (std::int64_t d = nsp - 1; d >= 0; --d) {
-        c[d] = flat % shape[d];
-        flat /= shape[d];
+        c[d] = flat % g.shape[d];
+        flat /= g.shape[d];
       }
     }
-    std::array<std::int64_t, 3> start_xyz{0, 0, 0};
-    std::vector<std::int64_t> start(nsp);
-    for (std::int64_t d = 0; d < nsp; ++d) {
-      const std::int64_t centre = c[d] + before[d];
-      start[d] = std::clamp<std::int64_t>(centre - crop[d] / 2, 0, padded[d] - crop[d]);
-      start_xyz[nsp - 1 - d] = start[d] - before[d];
-    }
-    Sample o_s;
-    o_s.id = s.id + "#" + std::to_string(k);
-    o_s.geometry = detail::crop_geometry(s.geometry, start_xyz);
-    static const std::string fg_marker = std::string(kCompactMarkerPrefix) + "fg_indices",
-                             bg_marker = std::string(kCompactMarkerPrefix) + "bg_indices";
-    for (const auto& [name, t] : s.tensors)
-      if (name != "fg_indices" && name != "bg_indices" && name != fg_marker && name != bg_marker)
-        o_s.tensors[name] = t;
-    for (const auto& key : keys) {
-      at::Tensor t = src.at(key);
-      for (std::int64_t d = 0; d < nsp; ++d) t = t.narrow(d + 1, start[d], crop[d]);
-      o_s.tensors[key] = t.contiguous();
-    }
+    Sample o_s = crop_at(s, src, keys, g, c, k);
     if (compact) {
       SEGFLOW_ASSIGN_OR_RETURN(o_s, expand_sample(std::move(o_s)));
     }

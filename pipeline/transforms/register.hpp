@@ -3,10 +3,9 @@
 // (pipeline/stage_registry.hpp) calls them all.
 
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 
 namespace segflow::pipeline {
-
-class StageRegistry;
 
 Status register_load_stage(StageRegistry& r);                   ///< load
 Status register_map_labels_stage(StageRegistry& r);             ///< map_labels

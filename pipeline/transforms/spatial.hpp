@@ -14,10 +14,9 @@
 
 #include "messages/geometry.hpp"
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 
 namespace segflow::pipeline {
-
-class OptionParser;
 
 // ---------------------------------------------------------------- reorient (deterministic)
 

@@ -23,16 +23,18 @@ using segflow::testing::TempDir;
 
 namespace {
 
-pipeline::Pipeline crop_pipeline() {
+pipeline::Pipeline window_crop_pipeline() {
   static const pipeline::StageRegistry reg = pipeline::builtin_registry();
-  auto p = pipeline::build_pipeline(
-      YAML::Load("[{name: load}, {name: scale_intensity_range, options: {a_min: -200, a_max: 300, b_min: 0.0,"
-                 " b_max: 1.0, clip: true}}, {name: fg_bg_indices},"
-                 " {name: rand_crop_pos_neg, options: {spatial_size: [12, 12, 12], num_samples: 2}},"
-                 " {name: rand_flip, options: {prob: 0.5, spatial_axis: [0]}}]"),
-      reg, "test.yaml");
-  REQUIRE_MESSAGE(p.is_ok(), p.status().to_string());
-  return std::move(p).value();
+  REQUIRE_OK_AND_ASSIGN(
+      auto p,
+      pipeline::build_pipeline(
+          YAML::Load(
+              "[{name: load}, {name: scale_intensity_range, options: {a_min: -200, a_max: 300, b_min: 0.0,"
+              " b_max: 1.0, clip: true}}, {name: fg_bg_indices},"
+              " {name: rand_crop_pos_neg, options: {spatial_size: [12, 12, 12], num_samples: 2}},"
+              " {name: rand_flip, options: {prob: 0.5, spatial_axis: [0]}}]"),
+          reg, "test.yaml"));
+  return p;
 }
 
 std::vector<pipeline::CaseEntry> phantoms(const std::filesystem::path& root, int cases) {
@@ -42,20 +44,18 @@ std::vector<pipeline::CaseEntry> phantoms(const std::filesystem::path& root, int
   so.out = root;
   so.seed = 9;
   Status st = pipeline::synthesize_dataset(so);
-  REQUIRE_MESSAGE(st.is_ok(), st.to_string());
-  auto idx = pipeline::scan_dataset(root);
-  REQUIRE_MESSAGE(idx.is_ok(), idx.status().to_string());
-  return idx->cases;
+  REQUIRE_OK(st);
+  REQUIRE_OK_AND_ASSIGN(auto idx, pipeline::scan_dataset(root));
+  return idx.cases;
 }
 
 std::vector<Batch> epoch(pipeline::BatchSource& src, std::int64_t e) {
-  REQUIRE(src.start_epoch(e).is_ok());
+  REQUIRE_OK(src.start_epoch(e));
   std::vector<Batch> out;
   while (true) {
-    auto b = src.next();
-    REQUIRE_MESSAGE(b.is_ok(), b.status().to_string());
-    if (!b.value()) break;
-    out.push_back(std::move(*b.value()));
+    REQUIRE_OK_AND_ASSIGN(auto b, src.next());
+    if (!b) break;
+    out.push_back(std::move(*b));
   }
   CHECK(src.take_failures().empty());
   return out;
@@ -83,7 +83,7 @@ TEST_CASE(
     "the actor pipeline on the compact cache gives the batches of SimpleLoader on the float32/int64 cache") {
   TempDir dir("segflow_compact_actors");
   const auto cases = phantoms(dir / "data", 5);
-  const pipeline::Pipeline p = crop_pipeline();
+  const pipeline::Pipeline p = window_crop_pipeline();
   pipeline::LoaderOptions o;
   o.cases = cases;
   o.pipeline = &p;
@@ -91,26 +91,23 @@ TEST_CASE(
   o.seed = 4;
   o.decode_workers = 2;
   o.cache_dtype = "none";
-  auto ref = pipeline::SimpleLoader::make(o);
-  REQUIRE(ref.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto ref, pipeline::SimpleLoader::make(o));
   o.cache_dtype = "exact";
-  auto act = actors::ActorBatchSource::make(o);
-  REQUIRE_MESSAGE(act.is_ok(), act.status().to_string());
+  REQUIRE_OK_AND_ASSIGN(auto act, actors::ActorBatchSource::make(o));
   for (std::int64_t e : {0, 1}) {
     CAPTURE(e);
-    check_same(epoch(**ref, e), epoch(**act, e));
+    check_same(epoch(*ref, e), epoch(*act, e));
   }
-  auto st = (*act)->stats();
-  REQUIRE(st.is_ok());
-  CHECK(st->cache.entries == 5);
-  CHECK(st->cache.hits == 5);  // the second epoch
-  CHECK(st->cache.decode_seconds > 0);
-  REQUIRE(st->cache.voxels > 0);
-  const double bpv = static_cast<double>(st->cache.bytes) / static_cast<double>(st->cache.voxels);
-  const auto rs = (*ref)->stats();
+  REQUIRE_OK_AND_ASSIGN(auto st, act->stats());
+  CHECK(st.cache.entries == 5);
+  CHECK(st.cache.hits == 5);  // the second epoch
+  CHECK(st.cache.decode_seconds > 0);
+  REQUIRE(st.cache.voxels > 0);
+  const double bpv = static_cast<double>(st.cache.bytes) / static_cast<double>(st.cache.voxels);
+  const auto rs = ref->stats();
   const double ref_bpv = static_cast<double>(rs.cache_bytes) / static_cast<double>(rs.cache_voxels);
   MESSAGE("bytes per cached voxel: actors (exact) " << bpv << ", simple (none) " << ref_bpv);
-  CHECK(st->cache.voxels == rs.cache_voxels);
+  CHECK(st.cache.voxels == rs.cache_voxels);
   CHECK(bpv <= 4.0);  // palette codes (501 window values) 2 + uint8 label 1 + packed sets
   CHECK(ref_bpv == doctest::Approx(13.0).epsilon(0.001));
 }
@@ -120,7 +117,7 @@ TEST_CASE(
   if (!segflow::testing::cuda_or_skip()) return;
   TempDir dir("segflow_compact_actors");
   const auto cases = phantoms(dir / "data", 5);
-  const pipeline::Pipeline p = crop_pipeline();
+  const pipeline::Pipeline p = window_crop_pipeline();
   pipeline::LoaderOptions o;
   o.cases = cases;
   o.pipeline = &p;
@@ -128,23 +125,20 @@ TEST_CASE(
   o.seed = 4;
   o.decode_workers = 2;
   o.cache_dtype = "none";
-  auto ref = pipeline::SimpleLoader::make(o);
-  REQUIRE(ref.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto ref, pipeline::SimpleLoader::make(o));
   o.cache_dtype = "exact";
   o.device = "cuda:0";
   o.cache_device = "cuda";
-  auto act = actors::ActorBatchSource::make(o);
-  REQUIRE_MESSAGE(act.is_ok(), act.status().to_string());
+  REQUIRE_OK_AND_ASSIGN(auto act, actors::ActorBatchSource::make(o));
   for (std::int64_t e : {0, 1, 2}) {
     CAPTURE(e);
-    const auto b = epoch(**act, e);
+    const auto b = epoch(*act, e);
     REQUIRE(!b.empty());
     CHECK(b.front().tensors.at("image").is_cuda());
-    check_same(epoch(**ref, e), b);
+    check_same(epoch(*ref, e), b);
   }
-  auto st = (*act)->stats();
-  REQUIRE(st.is_ok());
-  CHECK(st->cache.entries == 5);
-  CHECK(st->cache.hits == 10);
-  CHECK(st->cache.bytes <= o.cache_bytes);
+  REQUIRE_OK_AND_ASSIGN(auto st, act->stats());
+  CHECK(st.cache.entries == 5);
+  CHECK(st.cache.hits == 10);
+  CHECK(st.cache.bytes <= o.cache_bytes);
 }

@@ -42,12 +42,11 @@ struct EpochRun {
 
 EpochRun run_epoch(BatchSource& src, std::int64_t epoch, const std::function<void()>& after_each = {}) {
   EpochRun r;
-  REQUIRE(src.start_epoch(epoch).is_ok());
+  REQUIRE_OK(src.start_epoch(epoch));
   for (int guard = 0; guard < 10000; ++guard) {
-    auto b = src.next();
-    REQUIRE_MESSAGE(b.is_ok(), b.status().to_string());
-    if (!b.value()) break;
-    r.batches.push_back(std::move(*b.value()));
+    REQUIRE_OK_AND_ASSIGN(auto b, src.next());
+    if (!b) break;
+    r.batches.push_back(std::move(*b));
     if (after_each) after_each();
   }
   r.failures = src.take_failures();
@@ -88,21 +87,18 @@ LoaderOptions options_for(const std::vector<CaseEntry>& cases, const Pipeline& p
 }
 
 std::unique_ptr<SimpleLoader> simple(const LoaderOptions& o) {
-  auto r = SimpleLoader::make(o);
-  REQUIRE_MESSAGE(r.is_ok(), r.status().to_string());
-  return std::move(r).value();
+  REQUIRE_OK_AND_ASSIGN(auto r, SimpleLoader::make(o));
+  return r;
 }
 
 std::unique_ptr<ActorBatchSource> actor(const LoaderOptions& o, ActorSourceOptions extra = {}) {
-  auto r = ActorBatchSource::make(o, std::move(extra));
-  REQUIRE_MESSAGE(r.is_ok(), r.status().to_string());
-  return std::move(r).value();
+  REQUIRE_OK_AND_ASSIGN(auto r, ActorBatchSource::make(o, std::move(extra)));
+  return r;
 }
 
 actors::PipelineStats stats_of(ActorBatchSource& s) {
-  auto r = s.stats();
-  REQUIRE_MESSAGE(r.is_ok(), r.status().to_string());
-  return r.value();
+  REQUIRE_OK_AND_ASSIGN(auto r, s.stats());
+  return r;
 }
 
 Pipeline crop_pipeline() {
@@ -266,7 +262,7 @@ TEST_CASE("a slow consumer keeps at most max_inflight_batches prepared and the c
   const std::int64_t one = 8 * 8 * 8 * 4 + 8 * 8 * 8;  // float image + uint8 label
   o.cache_bytes = 3 * one + one / 2;                   // room for three samples
   auto act = actor(o);
-  REQUIRE(act->start_epoch(0).is_ok());
+  REQUIRE_OK(act->start_epoch(0));
 
   // Without a consumer the augmenter fills its prefetch, then stops.
   actors::PipelineStats st;
@@ -291,9 +287,8 @@ TEST_CASE("a slow consumer keeps at most max_inflight_batches prepared and the c
   };
   int batches = 0;
   while (true) {
-    auto b = act->next();
-    REQUIRE(b.is_ok());
-    if (!b.value()) break;
+    REQUIRE_OK_AND_ASSIGN(auto b, act->next());
+    if (!b) break;
     ++batches;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the "training step"
     check_bounds(stats_of(*act));
@@ -421,11 +416,10 @@ TEST_CASE("a source can share an actor system and a collector with other actors"
   extra.collector = coll;
   EpochRun a, b;
   {
-    auto s0 = ActorBatchSource::make(sys, o, extra);
-    REQUIRE(s0.is_ok());
-    a = run_epoch(*s0.value(), 0);
+    REQUIRE_OK_AND_ASSIGN(auto s0, ActorBatchSource::make(sys, o, extra));
+    a = run_epoch(*s0, 0);
     auto s1 = ActorBatchSource::make(sys, o, extra);  // a second trainer's source
-    REQUIRE(s1.is_ok());
+    REQUIRE_OK(s1);
     b = run_epoch(*s1.value(), 0);
   }
   check_same_batches(a, b);
@@ -449,22 +443,19 @@ TEST_CASE("the actor pipeline matches SimpleLoader on a synthesized NIfTI datase
   so.format = "nifti";
   so.out = dir.path() / "data";
   Status made = synthesize_dataset(so);
-  REQUIRE_MESSAGE(made.is_ok(), made.to_string());
-  auto index = scan_dataset(so.out);
-  REQUIRE_MESSAGE(index.is_ok(), index.status().to_string());
-  REQUIRE(index->cases.size() == 4);
+  REQUIRE_OK(made);
+  REQUIRE_OK_AND_ASSIGN(auto index, scan_dataset(so.out));
+  REQUIRE(index.cases.size() == 4);
   const StageRegistry registry = builtin_registry();
-  auto spec = parse_pipeline_spec(nlohmann::json::parse(R"([
+  REQUIRE_OK_AND_ASSIGN(auto spec, parse_pipeline_spec(nlohmann::json::parse(R"([
         "load",
         {"name": "rand_crop_pos_neg", "options": {"spatial_size": [16, 16, 8], "num_samples": 2}},
         {"name": "rand_flip", "options": {"prob": 0.5}}
       ])"),
-                                  "test");
-  REQUIRE_MESSAGE(spec.is_ok(), spec.status().to_string());
-  auto built = build_pipeline(spec.value(), registry);
-  REQUIRE_MESSAGE(built.is_ok(), built.status().to_string());
-  const Pipeline& p = built.value();
-  LoaderOptions o = options_for(index->cases, p);
+                                                       "test"));
+  REQUIRE_OK_AND_ASSIGN(auto built, build_pipeline(spec, registry));
+  const Pipeline& p = built;
+  LoaderOptions o = options_for(index.cases, p);
   o.batch_size = 3;
   o.disk_cache_dir = (dir.path() / "cache").string();
   auto ref = simple(o);

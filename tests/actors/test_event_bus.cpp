@@ -17,6 +17,7 @@
 #include "actors/interfaces.hpp"
 #include "actors/jobs/job_runner.hpp"
 #include "actors/run/event_bus.hpp"
+#include "job_yaml.hpp"
 #include "messages/caf_types.hpp"
 #include "models/job_config.hpp"
 #include "test_util.hpp"
@@ -73,38 +74,23 @@ TEST_CASE("a collector writing to the bus reaches its run sinks on the next trai
 
 TEST_CASE("a training run with the actors loader writes the data path's per-epoch figures to metrics.jsonl") {
   segflow::testing::TempDir dir("segflow_event_bus");
-  const std::string yaml =
-      "name: busjob\n"
-      "seed: 3\n"
-      "data:\n"
-      "  root: " +
-      (dir.path() / "data").string() +
-      "\n"
-      "  synth: {cases: 4, size: 24, format: nifti, seed: 9}\n"
-      "  val_cases: 1\n"
-      "  num_classes: 5\n"
-      "stages:\n"
-      "  - name: load\n"
-      "  - name: scale_intensity_range\n"
-      "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
-      "  - name: fg_bg_indices\n"
-      "  - name: rand_crop_pos_neg\n"
-      "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 2}\n"
-      "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8], "
-      "strides: [2], num_res_units: 1}\n"
-      "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-      "optimizer: {name: adam, lr: 0.01}\n"
-      "train: {epochs: 2, batch_size: 2, device: cpu, val_interval: 0, loader: actors, "
-      "decode_workers: 1, threads: 1}\n"
-      "validation: {roi_size: [16, 16, 16]}\n"
-      "output: {runs_dir: " +
-      (dir.path() / "runs").string() + "}\n";
-  auto cfg = segflow::models::parse_job_config(yaml, "busjob.yaml");
-  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
+  segflow::testing::JobYaml job;
+  job.name = "busjob";
+  job.root = dir.path() / "data";
+  job.synth = "{cases: 4, size: 24, format: nifti, seed: 9}";
+  job.stages = {segflow::testing::kLoadStage, segflow::testing::kCtWindowStage, segflow::testing::kFgBgStage,
+                segflow::testing::crop_stage("[16, 16, 16]", 1, 1, 2)};
+  job.model = segflow::testing::unet3d(5, "channels: [4, 8], strides: [2], num_res_units: 1");
+  job.schedule = "";
+  job.epochs = 2;
+  job.train = "batch_size: 2, device: cpu, val_interval: 0, loader: actors, decode_workers: 1, threads: 1";
+  job.validation = "{roi_size: [16, 16, 16]}";
+  job.runs_dir = dir.path() / "runs";
+  const std::string yaml = job.yaml();
+  REQUIRE_OK_AND_ASSIGN(auto cfg, segflow::models::parse_job_config(yaml, "busjob.yaml"));
   Recorder rec;
-  auto run = sa::run_training(*cfg, {}, rec);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
-  std::ifstream in(*run / "metrics.jsonl");
+  REQUIRE_OK_AND_ASSIGN(auto run, sa::run_training(cfg, {}, rec));
+  std::ifstream in(run / "metrics.jsonl");
   std::map<std::int64_t, std::int64_t> epoch_done;  // epoch -> records
   std::int64_t epochs = 0;
   for (std::string line; std::getline(in, line);) {

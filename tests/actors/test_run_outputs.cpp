@@ -117,10 +117,9 @@ TEST_CASE("a resumed run drops what the interrupted run wrote past its checkpoin
   models::TrainState at;
   at.epoch = 2;
   at.step = 8;
-  auto dropped = actors::trim_run_outputs(dir.path(), at);
-  REQUIRE_MESSAGE(dropped.is_ok(), dropped.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto dropped, actors::trim_run_outputs(dir.path(), at));
   // TensorBoard: 6 steps + 1 epoch + 1 validation + the torn record; metrics: 6 + 1 + 1 + torn.
-  CHECK(*dropped == 9 + 9);
+  CHECK(dropped == 9 + 9);
 
   std::map<std::string, std::vector<std::int64_t>> steps;
   for (const auto& [tag, step] : actors::read_scalar_steps(first)) steps[tag].push_back(step);
@@ -165,9 +164,9 @@ TEST_CASE("a resumed run drops what the interrupted run wrote past its checkpoin
   CHECK(scalars["epoch/loss"][2][1].get<double>() == doctest::Approx(0.3));
 
   // A second trim at the same point finds nothing more to drop and leaves the files alone.
-  auto again = actors::trim_run_outputs(dir.path(), models::TrainState{.epoch = 3, .step = 12});
-  REQUIRE(again.is_ok());
-  CHECK(*again == 0);
+  REQUIRE_OK_AND_ASSIGN(auto again,
+                        actors::trim_run_outputs(dir.path(), models::TrainState{.epoch = 3, .step = 12}));
+  CHECK(again == 0);
 
   // The progress plot of the resumed run starts from the history that was kept.
   actors::ProgressPlotObserver plot(dir / "progress.svg");

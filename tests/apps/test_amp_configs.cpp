@@ -23,8 +23,7 @@ namespace {
 /// CPU, then validate once. Stage indices are looked up by name in the shipped file.
 std::vector<std::string> tiny_overrides(const std::filesystem::path& config, const std::filesystem::path& dir,
                                         int size, const std::string& crop, const std::string& roi) {
-  auto shipped = models::load_job_config(config);
-  REQUIRE_MESSAGE(shipped.is_ok(), shipped.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto shipped, models::load_job_config(config));
   std::vector<std::string> ov = {"data.root=" + (dir / "data").string(),
                                  "data.synth.cases=3",
                                  "data.synth.size=" + std::to_string(size),
@@ -39,7 +38,7 @@ std::vector<std::string> tiny_overrides(const std::filesystem::path& config, con
                                  "train.threads=2",
                                  "train.decode_workers=1",
                                  "output.runs_dir=" + (dir / "runs").string()};
-  const auto& stages = shipped->stages.stages;
+  const auto& stages = shipped.stages.stages;
   for (std::size_t i = 0; i < stages.size(); ++i)
     if (stages[i].name == "rand_crop_pos_neg") {
       ov.push_back("stages." + std::to_string(i) + ".options.spatial_size=" + crop);
@@ -61,12 +60,11 @@ struct Recorder : models::TrainObserver {
 void check_trains_bf16(const std::string& name, int size, const std::string& crop, const std::string& roi) {
   TempDir dir("amp_" + name);
   const auto config = segflow::testing::source_path("configs/" + name + ".yaml");
-  auto cfg = models::load_job_config(config, tiny_overrides(config, dir.path(), size, crop, roi));
-  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
-  REQUIRE(cfg->train.amp == "bf16");
+  REQUIRE_OK_AND_ASSIGN(auto cfg,
+                        models::load_job_config(config, tiny_overrides(config, dir.path(), size, crop, roi)));
+  REQUIRE(cfg.train.amp == "bf16");
   Recorder rec;
-  auto run = actors::run_training(*cfg, {}, rec);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
+  REQUIRE_OK(actors::run_training(cfg, {}, rec));
   REQUIRE(rec.steps.size() == 2);
   for (const auto& s : rec.steps) {
     CHECK(s.logged);

@@ -7,15 +7,12 @@
 #include <filesystem>
 #include <sstream>
 
+#include "job_yaml.hpp"
 #include "test_util.hpp"
 
 using namespace segflow::testing;
 
-namespace {
-CommandResult run_segflow(const std::string& args) {
-  return run_command(shell_quote(segflow_bin()) + " " + args + " 2>&1");
-}
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("segflow synth then inspect --json prints the DESIGN.md contract") {
   TempDir dir("cli_synth");
@@ -110,27 +107,19 @@ TEST_CASE("segflow exits non-zero with one line on stderr for bad input") {
 namespace {
 /// A job small enough for CLI tests: 4 synthetic cases of 24^3, a 2-level UNet.
 std::string cli_job(const std::filesystem::path& dir, int epochs) {
-  return "name: cli\nseed: 1\n"
-         "data: {root: " +
-         (dir / "data").string() +
-         ", synth: {cases: 4, size: 24, format: nifti, seed: 2}, val_cases: 1, num_classes: 5}\n"
-         "stages:\n"
-         "  - name: load\n"
-         "  - name: scale_intensity_range\n"
-         "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
-         "  - name: fg_bg_indices\n"
-         "  - name: rand_crop_pos_neg\n"
-         "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 2}\n"
-         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8], strides: "
-         "[2], num_res_units: 1}\n"
-         "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-         "optimizer: {name: adam, lr: 0.01}\n"
-         "train: {epochs: " +
-         std::to_string(epochs) +
-         ", batch_size: 2, device: cpu, val_interval: 1, loader: actors}\n"
-         "validation: {roi_size: [16, 16, 16]}\n"
-         "output: {runs_dir: " +
-         (dir / "runs").string() + "}\n";
+  JobYaml job;
+  job.name = "cli";
+  job.seed = "1";
+  job.root = dir / "data";
+  job.synth = "{cases: 4, size: 24, format: nifti, seed: 2}";
+  job.stages = {kLoadStage, kCtWindowStage, kFgBgStage, crop_stage("[16, 16, 16]", 1, 1, 2)};
+  job.model = unet3d(5, "channels: [4, 8], strides: [2], num_res_units: 1");
+  job.schedule = "";
+  job.epochs = epochs;
+  job.train = "batch_size: 2, device: cpu, val_interval: 1, loader: actors";
+  job.validation = "{roi_size: [16, 16, 16]}";
+  job.runs_dir = dir / "runs";
+  return job.yaml();
 }
 }  // namespace
 

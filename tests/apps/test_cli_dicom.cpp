@@ -15,14 +15,13 @@
 #include <filesystem>
 #include <string>
 
+#include "dicom_test_data.hpp"
 #include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace segflow::testing;
 
 namespace {
-
-const fs::path kDebianData = "/usr/lib/python3/dist-packages/pydicom/data/test_files";
 
 /// Runs `segflow inspect PATH --json`: exit code, the JSON on stdout, stderr's text.
 struct Inspect {
@@ -40,12 +39,6 @@ Inspect inspect(const fs::path& path, const TempDir& tmp) {
   INFO(r.out << out.err);
   if (r.exit_code == 0) out.json = nlohmann::json::parse(r.out);
   return out;
-}
-
-void copy_files(const fs::path& from, const fs::path& to, const std::string& prefix = "") {
-  fs::create_directories(to);
-  for (const auto& e : fs::directory_iterator(from))
-    if (e.is_regular_file()) fs::copy_file(e.path(), to / (prefix + e.path().filename().string()));
 }
 
 }  // namespace
@@ -80,8 +73,8 @@ TEST_CASE("segflow inspect on the real JPEG 2000 CT series agrees with SimpleITK
 TEST_CASE("segflow inspect of a DICOM folder with localizers and jittered positions reports both") {
   TempDir tmp("cli_dicom_report");
   const fs::path dir = tmp / "series";
-  copy_files(kDebianData / "dicomdirtests/98892001/CT5N", dir);
-  copy_files(kDebianData / "dicomdirtests/98892003/MR2", dir, "scout_");
+  copy_series(ct5n_series(), dir);
+  copy_series(mr_scouts_series(), dir, "scout_");
   // Round the CT positions GE-style: steps of 2.5 mm wander by a few hundredths.
   int k = 0;
   for (const auto& e : fs::directory_iterator(dir)) {

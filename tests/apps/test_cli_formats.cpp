@@ -19,10 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-CommandResult run_segflow(const std::string& args, bool merge_stderr = true) {
-  return run_command(shell_quote(segflow_bin()) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null"));
-}
-
 /// SimpleITK writes `src` as NRRD and MetaImage files into `dir` (tests/tools/sitk_formats.py).
 json sitk_write(const fs::path& src, const fs::path& dir, const std::string& prefix) {
   auto r = run_command(shell_quote(python()) + " " +
@@ -34,16 +30,16 @@ json sitk_write(const fs::path& src, const fs::path& dir, const std::string& pre
 }
 
 /// Runs `segflow inspect PATH --json` and parses its stdout.
-json inspect(const fs::path& p) {
-  auto r = run_segflow("inspect " + shell_quote(p.string()) + " --json", false);
+json inspect_json(const fs::path& p) {
+  auto r =
+      run_command(shell_quote(segflow_bin()) + " inspect " + shell_quote(p.string()) + " --json 2>/dev/null");
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   return json::parse(r.out);
 }
 
 std::vector<std::int64_t> distinct(const fs::path& npy) {
-  auto t = segflow::pipeline::read_npy(npy);
-  REQUIRE(t.is_ok());
-  at::Tensor u = std::get<0>(at::_unique(t->flatten().to(torch::kLong), true));
+  REQUIRE_OK_AND_ASSIGN(auto t, segflow::pipeline::read_npy(npy));
+  at::Tensor u = std::get<0>(at::_unique(t.flatten().to(torch::kLong), true));
   return std::vector<std::int64_t>(u.data_ptr<std::int64_t>(), u.data_ptr<std::int64_t>() + u.numel());
 }
 
@@ -72,7 +68,7 @@ TEST_CASE(
     INFO("file: " << f);
     const json& s = sitk[f.string()];
     REQUIRE_FALSE(s.contains("error"));
-    const json j = inspect(f);
+    const json j = inspect_json(f);
     CHECK(j["format"] == (segflow::pipeline::is_nrrd_path(f) ? "nrrd" : "metaimage"));
     CHECK(j["size"] == s["size"]);
     for (int i = 0; i < 3; ++i) {
@@ -107,7 +103,7 @@ TEST_CASE("segflow inspect names the labels of a NRRD label map from the dataset
                    {{"background", 0}, {"spleen", 1}, {"kidney_right", 2}, {"kidney_left", 3}, {"liver", 5}}},
                   {"file_ending", ".nrrd"}}
                  .dump());
-  const json j = inspect(dir.path() / "labelsTr" / "case_0.nrrd");
+  const json j = inspect_json(dir.path() / "labelsTr" / "case_0.nrrd");
   REQUIRE(j.contains("label_names"));
   CHECK(
       j["label_names"] ==

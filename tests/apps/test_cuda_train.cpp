@@ -27,15 +27,14 @@ struct Record : models::TrainObserver {
 TEST_CASE("CUDA: a job trains end to end on cuda:0 and segflow infer on CUDA agrees with the CPU") {
   if (!cuda_or_skip()) return;
   TempDir dir("cuda_e2e");
-  auto cfg = models::load_job_config(
-      source_path("configs/quickstart-unet3d.yaml"),
-      {"data.root=" + (dir / "data").string(), "data.synth.cases=6", "data.synth.size=32", "data.val_cases=1",
-       "train.device=cuda:0", "train.amp=bf16", "train.epochs=3", "train.val_interval=1",
-       "output.runs_dir=" + (dir / "runs").string()});
-  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
+  REQUIRE_OK_AND_ASSIGN(
+      auto cfg, models::load_job_config(
+                    source_path("configs/quickstart-unet3d.yaml"),
+                    {"data.root=" + (dir / "data").string(), "data.synth.cases=6", "data.synth.size=32",
+                     "data.val_cases=1", "train.device=cuda:0", "train.amp=bf16", "train.epochs=3",
+                     "train.val_interval=1", "output.runs_dir=" + (dir / "runs").string()}));
   Record rec;
-  auto run = actors::run_training(*cfg, {}, rec);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto run, actors::run_training(cfg, {}, rec));
   REQUIRE(rec.epochs.size() == 3);
   for (const auto& e : rec.epochs) {
     CHECK(std::isfinite(e.loss));
@@ -50,14 +49,12 @@ TEST_CASE("CUDA: a job trains end to end on cuda:0 and segflow infer on CUDA agr
   for (const char* device : {"cuda:0", "cpu"}) {
     const auto out = dir.path() / (std::string("seg-") +
                                    (device[0] == 'c' && device[1] == 'u' ? "cuda" : "cpu") + ".nii.gz");
-    auto r =
-        run_command(shell_quote(segflow_bin()) + " infer --checkpoint " +
-                    shell_quote((*run / "last.pt").string()) + " --input " + shell_quote(input.string()) +
-                    " --output " + shell_quote(out.string()) + " --device " + device + " 2>&1");
+    auto r = run_command(shell_quote(segflow_bin()) + " infer --checkpoint " +
+                         shell_quote((run / "last.pt").string()) + " --input " + shell_quote(input.string()) +
+                         " --output " + shell_quote(out.string()) + " --device " + device + " 2>&1");
     REQUIRE_MESSAGE(r.exit_code == 0, r.out);
-    auto img = pipeline::read_image(out);
-    REQUIRE_MESSAGE(img.is_ok(), img.status().message());
-    labels[device] = img->voxels;
+    REQUIRE_OK_AND_ASSIGN(auto img, pipeline::read_image(out));
+    labels[device] = img.voxels;
   }
   REQUIRE(labels["cpu"].sizes() == labels["cuda:0"].sizes());
   const double agree = (labels["cpu"] == labels["cuda:0"]).to(at::kDouble).mean().item<double>();

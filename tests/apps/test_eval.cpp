@@ -16,18 +16,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Exit code, stdout and stderr of one segflow command.
-struct Run {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-Run run_segflow(const std::string& args, const fs::path& scratch) {
-  const auto err = scratch / "stderr.txt";
-  auto r = run_command(shell_quote(segflow_bin()) + " " + args + " 2>" + shell_quote(err.string()));
-  return {r.exit_code, r.out, read_file(err)};
-}
-
 nlohmann::json monai_metrics(const std::string& args) {
   auto r = run_command(shell_quote(python()) + " " +
                        shell_quote(source_path("tests/tools/monai_metrics.py").string()) + " " + args);

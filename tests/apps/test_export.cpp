@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "actors/jobs/job_runner.hpp"
+#include "job_yaml.hpp"
 #include "models/export.hpp"
 #include "models/job_config.hpp"
 #include "models/registry.hpp"
@@ -23,26 +24,23 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string job(const fs::path& dir, const std::string& model, const std::string& stages) {
-  return "name: export\nseed: 2\ndata:\n  root: " + (dir / "data").string() +
-         "\n  synth: {cases: 4, size: 24, format: nifti, seed: 3}\n  val_cases: 1\n  num_classes: "
-         "5\nstages:\n" +
-         stages + "model: " + model +
-         "\nloss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-         "optimizer: {name: adam, lr: 0.01}\n"
-         "train: {epochs: 1, batch_size: 2, device: cpu, val_interval: 1, loader: simple, threads: 1}\n"
-         "validation: {roi_size: [16, 16, 16], overlap: 0.0, sw_batch_size: 2}\n"
-         "output: {runs_dir: " +
-         (dir / "runs").string() + "}\n";
+/// A one-epoch job of `model` on 4 synthetic 24^3 cases in `dir`.
+std::string export_job(const fs::path& dir, const std::string& model) {
+  testing::JobYaml job;
+  job.name = "export";
+  job.seed = "2";
+  job.root = dir / "data";
+  job.synth = "{cases: 4, size: 24, format: nifti, seed: 3}";
+  job.stages = {testing::kLoadStage, testing::kCtWindowStage, testing::kFgBgStage,
+                testing::crop_stage("[16, 16, 16]", 1, 1, 1)};
+  job.model = model;
+  job.schedule = "";
+  job.epochs = 1;
+  job.train = "batch_size: 2, device: cpu, val_interval: 1, loader: simple, threads: 1";
+  job.validation = "{roi_size: [16, 16, 16], overlap: 0.0, sw_batch_size: 2}";
+  job.runs_dir = dir / "runs";
+  return job.yaml();
 }
-
-const char* kStages =
-    "  - name: load\n"
-    "  - name: scale_intensity_range\n"
-    "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
-    "  - name: fg_bg_indices\n"
-    "  - name: rand_crop_pos_neg\n"
-    "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 1}\n";
 
 void save_io(const fs::path& p, const std::map<std::string, at::Tensor>& tensors) {
   const std::vector<char> bytes = models::pytorch_state_dict_bytes(
@@ -67,11 +65,9 @@ nlohmann::json check_in_python(const fs::path& state, const fs::path& io) {
 void check_untrained(const std::string& name, const std::string& model_yaml, const at::Tensor& x) {
   CAPTURE(name);
   TempDir dir("export_" + name);
-  auto cfg = models::parse_job_config(job(dir.path(), model_yaml, kStages), "job.yaml");
-  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
-  auto t = models::Trainer::create(*cfg, c10::Device(c10::kCPU));
-  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
-  auto& module = (*t)->model().module();
+  REQUIRE_OK_AND_ASSIGN(auto cfg, models::parse_job_config(export_job(dir.path(), model_yaml), "job.yaml"));
+  REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
+  auto& module = t->model().module();
   {
     torch::NoGradGuard no_grad;  // running statistics away from 0/1, so that they are checked too
     auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
@@ -79,16 +75,15 @@ void check_untrained(const std::string& name, const std::string& model_yaml, con
       if (b.key().find("running_") != std::string::npos)
         b.value().copy_(at::rand(b.value().sizes(), gen) + 0.5);
   }
-  auto exported = models::export_model(cfg->model, module);
-  REQUIRE_MESSAGE(exported.is_ok(), exported.status().message());
-  REQUIRE(models::write_pytorch_export(*exported, dir / "net.pt").is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto exported, models::export_model(cfg.model, module));
+  REQUIRE_OK(models::write_pytorch_export(exported, dir / "net.pt"));
   module.eval();
   torch::NoGradGuard no_grad;
-  const at::Tensor y = (*t)->model().predict(x);
+  const at::Tensor y = t->model().predict(x);
   save_io(dir / "io.pt", {{"x", x}, {"y", y}});
   auto j = check_in_python(dir / "net.pt", dir / "io.pt");
   CHECK(j["target"] == "monai.networks.nets.UNet");
-  CHECK(j["tensors"].get<std::size_t>() == exported->state_dict.size());
+  CHECK(j["tensors"].get<std::size_t>() == exported.state_dict.size());
   CHECK(j["max_abs"].get<double>() > 0);
   CHECK(j["max_abs_diff"].get<double>() <= 1e-4 * j["max_abs"].get<double>() + 1e-6);
 }
@@ -100,19 +95,17 @@ TEST_CASE(
   TempDir dir("export_trained");
   const fs::path config = dir / "job.yaml";
   segflow::testing::write_file(
-      config, job(dir.path(),
-                  "{name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, 16], "
-                  "strides: [2, 2], num_res_units: 2, norm: batch}",
-                  kStages));
-  auto cfg = models::load_job_config(config);
-  REQUIRE(cfg.is_ok());
+      config,
+      export_job(dir.path(),
+                 "{name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, 16], "
+                 "strides: [2, 2], num_res_units: 2, norm: batch}"));
+  REQUIRE_OK_AND_ASSIGN(auto cfg, models::load_job_config(config));
   models::TrainObserver quiet;
-  auto run = actors::run_training(*cfg, {}, quiet);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto run, actors::run_training(cfg, {}, quiet));
 
   const std::string bin = shell_quote(segflow::testing::segflow_bin());
   auto r =
-      segflow::testing::run_command(bin + " export --checkpoint " + shell_quote((*run / "best.pt").string()) +
+      segflow::testing::run_command(bin + " export --checkpoint " + shell_quote((run / "best.pt").string()) +
                                     " --to pytorch " + shell_quote((dir / "unet.pt").string()) + " 2>&1");
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   auto printed = nlohmann::json::parse(r.out.substr(r.out.rfind('{')));
@@ -124,15 +117,14 @@ TEST_CASE(
   CHECK_FALSE(segflow::testing::has_temporaries(dir.path()));
 
   // The same input through segflow's restored model and MONAI's UNet with the exported weights.
-  auto t = models::load_for_inference(*run / "best.pt", "cpu");
-  REQUIRE(t.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto t, models::load_for_inference(run / "best.pt", "cpu"));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(4);
   const at::Tensor x = at::rand({2, 1, 16, 24, 20}, gen, at::TensorOptions());
-  (*t)->model().module().eval();
+  t->model().module().eval();
   at::Tensor y;
   {
     torch::NoGradGuard no_grad;
-    y = (*t)->model().predict(x);
+    y = t->model().predict(x);
   }
   save_io(dir / "io.pt", {{"x", x}, {"y", y}});
   auto j = check_in_python(dir / "unet.pt", dir / "io.pt");
@@ -159,20 +151,19 @@ TEST_CASE("UNets with plain conv blocks, instance norm, LeakyReLU or in 2D expor
 
 TEST_CASE("a SAM checkpoint exports into segment_anything's Sam with the same image embedding") {
   TempDir dir("export_sam");
-  auto cfg = models::parse_job_config(
-      job(dir.path(), "{name: sam, preset: tiny, spatial_dims: 2, in_channels: 3, out_channels: 1}", kStages),
-      "job.yaml");
-  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
-  auto t = models::Trainer::create(*cfg, c10::Device(c10::kCPU));
-  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
-  auto exported = models::export_model(cfg->model, (*t)->model().module());
-  REQUIRE_MESSAGE(exported.is_ok(), exported.status().message());
-  REQUIRE(models::write_pytorch_export(*exported, dir / "sam.pt").is_ok());
-  const auto& sam_opts = std::get<models::SamModelOptions>(cfg->model.net).sam;
+  REQUIRE_OK_AND_ASSIGN(
+      auto cfg, models::parse_job_config(
+                    export_job(dir.path(),
+                               "{name: sam, preset: tiny, spatial_dims: 2, in_channels: 3, out_channels: 1}"),
+                    "job.yaml"));
+  REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
+  REQUIRE_OK_AND_ASSIGN(auto exported, models::export_model(cfg.model, t->model().module()));
+  REQUIRE_OK(models::write_pytorch_export(exported, dir / "sam.pt"));
+  const auto& sam_opts = std::get<models::SamModelOptions>(cfg.model.net).sam;
   const std::int64_t size = sam_opts.image_encoder.img_size;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
   const at::Tensor image = at::rand({2, 3, size, size}, gen, at::TensorOptions());
-  auto& sam = dynamic_cast<models::SamImpl&>((*t)->model().module());
+  auto& sam = dynamic_cast<models::SamImpl&>(t->model().module());
   sam.eval();
   const at::Tensor box = torch::tensor({{5.0f, 7.0f, 40.0f, 50.0f}, {20.0f, 3.0f, 60.0f, 33.0f}}) *
                          (static_cast<float>(size) / 64.0f);
@@ -195,15 +186,14 @@ TEST_CASE("a SAM checkpoint exports into segment_anything's Sam with the same im
 
 TEST_CASE("export refuses a model without a PyTorch counterpart, a bad target and a missing checkpoint") {
   TempDir dir("export_bad");
-  auto cfg = models::parse_job_config(job(dir.path(),
+  REQUIRE_OK_AND_ASSIGN(
+      auto cfg,
+      models::parse_job_config(export_job(dir.path(),
                                           "{name: plain_unet, spatial_dims: 3, in_channels: 1, out_channels: "
-                                          "3, n_stages: 2, base_features: 4}",
-                                          kStages),
-                                      "job.yaml");
-  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
-  auto t = models::Trainer::create(*cfg, c10::Device(c10::kCPU));
-  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
-  auto plain = models::export_model(cfg->model, (*t)->model().module());
+                                          "3, n_stages: 2, base_features: 4}"),
+                               "job.yaml"));
+  REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
+  auto plain = models::export_model(cfg.model, t->model().module());
   REQUIRE_FALSE(plain.is_ok());
   CHECK(plain.status().message().find("model plain_unet has no PyTorch reference implementation") !=
         std::string::npos);

@@ -8,7 +8,9 @@
 #include <set>
 
 #include "actors/jobs/job_runner.hpp"
+#include "job_yaml.hpp"
 #include "models/job_config.hpp"
+#include "pipeline/split.hpp"
 #include "test_util.hpp"
 
 using namespace segflow;
@@ -26,30 +28,22 @@ std::vector<std::string> case_ids(int n) {
 
 /// A one-epoch job on 5 synthetic 24^3 cases, with 3 folds.
 std::string fold_job(const fs::path& dir) {
-  return "name: folds\n"
-         "seed: 4\n"
-         "data:\n"
-         "  root: " +
-         (dir / "data").string() +
-         "\n"
-         "  synth: {cases: 5, size: 24, format: nifti, seed: 2}\n"
-         "  folds: 3\n"
-         "  num_classes: 5\n"
-         "stages:\n"
-         "  - name: load\n"
-         "  - name: scale_intensity_range\n"
-         "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
-         "  - name: fg_bg_indices\n"
-         "  - name: rand_crop_pos_neg\n"
-         "    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: 1}\n"
-         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8], "
-         "strides: [2], num_res_units: 0, norm: batch}\n"
-         "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-         "optimizer: {name: adam, lr: 0.01}\n"
-         "train: {epochs: 1, batch_size: 2, device: cpu, val_interval: 1, loader: simple, threads: 1}\n"
-         "validation: {roi_size: [16, 16, 16], overlap: 0.0, sw_batch_size: 2}\n"
-         "output: {runs_dir: " +
-         (dir / "runs").string() + "}\n";
+  segflow::testing::JobYaml job;
+  job.name = "folds";
+  job.seed = "4";
+  job.root = dir / "data";
+  job.synth = "{cases: 5, size: 24, format: nifti, seed: 2}";
+  job.val_cases = "";
+  job.folds = "3";
+  job.stages = {segflow::testing::kLoadStage, segflow::testing::kCtWindowStage, segflow::testing::kFgBgStage,
+                segflow::testing::crop_stage("[16, 16, 16]", 1, 1, 1)};
+  job.model = segflow::testing::unet3d(5, "channels: [4, 8], strides: [2], num_res_units: 0, norm: batch");
+  job.schedule = "";
+  job.epochs = 1;
+  job.train = "batch_size: 2, device: cpu, val_interval: 1, loader: simple, threads: 1";
+  job.validation = "{roi_size: [16, 16, 16], overlap: 0.0, sw_batch_size: 2}";
+  job.runs_dir = dir / "runs";
+  return job.yaml();
 }
 
 nlohmann::json read_json(const fs::path& p) { return nlohmann::json::parse(segflow::testing::read_file(p)); }
@@ -58,12 +52,11 @@ nlohmann::json read_json(const fs::path& p) { return nlohmann::json::parse(segfl
 
 TEST_CASE("the cross-validation table partitions the cases into near-equal folds, the same for a seed") {
   const auto ids = case_ids(11);
-  auto table = actors::cross_validation_folds(ids, 5, 7);
-  REQUIRE_MESSAGE(table.is_ok(), table.status().message());
-  REQUIRE(table->size() == 5);
+  REQUIRE_OK_AND_ASSIGN(auto table, pipeline::cross_validation_folds(ids, 5, 7));
+  REQUIRE(table.size() == 5);
   std::multiset<std::string> all_val;
   std::vector<std::size_t> sizes;
-  for (const auto& f : *table) {
+  for (const auto& f : table) {
     sizes.push_back(f.val.size());
     CHECK(f.val.size() + f.train.size() == ids.size());
     CHECK(std::is_sorted(f.val.begin(), f.val.end()));
@@ -79,17 +72,15 @@ TEST_CASE("the cross-validation table partitions the cases into near-equal folds
   // Deterministic: the order the ids come in does not matter, the seed does.
   auto reversed = ids;
   std::reverse(reversed.begin(), reversed.end());
-  auto again = actors::cross_validation_folds(reversed, 5, 7);
-  REQUIRE(again.is_ok());
-  for (std::size_t k = 0; k < 5; ++k) CHECK((*again)[k].val == (*table)[k].val);
-  auto other = actors::cross_validation_folds(ids, 5, 8);
-  REQUIRE(other.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto again, pipeline::cross_validation_folds(reversed, 5, 7));
+  for (std::size_t k = 0; k < 5; ++k) CHECK(again[k].val == table[k].val);
+  REQUIRE_OK_AND_ASSIGN(auto other, pipeline::cross_validation_folds(ids, 5, 8));
   bool differs = false;
-  for (std::size_t k = 0; k < 5; ++k) differs = differs || (*other)[k].val != (*table)[k].val;
+  for (std::size_t k = 0; k < 5; ++k) differs = differs || other[k].val != table[k].val;
   CHECK(differs);
 
-  CHECK_FALSE(actors::cross_validation_folds(ids, 1, 7).is_ok());
-  auto too_many = actors::cross_validation_folds(case_ids(3), 4, 7);
+  CHECK_FALSE(pipeline::cross_validation_folds(ids, 1, 7).is_ok());
+  auto too_many = pipeline::cross_validation_folds(case_ids(3), 4, 7);
   REQUIRE_FALSE(too_many.is_ok());
   CHECK(too_many.status().message().find("expected 2 to 3 folds for 3 cases, got 4") != std::string::npos);
 }
@@ -135,10 +126,8 @@ TEST_CASE("segflow train --fold all trains every fold into its own run folder wi
   std::vector<std::string> ids;
   for (const auto& f : table)
     for (const auto& v : f["val"]) ids.push_back(v.get<std::string>());
-  auto expect = actors::cross_validation_folds(ids, 3, 4);
-  REQUIRE(expect.is_ok());
-  for (std::size_t k = 0; k < 3; ++k)
-    CHECK(table[k]["val"].get<std::vector<std::string>>() == (*expect)[k].val);
+  REQUIRE_OK_AND_ASSIGN(auto expect, pipeline::cross_validation_folds(ids, 3, 4));
+  for (std::size_t k = 0; k < 3; ++k) CHECK(table[k]["val"].get<std::vector<std::string>>() == expect[k].val);
 }
 
 TEST_CASE("a fold outside data.folds, more folds than cases and a bad --fold are errors before training") {

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "actors/jobs/job_runner.hpp"
+#include "job_yaml.hpp"
 #include "models/class_names.hpp"
 #include "models/inference.hpp"
 #include "models/job_config.hpp"
@@ -20,73 +21,60 @@
 #include "test_util.hpp"
 
 using namespace segflow;
+using segflow::testing::run_segflow;
 using segflow::testing::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
 
 /// A small job on 5 synthetic 24^3 NIfTI cases in `dir` (made on first use). `model`
-/// replaces the 3x3x3 UNet; `stages_extra` goes after load, `random_extra` after the crop.
-std::string infer_job(const fs::path& dir, const std::string& model = "",
-                      const std::string& stages_extra = "", const std::string& random_extra = "") {
-  return "name: infer-tiny\n"
-         "seed: 5\n"
-         "data:\n"
-         "  root: " +
-         (dir / "data").string() +
-         "\n"
-         "  synth: {cases: 5, size: 24, format: nifti, seed: 9}\n"
-         "  val_cases: 1\n"
-         "  num_classes: 5\n"
-         "stages:\n"
-         "  - name: load\n" +
-         stages_extra +
-         "  - name: scale_intensity_range\n"
-         "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
-         "  - name: fg_bg_indices\n"
-         "  - name: rand_crop_pos_neg\n"
-         "    options: {spatial_size: [16, 16, 16], pos: 3, neg: 1, num_samples: 2}\n" +
-         random_extra + "model: " +
-         (model.empty()
-              ? "{name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, 16], "
-                "strides: [2, 2], num_res_units: 1, norm: batch}"
-              : model) +
-         "\n"
-         "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-         "optimizer: {name: adam, lr: 0.02}\n"
-         "train: {epochs: 6, batch_size: 2, device: cpu, val_interval: 0, loader: simple, threads: 1}\n"
-         "validation: {roi_size: [16, 16, 16], overlap: 0.5, sw_batch_size: 4}\n"
-         "output: {runs_dir: " +
-         (dir / "runs").string() + "}\n";
+/// replaces the 3x3x3 UNet; the stage `after_load` goes after load, `after_crop` after the crop.
+std::string infer_job(const fs::path& dir, const std::string& model = "", const std::string& after_load = "",
+                      const std::string& after_crop = "") {
+  testing::JobYaml job;
+  job.name = "infer-tiny";
+  job.seed = "5";
+  job.root = dir / "data";
+  job.stages = {testing::kLoadStage};
+  if (!after_load.empty()) job.stages.push_back(after_load);
+  for (const auto& s :
+       {testing::kCtWindowStage, testing::kFgBgStage, testing::crop_stage("[16, 16, 16]", 3, 1, 2)})
+    job.stages.push_back(s);
+  if (!after_crop.empty()) job.stages.push_back(after_crop);
+  job.model = model.empty()
+                  ? testing::unet3d(5, "channels: [4, 8, 16], strides: [2, 2], num_res_units: 1, norm: batch")
+                  : model;
+  job.optimizer = "{name: adam, lr: 0.02}";
+  job.schedule = "";
+  job.epochs = 6;
+  job.train = "batch_size: 2, device: cpu, val_interval: 0, loader: simple, threads: 1";
+  job.validation = "{roi_size: [16, 16, 16], overlap: 0.5, sw_batch_size: 4}";
+  job.runs_dir = dir / "runs";
+  return job.yaml();
 }
 
 models::JobConfig job(const std::string& text) {
-  auto c = models::parse_job_config(text, "job.yaml");
-  REQUIRE_MESSAGE(c.is_ok(), c.status().message());
-  return *c;
+  REQUIRE_OK_AND_ASSIGN(auto c, models::parse_job_config(text, "job.yaml"));
+  return c;
 }
 
 /// Trains the job; its last.pt.
 fs::path train(const std::string& text) {
   models::TrainObserver quiet;
-  auto run = actors::run_training(job(text), {}, quiet);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
-  return *run / "last.pt";
+  REQUIRE_OK_AND_ASSIGN(auto run, actors::run_training(job(text), {}, quiet));
+  return run / "last.pt";
 }
 
 /// An untrained checkpoint of the job (initial weights), for what only needs a model.
 fs::path untrained(const std::string& text, const fs::path& file) {
-  auto t = models::Trainer::create(job(text), c10::Device("cpu"));
-  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
-  auto st = (*t)->save_checkpoint(file);
-  REQUIRE_MESSAGE(st.is_ok(), st.message());
+  REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(job(text), c10::Device("cpu")));
+  REQUIRE_OK(t->save_checkpoint(file));
   return file;
 }
 
 at::Tensor read_voxels(const fs::path& p) {
-  auto img = pipeline::read_image(p);
-  REQUIRE_MESSAGE(img.is_ok(), img.status().message());
-  return img->voxels;
+  REQUIRE_OK_AND_ASSIGN(auto img, pipeline::read_image(p));
+  return img.voxels;
 }
 
 nlohmann::json infer_check(const std::string& args) {
@@ -95,18 +83,6 @@ nlohmann::json infer_check(const std::string& args) {
       testing::shell_quote(testing::source_path("tests/tools/infer_check.py").string()) + " " + args);
   REQUIRE_MESSAGE(r.exit_code == 0, "infer_check.py " << args << ": " << r.out);
   return nlohmann::json::parse(r.out);
-}
-
-struct Run {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-Run run_segflow(const std::string& args, const fs::path& scratch) {
-  const auto err = scratch / "stderr.txt";
-  auto r = testing::run_command(testing::shell_quote(testing::segflow_bin()) + " " + args + " 2>" +
-                                testing::shell_quote(err.string()));
-  return {r.exit_code, r.out, testing::read_file(err)};
 }
 
 std::string q(const fs::path& p) { return testing::shell_quote(p.string()); }
@@ -127,9 +103,8 @@ TEST_CASE("mirroring TTA of a flip-equivariant model equals no TTA, and of a 3x3
     models::InferOptions o{.checkpoint = ckpt, .input = input, .output = dir.path() / name, .device = "cpu"};
     o.tta = tta;
     o.save_probabilities = true;
-    auto r = models::run_inference(o);
-    REQUIRE_MESSAGE(r.is_ok(), r.status().message());
-    return *r;
+    REQUIRE_OK_AND_ASSIGN(auto r, models::run_inference(o));
+    return r;
   };
   auto plain = run(pointwise, models::TtaMode::none, "pw.nii.gz");
   auto mirrored = run(pointwise, models::TtaMode::mirror_all, "pw_tta.nii.gz");
@@ -141,18 +116,17 @@ TEST_CASE("mirroring TTA of a flip-equivariant model equals no TTA, and of a 3x3
   // the mean of the 8 flipped predictions (32^3 with 16^3 windows at overlap 0.5: the
   // window layout is its own mirror image, so whole-volume flips equal per-window flips).
   const fs::path unet = train(infer_job(dir.path() / "u"));
-  auto t = models::load_for_inference(unet, "cpu");
-  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto t, models::load_for_inference(unet, "cpu"));
   torch::manual_seed(1);
   at::Tensor image = torch::rand({1, 32, 32, 32});
-  at::Tensor none = models::predict_probabilities(**t, image);
-  at::Tensor tta = models::predict_probabilities(**t, image, {0, 1, 2});
+  at::Tensor none = models::predict_probabilities(*t, image);
+  at::Tensor tta = models::predict_probabilities(*t, image, {0, 1, 2});
   at::Tensor manual = torch::zeros_like(none);
   for (int m = 0; m < 8; ++m) {
     std::vector<std::int64_t> axes;
     for (int d = 0; d < 3; ++d)
       if ((m >> d) & 1) axes.push_back(1 + d);
-    manual += axes.empty() ? none : models::predict_probabilities(**t, image.flip(axes)).flip(axes);
+    manual += axes.empty() ? none : models::predict_probabilities(*t, image.flip(axes)).flip(axes);
   }
   manual /= 8.0;
   CHECK(torch::allclose(tta, manual, 1e-5, 1e-6));
@@ -193,30 +167,25 @@ TEST_CASE(
   models::InferOptions o{
       .checkpoint = ckpt, .input = input, .output = dir.path() / "one.nii.gz", .device = "cpu"};
   o.save_probabilities = true;
-  auto one = models::run_inference(o);
-  REQUIRE_MESSAGE(one.is_ok(), one.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto one, models::run_inference(o));
   o.ensemble = {ckpt};
   o.output = dir.path() / "two.nii.gz";
-  auto two = models::run_inference(o);
-  REQUIRE_MESSAGE(two.is_ok(), two.status().message());
-  CHECK(torch::equal(read_voxels(one->probabilities), read_voxels(two->probabilities)));
-  CHECK(torch::equal(read_voxels(one->output), read_voxels(two->output)));
+  REQUIRE_OK_AND_ASSIGN(auto two, models::run_inference(o));
+  CHECK(torch::equal(read_voxels(one.probabilities), read_voxels(two.probabilities)));
+  CHECK(torch::equal(read_voxels(one.output), read_voxels(two.output)));
 
   // Two different checkpoints: the probabilities are the mean of theirs.
   const fs::path init = untrained(infer_job(dir.path()), dir.path() / "init.pt");
   o.ensemble = {};
   o.checkpoint = init;
   o.output = dir.path() / "init.nii.gz";
-  auto other = models::run_inference(o);
-  REQUIRE_MESSAGE(other.is_ok(), other.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto other, models::run_inference(o));
   o.checkpoint = ckpt;
   o.ensemble = {init};
   o.output = dir.path() / "mix.nii.gz";
-  auto mix = models::run_inference(o);
-  REQUIRE_MESSAGE(mix.is_ok(), mix.status().message());
-  CHECK(torch::allclose(read_voxels(mix->probabilities),
-                        (read_voxels(one->probabilities) + read_voxels(other->probabilities)) / 2, 1e-6,
-                        1e-6));
+  REQUIRE_OK_AND_ASSIGN(auto mix, models::run_inference(o));
+  CHECK(torch::allclose(read_voxels(mix.probabilities),
+                        (read_voxels(one.probabilities) + read_voxels(other.probabilities)) / 2, 1e-6, 1e-6));
 
   const fs::path three =
       untrained(infer_job(dir.path(),
@@ -248,7 +217,7 @@ TEST_CASE(
     "grid)") {
   TempDir dir("infer_prob");
   const fs::path ckpt =
-      train(infer_job(dir.path(), "", "  - name: resample\n    options: {spacing: [2.0, 2.0, 3.5]}\n"));
+      train(infer_job(dir.path(), "", testing::stage("resample", "{spacing: [2.0, 2.0, 3.5]}")));
   const fs::path input = dir.path() / "data" / "imagesTr" / "case_002_0000.nii.gz";  // oblique
   auto r = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(input) + " --output " +
                            q(dir.path() / "seg.nii.gz") + " --save-probabilities --tta mirror-all",
@@ -270,9 +239,8 @@ TEST_CASE(
   CHECK(c["argmax_agreement"].get<double>() > 0.97);
 
   // MONAI's grid (resample grid: exact_spacing, the first voxel kept) maps back the same way.
-  const fs::path exact =
-      train(infer_job(dir.path() / "e", "",
-                      "  - name: resample\n    options: {spacing: [2.0, 2.0, 3.5], grid: exact_spacing}\n"));
+  const fs::path exact = train(infer_job(
+      dir.path() / "e", "", testing::stage("resample", "{spacing: [2.0, 2.0, 3.5], grid: exact_spacing}")));
   auto e = run_segflow("infer --checkpoint " + q(exact) + " --input " + q(input) + " --output " +
                            q(dir.path() / "exact.nii.gz") + " --save-probabilities",
                        dir.path());
@@ -425,12 +393,12 @@ TEST_CASE("--tta mirror averages over flips of the axes the training flipped, mi
   // The training flips x and z (rand_flip), never y; a second job never flips, a third has
   // a rand_flip that never fires (prob 0).
   const fs::path xz = untrained(
-      infer_job(dir.path(), "", "", "  - name: rand_flip\n    options: {prob: 0.5, spatial_axis: [2, 0]}\n"),
+      infer_job(dir.path(), "", "", testing::stage("rand_flip", "{prob: 0.5, spatial_axis: [2, 0]}")),
       dir.path() / "xz.pt");
   const fs::path plain = untrained(infer_job(dir.path()), dir.path() / "plain.pt");
-  const fs::path never = untrained(
-      infer_job(dir.path(), "", "", "  - name: rand_flip\n    options: {prob: 0.0, spatial_axis: [1]}\n"),
-      dir.path() / "never.pt");
+  const fs::path never =
+      untrained(infer_job(dir.path(), "", "", testing::stage("rand_flip", "{prob: 0.0, spatial_axis: [1]}")),
+                dir.path() / "never.pt");
   // A scan of 24 x 32 x 40 (z, y, x) voxels: every axis its own length, so that a flip of the
   // wrong axis cannot give the same numbers.
   torch::manual_seed(3);
@@ -439,42 +407,39 @@ TEST_CASE("--tta mirror averages over flips of the axes the training flipped, mi
   scan.geometry.spacing = {1.0, 1.5, 2.0};
   scan.geometry.origin = {-10.0, 20.0, 5.0};
   const fs::path input = dir.path() / "scan.nii.gz";
-  REQUIRE(pipeline::write_nifti(input, scan).is_ok());
+  REQUIRE_OK(pipeline::write_nifti(input, scan));
 
   models::InferOptions o{
       .checkpoint = xz, .input = input, .output = dir.path() / "m.nii.gz", .device = "cpu"};
   o.tta = models::TtaMode::mirror;
   o.save_probabilities = true;
-  auto mirrored = models::run_inference(o);
-  REQUIRE_MESSAGE(mirrored.is_ok(), mirrored.status().message());
-  CHECK(mirrored->tta_axes == std::vector<int>{0, 2});
+  REQUIRE_OK_AND_ASSIGN(auto mirrored, models::run_inference(o));
+  CHECK(mirrored.tta_axes == std::vector<int>{0, 2});
   o.tta = models::TtaMode::mirror_all;
   o.output = dir.path() / "all.nii.gz";
-  auto all = models::run_inference(o);
-  REQUIRE_MESSAGE(all.is_ok(), all.status().message());
-  CHECK(all->tta_axes == std::vector<int>{0, 1, 2});
+  REQUIRE_OK_AND_ASSIGN(auto all, models::run_inference(o));
+  CHECK(all.tta_axes == std::vector<int>{0, 1, 2});
 
   // The saved probabilities are the mean of the predictions of the scan flipped along x
   // (tensor dim 3) and z (dim 1), each flipped back: the job's stages (intensity scaling
   // only, no resampling) applied by hand.
-  auto t = models::load_for_inference(xz, "cpu");
-  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto t, models::load_for_inference(xz, "cpu"));
   const at::Tensor pre = ((scan.voxels + 200.0) / 500.0).clamp(0.0, 1.0);
   at::Tensor manual = torch::zeros({5, 24, 32, 40});
   for (const std::vector<std::int64_t>& dims :
        {std::vector<std::int64_t>{}, std::vector<std::int64_t>{3}, std::vector<std::int64_t>{1},
         std::vector<std::int64_t>{1, 3}})
-    manual += dims.empty() ? models::predict_probabilities(**t, pre)
-                           : models::predict_probabilities(**t, pre.flip(dims)).flip(dims);
+    manual += dims.empty() ? models::predict_probabilities(*t, pre)
+                           : models::predict_probabilities(*t, pre.flip(dims)).flip(dims);
   manual /= 4.0;
-  const at::Tensor saved = read_voxels(mirrored->probabilities).to(torch::kFloat32);
+  const at::Tensor saved = read_voxels(mirrored.probabilities).to(torch::kFloat32);
   REQUIRE((saved.sizes() == manual.sizes()));
   CHECK(torch::allclose(saved, manual, 1e-4, 1e-5));
-  CHECK(torch::allclose(models::predict_probabilities(**t, pre, {0, 2}), manual, 1e-5, 1e-6));
+  CHECK(torch::allclose(models::predict_probabilities(*t, pre, {0, 2}), manual, 1e-5, 1e-6));
   // Mirroring y as well, or nothing, gives other numbers (the model is not flip-invariant).
-  const at::Tensor saved_all = read_voxels(all->probabilities).to(torch::kFloat32);
+  const at::Tensor saved_all = read_voxels(all.probabilities).to(torch::kFloat32);
   CHECK((saved_all - saved).abs().max().item<double>() > 1e-4);
-  CHECK((models::predict_probabilities(**t, pre) - saved).abs().max().item<double>() > 1e-4);
+  CHECK((models::predict_probabilities(*t, pre) - saved).abs().max().item<double>() > 1e-4);
 
   // Through the CLI: the axes mirrored, by name, in the JSON line.
   const auto axes = [&](const fs::path& ckpt, const std::string& tta) {
@@ -496,8 +461,8 @@ TEST_CASE(
     "a DICOM dataset's SEG segment labels") {
   TempDir dir("infer_seg_mapped");
   // The training swaps liver (1) and spleen (2) of synth's dataset.json: class 1 is spleen.
-  const fs::path ckpt = train(
-      infer_job(dir.path(), "", "  - name: map_labels\n    options: {mapping: {1: 2, 2: 1, 3: 3, 4: 4}}\n"));
+  const fs::path ckpt =
+      train(infer_job(dir.path(), "", testing::stage("map_labels", "{mapping: {1: 2, 2: 1, 3: 3, 4: 4}}")));
   auto s = run_segflow("synth --cases 2 --size 24 --format dicom --seed 9 --out " + q(dir.path() / "dicom"),
                        dir.path());
   REQUIRE_MESSAGE(s.exit_code == 0, s.err);
@@ -524,16 +489,13 @@ TEST_CASE(
   const std::vector<std::string> seg_names = {"", "Liver", "Spleen", "Left Kidney", "Spine"};
   for (const char* id : {"case_000", "case_001"}) {
     const fs::path cd = root / id;
-    auto img = pipeline::read_dicom(cd);
-    REQUIRE_MESSAGE(img.is_ok(), img.status().message());
-    auto lab = pipeline::read_dicom_seg(cd / "seg.dcm", *img);
-    REQUIRE_MESSAGE(lab.is_ok(), lab.status().message());
-    auto src = pipeline::dicom_source_series(cd);
-    REQUIRE_MESSAGE(src.is_ok(), src.status().message());
+    REQUIRE_OK_AND_ASSIGN(auto img, pipeline::read_dicom(cd));
+    REQUIRE_OK_AND_ASSIGN(auto lab, pipeline::read_dicom_seg(cd / "seg.dcm", img));
+    REQUIRE_OK_AND_ASSIGN(auto src, pipeline::dicom_source_series(cd));
     std::vector<pipeline::SegmentStyle> styles;
     for (std::size_t v = 0; v < seg_names.size(); ++v)
       styles.push_back({seg_names[v], pipeline::default_segment_colour(static_cast<std::int64_t>(v))});
-    REQUIRE(pipeline::write_dicom_seg(cd / "seg.dcm", *lab, *src, styles).is_ok());
+    REQUIRE_OK(pipeline::write_dicom_seg(cd / "seg.dcm", lab, src, styles));
   }
   // synth's dataset.json beside the case folders comes first; without it, the SEG's names.
   CHECK(models::job_class_names(job(infer_job(dir.path() / "dcm"))) ==
@@ -541,8 +503,8 @@ TEST_CASE(
   REQUIRE(fs::remove(root / "dataset.json"));
   CHECK(models::job_class_names(job(infer_job(dir.path() / "dcm"))) ==
         std::vector<std::string>{"background", "Liver", "Spleen", "Left Kidney", "Spine"});
-  const std::string kept = infer_job(
-      dir.path() / "dcm", "", "  - name: map_labels\n    options: {mapping: {1: 3, 3: 1, 2: 2, 4: 4}}\n");
+  const std::string kept =
+      infer_job(dir.path() / "dcm", "", testing::stage("map_labels", "{mapping: {1: 3, 3: 1, 2: 2, 4: 4}}"));
   CHECK(models::job_class_names(job(kept)) ==
         std::vector<std::string>{"background", "Left Kidney", "Spleen", "Liver", "Spine"});
   // segflow infer with a checkpoint of that job names the SEG's segments so (its initial

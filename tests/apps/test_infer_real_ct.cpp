@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "actors/jobs/job_runner.hpp"
+#include "job_yaml.hpp"
 #include "models/job_config.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/image_io.hpp"
@@ -33,8 +34,6 @@ namespace fs = std::filesystem;
 namespace st = segflow::testing;
 
 namespace {
-
-std::string q(const fs::path& p) { return st::shell_quote(p.string()); }
 
 /// The SOP instance UID (from the meta header, where this series keeps it) and the
 /// ImagePositionPatient of each file of a series.
@@ -74,42 +73,33 @@ TEST_CASE(
   st::write_file(
       data / "dataset.json",
       R"({"labels": {"background": 0, "spleen": 1, "kidney_right": 2, "kidney_left": 3, "liver": 5}})");
-  const std::string yaml =
-      "name: ts-dicom\n"
-      "seed: 3\n"
-      "data: {root: " +
-      data.string() +
-      ", val_cases: 1}\n"
-      "stages:\n"
-      "  - load\n"
-      "  - name: map_labels\n"
-      "    options: {keep: [1, 5, 2, 3]}\n"
-      "  - name: resample\n"
-      "    options: {spacing: [4.0, 4.0, 4.0]}\n"
-      "  - name: scale_intensity_range\n"
-      "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
-      "  - fg_bg_indices\n"
-      "  - name: rand_crop_pos_neg\n"
-      "    options: {spatial_size: [48, 48, 8], pos: 3, neg: 1, num_samples: 2}\n"
-      "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, "
-      "16], strides: [2, 2], num_res_units: 1}\n"
-      "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-      "optimizer: {name: adam, lr: 0.01}\n"
-      "train: {epochs: 3, batch_size: 2, device: cpu, val_interval: 0, loader: simple, "
-      "threads: 2}\n"
-      "validation: {roi_size: [48, 48, 8], overlap: 0.25}\n"
-      "output: {runs_dir: " +
-      (dir / "runs").string() + "}\n";
-  auto cfg = models::parse_job_config(yaml, "job.yaml");
-  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
+  st::JobYaml job;
+  job.name = "ts-dicom";
+  job.root = data;
+  job.synth = job.num_classes = "";
+  job.stages = {"load",
+                st::stage("map_labels", "{keep: [1, 5, 2, 3]}"),
+                st::stage("resample", "{spacing: [4.0, 4.0, 4.0]}"),
+                st::kCtWindowStage,
+                "fg_bg_indices",
+                st::crop_stage("[48, 48, 8]", 3, 1, 2)};
+  job.model = st::unet3d(5, "channels: [4, 8, 16], strides: [2, 2], num_res_units: 1");
+  job.schedule = "";
+  job.epochs = 3;
+  job.train = "batch_size: 2, device: cpu, val_interval: 0, loader: simple, threads: 2";
+  job.validation = "{roi_size: [48, 48, 8], overlap: 0.25}";
+  job.runs_dir = dir / "runs";
+  const std::string yaml = job.yaml();
+  REQUIRE_OK_AND_ASSIGN(auto cfg, models::parse_job_config(yaml, "job.yaml"));
   models::TrainObserver quiet;
-  auto run = actors::run_training(*cfg, {}, quiet);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
-  const fs::path ckpt = *run / "last.pt";
+  REQUIRE_OK_AND_ASSIGN(auto run, actors::run_training(cfg, {}, quiet));
+  const fs::path ckpt = run / "last.pt";
 
   const fs::path seg = dir / "ts_seg.dcm";
-  auto r = st::run_command(q(st::segflow_bin()) + " infer --checkpoint " + q(ckpt) + " --input " + q(series) +
-                           " --output " + q(seg) + " --device cpu --quiet 2>" + q(dir / "err.txt"));
+  auto r =
+      st::run_command(st::shell_quote(st::segflow_bin()) + " infer --checkpoint " + st::shell_quote(ckpt) +
+                      " --input " + st::shell_quote(series) + " --output " + st::shell_quote(seg) +
+                      " --device cpu --quiet 2>" + st::shell_quote(dir / "err.txt"));
   REQUIRE_MESSAGE(r.exit_code == 0, st::read_file(dir / "err.txt"));
   const auto line = nlohmann::json::parse(r.out);
   const std::int64_t max_label = line["labels"].back().get<std::int64_t>();
@@ -117,14 +107,13 @@ TEST_CASE(
 
   // pydicom: a SEG of 512 x 512 frames with the series' pixel spacing and orientation, each
   // frame derived from a slice of the series and lying at that slice's position.
-  auto img = pipeline::read_dicom(series);
-  REQUIRE_MESSAGE(img.is_ok(), img.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto img, pipeline::read_dicom(series));
   const auto js = st::reference_read("pydicom_seg", seg);
   INFO(js.dump().substr(0, 2000));
   CHECK(js["sop_class"] == "1.2.840.10008.5.1.4.1.1.66.4");
   CHECK(js["rows"] == 512);
   CHECK(js["columns"] == 512);
-  const auto& g = img->geometry;
+  const auto& g = img.geometry;
   CHECK(std::abs(js["pixel_spacing"][0].get<double>() - g.spacing[1]) < 1e-6);
   CHECK(std::abs(js["pixel_spacing"][1].get<double>() - g.spacing[0]) < 1e-6);
   for (int k = 0; k < 3; ++k) {
@@ -153,14 +142,13 @@ TEST_CASE(
 
   // The SEG holds the labels inferred: read onto the series grid it equals the NIfTI output
   // of the same inference, voxel for voxel.
-  auto n =
-      st::run_command(q(st::segflow_bin()) + " infer --checkpoint " + q(ckpt) + " --input " + q(series) +
-                      " --output " + q(dir / "ts.nii.gz") + " --device cpu --quiet 2>" + q(dir / "err.txt"));
+  auto n = st::run_command(st::shell_quote(st::segflow_bin()) + " infer --checkpoint " +
+                           st::shell_quote(ckpt) + " --input " + st::shell_quote(series) + " --output " +
+                           st::shell_quote(dir / "ts.nii.gz") + " --device cpu --quiet 2>" +
+                           st::shell_quote(dir / "err.txt"));
   REQUIRE_MESSAGE(n.exit_code == 0, st::read_file(dir / "err.txt"));
-  auto nifti = pipeline::read_image(dir / "ts.nii.gz");
-  REQUIRE_MESSAGE(nifti.is_ok(), nifti.status().message());
-  auto back = pipeline::read_dicom_seg(seg, *img);
-  REQUIRE_MESSAGE(back.is_ok(), back.status().message());
-  CHECK(torch::equal(back->voxels.to(torch::kInt64), nifti->voxels.to(torch::kInt64)));
-  CHECK(nifti->voxels.max().item<std::int64_t>() == max_label);
+  REQUIRE_OK_AND_ASSIGN(auto nifti, pipeline::read_image(dir / "ts.nii.gz"));
+  REQUIRE_OK_AND_ASSIGN(auto back, pipeline::read_dicom_seg(seg, img));
+  CHECK(torch::equal(back.voxels.to(torch::kInt64), nifti.voxels.to(torch::kInt64)));
+  CHECK(nifti.voxels.max().item<std::int64_t>() == max_label);
 }

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "actors/jobs/job_runner.hpp"
+#include "job_yaml.hpp"
 #include "models/class_names.hpp"
 #include "models/job_config.hpp"
 #include "pipeline/io/nifti.hpp"
@@ -29,37 +30,25 @@ const json kTotalLabels = {
     {"background", 0}, {"spleen", 1}, {"kidney_right", 2}, {"kidney_left", 3}, {"liver", 5}};
 
 std::string job_yaml(const fs::path& dir, const std::string& map_options, int out_channels) {
-  return "name: organs\n"
-         "seed: 1\n"
-         "data: {root: " +
-         (dir / "data").string() +
-         ", val_cases: 1}\n"
-         "stages:\n"
-         "  - load\n"
-         "  - name: map_labels\n"
-         "    options: " +
-         map_options +
-         "\n"
-         "  - name: scale_intensity_range\n"
-         "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
-         "  - fg_bg_indices\n"
-         "  - name: rand_crop_pos_neg\n"
-         "    options: {spatial_size: [32, 32, 16], pos: 3, neg: 1, num_samples: 2}\n"
-         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: " +
-         std::to_string(out_channels) +
-         ", channels: [4, 8, 16], strides: [2, 2], num_res_units: 1}\n"
-         "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-         "optimizer: {name: adam, lr: 0.01}\n"
-         "train: {epochs: 2, batch_size: 2, device: cpu, val_interval: 1, loader: simple, threads: 2}\n"
-         "validation: {roi_size: [48, 48, 16], overlap: 0.25}\n"
-         "output: {runs_dir: " +
-         (dir / "runs").string() + "}\n";
+  st::JobYaml job;
+  job.name = "organs";
+  job.seed = "1";
+  job.root = dir / "data";
+  job.synth = job.num_classes = "";
+  job.stages = {"load", st::stage("map_labels", map_options), st::kCtWindowStage, "fg_bg_indices",
+                st::crop_stage("[32, 32, 16]", 3, 1, 2)};
+  job.model = st::unet3d(out_channels, "channels: [4, 8, 16], strides: [2, 2], num_res_units: 1");
+  job.schedule = "";
+  job.epochs = 2;
+  job.train = "batch_size: 2, device: cpu, val_interval: 1, loader: simple, threads: 2";
+  job.validation = "{roi_size: [48, 48, 16], overlap: 0.25}";
+  job.runs_dir = dir / "runs";
+  return job.yaml();
 }
 
-models::JobConfig parse(const std::string& yaml) {
-  auto c = models::parse_job_config(yaml, "job.yaml");
-  REQUIRE_MESSAGE(c.is_ok(), c.status().message());
-  return *c;
+models::JobConfig parse_job(const std::string& yaml) {
+  REQUIRE_OK_AND_ASSIGN(auto c, models::parse_job_config(yaml, "job.yaml"));
+  return c;
 }
 
 /// Three cases in the nnU-Net layout as NRRD: the real CT and its 117-class label map, and
@@ -67,8 +56,8 @@ models::JobConfig parse(const std::string& yaml) {
 void make_dataset(const fs::path& root) {
   auto ct = pipeline::read_nifti(st::testdata_path("totalsegmentator/example_ct_sm.nii.gz"));
   auto seg = pipeline::read_nifti(st::testdata_path("totalsegmentator/example_seg.nii.gz"));
-  REQUIRE(ct.is_ok());
-  REQUIRE(seg.is_ok());
+  REQUIRE_OK(ct);
+  REQUIRE_OK(seg);
   fs::create_directories(root / "imagesTr");
   fs::create_directories(root / "labelsTr");
   const std::vector<std::pair<std::string, std::vector<std::int64_t>>> cases = {
@@ -79,15 +68,15 @@ void make_dataset(const fs::path& root) {
       i.voxels = i.voxels.flip(flip).contiguous();
       l.voxels = l.voxels.flip(flip).contiguous();
     }
-    REQUIRE(pipeline::write_nrrd(root / "imagesTr" / (id + "_0000.nrrd"), i).is_ok());
-    REQUIRE(pipeline::write_nrrd(root / "labelsTr" / (id + ".nrrd"), l).is_ok());
+    REQUIRE_OK(pipeline::write_nrrd(root / "imagesTr" / (id + "_0000.nrrd"), i));
+    REQUIRE_OK(pipeline::write_nrrd(root / "labelsTr" / (id + ".nrrd"), l));
   }
   st::write_file(
       root / "dataset.json",
       json{{"labels", kTotalLabels}, {"channel_names", {{"0", "CT"}}}, {"file_ending", ".nrrd"}}.dump());
 }
 
-class Quiet : public models::TrainObserver {
+class ValidationRecorder : public models::TrainObserver {
  public:
   std::vector<models::ValidationInfo> validations;
   void on_validation(const models::ValidationInfo& v) override { validations.push_back(v); }
@@ -97,19 +86,19 @@ class Quiet : public models::TrainObserver {
 
 TEST_CASE("a map_labels target outside the model's classes is refused, naming the option") {
   st::TempDir dir("map_labels_cfg");
-  auto keep = parse(job_yaml(dir.path(), "{keep: [1, 5, 2, 3]}", 4));
+  auto keep = parse_job(job_yaml(dir.path(), "{keep: [1, 5, 2, 3]}", 4));
   CHECK(models::check_label_mapping(keep).message() ==
         "job.yaml: stages[1].options.keep: expected at most 3 labels (targets 1..3 of num_classes 4, from "
         "model.out_channels), got 4 [1, 5, 2, 3]");
-  auto mapping = parse(job_yaml(dir.path(), "{mapping: {1: 1, 5: 2, 2: 7}}", 4));
+  auto mapping = parse_job(job_yaml(dir.path(), "{mapping: {1: 1, 5: 2, 2: 7}}", 4));
   CHECK(models::check_label_mapping(mapping).message() ==
         "job.yaml: stages[1].options.mapping: expected targets in 0..3 (num_classes 4, from "
         "model.out_channels), got 7 (for source 2)");
-  auto by_data = parse(job_yaml(dir.path(), "{keep: [1, 5, 2]}", 5));
+  auto by_data = parse_job(job_yaml(dir.path(), "{keep: [1, 5, 2]}", 5));
   by_data.data.num_classes = 3;
   CHECK(models::check_label_mapping(by_data).message().find("from data.num_classes), got 3") !=
         std::string::npos);
-  CHECK(models::check_label_mapping(parse(job_yaml(dir.path(), "{keep: [1, 5, 2, 3]}", 5))).is_ok());
+  CHECK_OK(models::check_label_mapping(parse_job(job_yaml(dir.path(), "{keep: [1, 5, 2, 3]}", 5))));
   // A source written twice in YAML (yaml-cpp keeps both; JSON would keep the last) is refused.
   auto twice = models::parse_job_config(job_yaml(dir.path(), "{mapping: {1: 1, 5: 2, 1: 3}}", 4), "job.yaml");
   CHECK(twice.status().message() ==
@@ -119,13 +108,13 @@ TEST_CASE("a map_labels target outside the model's classes is refused, naming th
 TEST_CASE("class names come from map_labels names, else from dataset.json through the mapping") {
   st::TempDir dir("map_labels_names");
   const std::vector<std::string> total = {"background", "spleen", "kidney_right", "kidney_left", "", "liver"};
-  auto derived = parse(job_yaml(dir.path(), "{keep: [1, 5, 2, 3]}", 5));
+  auto derived = parse_job(job_yaml(dir.path(), "{keep: [1, 5, 2, 3]}", 5));
   CHECK(models::job_class_names(derived, total) ==
         std::vector<std::string>{"background", "spleen", "liver", "kidney_right", "kidney_left"});
-  auto merged = parse(job_yaml(dir.path(), "{mapping: {1: 1, 5: 2, 2: 3, 3: 3}}", 4));
+  auto merged = parse_job(job_yaml(dir.path(), "{mapping: {1: 1, 5: 2, 2: 3, 3: 3}}", 4));
   CHECK(models::job_class_names(merged, total) ==
         std::vector<std::string>{"background", "spleen", "liver", "kidney_right+kidney_left"});
-  auto named = parse(job_yaml(dir.path(), "{keep: [1, 5], names: [bg, Spleen organ, Liver]}", 3));
+  auto named = parse_job(job_yaml(dir.path(), "{keep: [1, 5], names: [bg, Spleen organ, Liver]}", 3));
   CHECK(models::job_class_names(named, total) == std::vector<std::string>{"bg", "Spleen organ", "Liver"});
   CHECK(models::metric_name("Spleen organ") == "Spleen_organ");
   CHECK(models::job_class_names(derived, {}).empty());
@@ -136,15 +125,14 @@ TEST_CASE(
     "metrics") {
   st::TempDir dir("map_labels_train");
   make_dataset(dir.path() / "data");
-  auto cfg = parse(job_yaml(dir.path(), "{keep: [1, 5, 2, 3]}", 5));
-  Quiet q;
-  auto run = actors::run_training(cfg, {}, q);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
+  auto cfg = parse_job(job_yaml(dir.path(), "{keep: [1, 5, 2, 3]}", 5));
+  ValidationRecorder q;
+  REQUIRE_OK_AND_ASSIGN(auto run, actors::run_training(cfg, {}, q));
   REQUIRE(q.validations.size() == 2);
   CHECK(q.validations[0].class_names ==
         std::vector<std::string>{"background", "spleen", "liver", "kidney_right", "kidney_left"});
   // metrics.jsonl: Dice keyed by class name, the same numbers as dice_per_class.
-  std::ifstream f(*run / "metrics.jsonl");
+  std::ifstream f(run / "metrics.jsonl");
   int validations = 0;
   for (std::string line; std::getline(f, line);) {
     const auto j = json::parse(line);
@@ -164,7 +152,7 @@ TEST_CASE(
   // TensorBoard, read with TensorBoard's own reader: val/dice_spleen beside val/dice_class_1.
   auto tb = st::run_command(st::shell_quote(st::python()) + " " +
                             st::shell_quote(st::source_path("tests/tools/tb_read.py").string()) + " " +
-                            st::shell_quote((*run / "tb").string()) + " 2>/dev/null");
+                            st::shell_quote((run / "tb").string()) + " 2>/dev/null");
   REQUIRE_MESSAGE(tb.exit_code == 0, tb.out);
   const auto scalars = json::parse(tb.out);
   for (const char* tag : {"val/dice_spleen", "val/dice_liver", "val/dice_kidney_right",

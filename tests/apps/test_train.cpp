@@ -8,11 +8,13 @@
 #include <fstream>
 
 #include "actors/jobs/job_runner.hpp"
+#include "job_yaml.hpp"
 #include "models/inference.hpp"
 #include "models/job_config.hpp"
 #include "models/trainer.hpp"
 #include "pipeline/inspect.hpp"
 #include "pipeline/io/image_io.hpp"
+#include "pipeline/split.hpp"
 #include "test_util.hpp"
 
 using namespace segflow;
@@ -20,16 +22,17 @@ using segflow::testing::TempDir;
 
 namespace {
 
-/// A tiny job on a tiny synthetic dataset in `dir`.
-std::string tiny_job(const std::filesystem::path& dir, const std::string& extra = "") {
-  return testing::tiny_job_yaml(dir / "data") + "output: {runs_dir: " + (dir / "runs").string() + "}\n" +
-         extra;
+/// The tiny job (tests/job_yaml.hpp) on a tiny synthetic dataset in `dir`.
+std::string tiny_job(const std::filesystem::path& dir) {
+  testing::JobYaml job;
+  job.root = dir / "data";
+  job.runs_dir = dir / "runs";
+  return job.yaml();
 }
 
 models::JobConfig parse(const std::string& text, const std::vector<std::string>& ov = {}) {
-  auto c = models::parse_job_config(text, "job.yaml", ov);
-  REQUIRE_MESSAGE(c.is_ok(), c.status().message());
-  return *c;
+  REQUIRE_OK_AND_ASSIGN(auto c, models::parse_job_config(text, "job.yaml", ov));
+  return c;
 }
 
 class Quiet : public models::TrainObserver {
@@ -43,11 +46,10 @@ class Quiet : public models::TrainObserver {
 };
 
 std::vector<at::Tensor> weights_of(const std::filesystem::path& ckpt) {
-  auto t = models::load_for_inference(ckpt, "cpu");
-  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto t, models::load_for_inference(ckpt, "cpu"));
   std::vector<at::Tensor> out;
-  for (auto& p : (*t)->model().module().parameters()) out.push_back(p.detach().clone());
-  for (auto& b : (*t)->model().module().buffers()) out.push_back(b.detach().clone());
+  for (auto& p : t->model().module().parameters()) out.push_back(p.detach().clone());
+  for (auto& b : t->model().module().buffers()) out.push_back(b.detach().clone());
   return out;
 }
 
@@ -99,28 +101,27 @@ TEST_CASE("a run folder has a deterministic name and holds config, metrics and c
         models::run_name(parse(tiny_job(dir.path()), {"train.epochs=2", "train.log_every=1"})));
   CHECK(models::run_name(cfg) != models::run_name(parse(tiny_job(dir.path()), {"train.epochs=3"})));
   Quiet q;
-  auto run = actors::run_training(cfg, {}, q);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
-  CHECK(run->filename().string() == models::run_name(cfg));
+  REQUIRE_OK_AND_ASSIGN(auto run, actors::run_training(cfg, {}, q));
+  CHECK(run.filename().string() == models::run_name(cfg));
   for (const char* f : {"config.json", "split.json", "metrics.jsonl", "last.pt", "best.pt"})
-    CHECK_MESSAGE(std::filesystem::exists(*run / f), f);
+    CHECK_MESSAGE(std::filesystem::exists(run / f), f);
   // split.json: the 5 cases, 1 held out, no case on both sides, the same as split_cases gives.
   {
-    std::ifstream sf(*run / "split.json");
+    std::ifstream sf(run / "split.json");
     auto split = nlohmann::json::parse(sf);
     REQUIRE(split["val"].size() == 1);
     REQUIRE(split["train"].size() == 4);
     for (const auto& t : split["train"]) CHECK(t != split["val"][0]);
-    auto index = pipeline::scan_dataset(dir / "data");
-    REQUIRE(index.is_ok());
-    CHECK(split["val"][0].get<std::string>() == actors::split_cases(index->cases, cfg).val.at(0).id);
+    REQUIRE_OK_AND_ASSIGN(auto index, pipeline::scan_dataset(dir / "data"));
+    CHECK(split["val"][0].get<std::string>() ==
+          pipeline::split_cases(index.cases, models::split_options(cfg)).val.at(0).id);
   }
   REQUIRE(q.epochs.size() == 2);
   CHECK(std::isfinite(q.epochs[0].loss));
   REQUIRE(q.validations.size() == 1);
   CHECK(q.validations[0].dice_per_class.size() == 4);
   // metrics.jsonl: an epoch record per epoch and the validation
-  std::ifstream f(*run / "metrics.jsonl");
+  std::ifstream f(run / "metrics.jsonl");
   int epochs = 0, vals = 0;
   for (std::string line; std::getline(f, line);) {
     auto j = nlohmann::json::parse(line);
@@ -133,7 +134,7 @@ TEST_CASE("a run folder has a deterministic name and holds config, metrics and c
   auto tb = segflow::testing::run_command(
       segflow::testing::shell_quote(segflow::testing::python()) + " " +
       segflow::testing::shell_quote(segflow::testing::source_path("tests/tools/tb_read.py").string()) + " " +
-      segflow::testing::shell_quote((*run / "tb").string()) + " 2>/dev/null");
+      segflow::testing::shell_quote((run / "tb").string()) + " 2>/dev/null");
   REQUIRE_MESSAGE(tb.exit_code == 0, tb.out);
   auto scalars = nlohmann::json::parse(tb.out);
   for (std::string tag :
@@ -146,7 +147,7 @@ TEST_CASE("a run folder has a deterministic name and holds config, metrics and c
   CHECK(scalars["val/mean_dice"][0][1].get<double>() ==
         doctest::Approx(q.validations[0].mean_dice).epsilon(1e-5));
   // progress.svg: redrawn after each epoch, with one point per epoch on the loss curve.
-  std::ifstream svg(*run / "progress.svg");
+  std::ifstream svg(run / "progress.svg");
   std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
   CHECK(text.rfind("<svg", 0) == 0);
   CHECK(text.find("train loss (last") != std::string::npos);
@@ -158,25 +159,21 @@ TEST_CASE("training 2N epochs equals N epochs plus a resume for N more, weight f
   // One run of 4 epochs.
   auto full = parse(tiny_job(dir.path()));
   Quiet q1;
-  auto r1 = actors::run_training(full, {.run_dir = dir.path() / "full"}, q1);
-  REQUIRE_MESSAGE(r1.is_ok(), r1.status().message());
+  REQUIRE_OK(actors::run_training(full, {.run_dir = dir.path() / "full"}, q1));
   // 2 epochs, then resume from last.pt for 2 more (the config says 4 epochs, as after a crash).
   auto half = parse(tiny_job(dir.path()), {"train.epochs=2"});
   Quiet q2;
-  auto r2 = actors::run_training(half, {.run_dir = dir.path() / "split"}, q2);
-  REQUIRE_MESSAGE(r2.is_ok(), r2.status().message());
+  REQUIRE_OK(actors::run_training(half, {.run_dir = dir.path() / "split"}, q2));
   // A crash: epoch 2 runs and logs, but the process dies before its checkpoint is kept.
   const auto split = dir.path() / "split";
   std::filesystem::copy_file(split / "last.pt", dir / "epoch2.pt");
   Quiet lost;
-  auto crashed = actors::run_training(parse(tiny_job(dir.path()), {"train.epochs=3"}),
-                                      {.resume = split / "last.pt", .run_dir = split}, lost);
-  REQUIRE_MESSAGE(crashed.is_ok(), crashed.status().message());
+  REQUIRE_OK(actors::run_training(parse(tiny_job(dir.path()), {"train.epochs=3"}),
+                                  {.resume = split / "last.pt", .run_dir = split}, lost));
   std::filesystem::copy_file(dir / "epoch2.pt", split / "last.pt",
                              std::filesystem::copy_options::overwrite_existing);
   Quiet q3;
-  auto r3 = actors::run_training(full, {.resume = split / "last.pt", .run_dir = split}, q3);
-  REQUIRE_MESSAGE(r3.is_ok(), r3.status().message());
+  REQUIRE_OK(actors::run_training(full, {.resume = split / "last.pt", .run_dir = split}, q3));
   REQUIRE(q3.epochs.size() == 2);
   CHECK(q3.epochs[0].epoch == 2);
   // The resumed run's outputs hold every epoch once, with the losses of the uninterrupted run.
@@ -216,9 +213,8 @@ TEST_CASE("training 2N epochs equals N epochs plus a resume for N more, weight f
     CHECK(torch::equal(a[i], b[i]));
   }
   // and the weights did change from the initial ones (training happened)
-  auto init = models::Trainer::create(full, c10::Device(c10::kCPU));
-  REQUIRE(init.is_ok());
-  CHECK_FALSE(torch::equal((*init)->model().module().parameters()[0], a[0]));
+  REQUIRE_OK_AND_ASSIGN(auto init, models::Trainer::create(full, c10::Device(c10::kCPU)));
+  CHECK_FALSE(torch::equal(init->model().module().parameters()[0], a[0]));
 }
 
 TEST_CASE("a corrupt checkpoint is refused with a message naming the file") {
@@ -235,17 +231,15 @@ TEST_CASE("segflow infer writes a label map in the geometry of the input volume"
   TempDir dir("infer");
   auto cfg = parse(tiny_job(dir.path()), {"train.epochs=1"});
   Quiet q;
-  auto run = actors::run_training(cfg, {}, q);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto run, actors::run_training(cfg, {}, q));
   const auto input = dir.path() / "data" / "imagesTr" / "case_002_0000.nii.gz";  // oblique case
   models::InferOptions o{
-      .checkpoint = *run / "last.pt", .input = input, .output = dir.path() / "seg.nii.gz", .device = "cpu"};
-  auto r = models::run_inference(o);
-  REQUIRE_MESSAGE(r.is_ok(), r.status().message());
+      .checkpoint = run / "last.pt", .input = input, .output = dir.path() / "seg.nii.gz", .device = "cpu"};
+  REQUIRE_OK(models::run_inference(o));
   auto in = pipeline::read_image(input);
   auto out = pipeline::read_image(dir.path() / "seg.nii.gz");
-  REQUIRE(in.is_ok());
-  REQUIRE(out.is_ok());
+  REQUIRE_OK(in);
+  REQUIRE_OK(out);
   CHECK(out->size() == in->size());
   CHECK(geometry_close(out->geometry, in->geometry, 1e-4));
   CHECK(out->voxels.max().item<int>() <= 4);
@@ -271,34 +265,23 @@ namespace {
 /// 48^3 at their own spacing, 32^3 crops (3 foreground-centred to 1 background), AdamW with
 /// a cosine schedule; 60 epochs of 13 steps (about 70 s on 2 cores).
 std::string dice_job(const std::filesystem::path& dir) {
-  return "name: e2e-unet3d\n"
-         "seed: 0\n"
-         "data:\n"
-         "  root: " +
-         (dir / "data").string() +
-         "\n"
-         "  synth: {cases: 16, size: 48, format: nifti, seed: 1}\n"
-         "  val_cases: 3\n"
-         "  num_classes: 5\n"
-         "stages:\n"
-         "  - name: load\n"
-         "  - name: scale_intensity_range\n"
-         "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n"
-         "  - name: fg_bg_indices\n"
-         "  - name: rand_crop_pos_neg\n"
-         "    options: {spatial_size: [32, 32, 32], pos: 3, neg: 1, num_samples: 4}\n"
-         "  - name: rand_flip\n"
-         "    options: {prob: 0.5, spatial_axis: [0]}\n"
-         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [8, 16, 32, 64], "
-         "strides: [2, 2, 2], num_res_units: 1, norm: batch}\n"
-         "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-         "optimizer: {name: adamw, lr: 0.005, weight_decay: 0.00001}\n"
-         "schedule: {name: cosine, warmup_steps: 10}\n"
-         "train: {epochs: 60, batch_size: 4, device: cpu, val_interval: 10, checkpoint_interval: 10, loader: "
-         "actors}\n"
-         "validation: {roi_size: [32, 32, 32], overlap: 0.25, mode: gaussian, sw_batch_size: 4}\n"
-         "output: {runs_dir: " +
-         (dir / "runs").string() + "}\n";
+  testing::JobYaml job;
+  job.name = "e2e-unet3d";
+  job.seed = "0";
+  job.root = dir / "data";
+  job.synth = "{cases: 16, size: 48, format: nifti, seed: 1}";
+  job.val_cases = "3";
+  job.stages = {testing::kLoadStage, testing::kCtWindowStage, testing::kFgBgStage,
+                testing::crop_stage("[32, 32, 32]", 3, 1, 4), testing::kFlipXStage};
+  job.model =
+      testing::unet3d(5, "channels: [8, 16, 32, 64], strides: [2, 2, 2], num_res_units: 1, norm: batch");
+  job.optimizer = "{name: adamw, lr: 0.005, weight_decay: 0.00001}";
+  job.schedule = "{name: cosine, warmup_steps: 10}";
+  job.epochs = 60;
+  job.train = "batch_size: 4, device: cpu, val_interval: 10, checkpoint_interval: 10, loader: actors";
+  job.validation = "{roi_size: [32, 32, 32], overlap: 0.25, mode: gaussian, sw_batch_size: 4}";
+  job.runs_dir = dir / "runs";
+  return job.yaml();
 }
 }  // namespace
 
@@ -308,8 +291,7 @@ TEST_CASE(
   TempDir dir("dice3d");
   auto cfg = parse(dice_job(dir.path()));
   Quiet q;
-  auto run = actors::run_training(cfg, {}, q);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto run, actors::run_training(cfg, {}, q));
   REQUIRE(q.validations.size() == 6);
   CHECK(q.failures == 0);
   // Loss goes down, Dice goes up; the best validation is what best.pt holds.
@@ -324,7 +306,7 @@ TEST_CASE(
   for (double d : best.dice_per_class) CHECK(d > 0.85);
   CHECK(q.validations.back().mean_dice > 0.85);  // and it stays there
   // The best validation was saved separately.
-  CHECK(std::filesystem::exists(*run / "best.pt"));
+  CHECK(std::filesystem::exists(run / "best.pt"));
 }
 
 // The recipe's full run (100 epochs, best validation Dice 0.87) is a figure in README and
@@ -332,14 +314,13 @@ TEST_CASE(
 TEST_CASE("the shipped box-prompted SAM recipe learns: validation Dice climbs from nothing within 24 epochs" *
           doctest::test_suite("serial")) {
   TempDir dir("sam2d");
-  auto cfg = models::load_job_config(
-      segflow::testing::source_path("configs/medsam-box2d.yaml"),
-      {"data.root=" + (dir.path() / "data").string(), "output.runs_dir=" + (dir.path() / "runs").string(),
-       "train.device=cpu", "train.epochs=24", "train.val_interval=6"});
-  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
+  REQUIRE_OK_AND_ASSIGN(
+      auto cfg, models::load_job_config(segflow::testing::source_path("configs/medsam-box2d.yaml"),
+                                        {"data.root=" + (dir.path() / "data").string(),
+                                         "output.runs_dir=" + (dir.path() / "runs").string(),
+                                         "train.device=cpu", "train.epochs=24", "train.val_interval=6"}));
   Quiet q;
-  auto run = actors::run_training(*cfg, {}, q);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto run, actors::run_training(cfg, {}, q));
   REQUIRE(q.validations.size() == 4);
   CHECK(q.failures == 0);
   CHECK(q.epochs.back().loss < 0.7 * q.epochs.front().loss);
@@ -351,24 +332,24 @@ TEST_CASE("the shipped box-prompted SAM recipe learns: validation Dice climbs fr
           << q.epochs.front().loss << " -> " << q.epochs.back().loss);
   CHECK(best.mean_dice > q.validations.front().mean_dice + 0.25);
   CHECK(best.mean_dice > 0.45);
-  CHECK(std::filesystem::exists(*run / "best.pt"));
+  CHECK(std::filesystem::exists(run / "best.pt"));
 }
 
 TEST_CASE("a synthesised dataset is made again when data.synth changes, and a user's folder never is") {
   TempDir dir("resynth");
   auto cfg = parse(tiny_job(dir.path()));
-  REQUIRE(actors::ensure_dataset(cfg).is_ok());
+  REQUIRE_OK(actors::ensure_dataset(cfg));
   auto count = [&] {
-    auto idx = pipeline::scan_dataset(cfg.data.root, pipeline::ScanOptions{.validate = false});
-    REQUIRE(idx.is_ok());
-    return idx->cases.size();
+    REQUIRE_OK_AND_ASSIGN(auto idx,
+                          pipeline::scan_dataset(cfg.data.root, pipeline::ScanOptions{.validate = false}));
+    return idx.cases.size();
   };
   CHECK(count() == 5);
   auto more = parse(tiny_job(dir.path()), {"data.synth.cases=6"});
-  REQUIRE(actors::ensure_dataset(more).is_ok());
+  REQUIRE_OK(actors::ensure_dataset(more));
   CHECK(count() == 6);
   // Without the marker the folder is the user's: left alone whatever data.synth says.
   std::filesystem::remove(std::filesystem::path(cfg.data.root) / ".segflow-synth.json");
-  REQUIRE(actors::ensure_dataset(cfg).is_ok());
+  REQUIRE_OK(actors::ensure_dataset(cfg));
   CHECK(count() == 6);
 }

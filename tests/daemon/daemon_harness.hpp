@@ -1,14 +1,7 @@
 #pragma once
-// Test harness for the daemon suite: the real segflowd as a child process (killed when the
-// guard dies, whatever happened), ZeroMQ request and subscription helpers, polling with
+// Test harness for the daemon suite: the real segflowd as a child process (tests/child_process.hpp:
+// killed when the guard dies, whatever happened), ZeroMQ request and subscription helpers, polling with
 // generous timeouts (the test machine is slow under load), and a tiny training job.
-
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <doctest/doctest.h>
 #include <zmq.hpp>
@@ -26,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "job_yaml.hpp"
 #include "test_util.hpp"
 
 namespace segflow::testing::daemon {
@@ -45,77 +39,12 @@ inline zmq::context_t& zmq_context() {
   return ctx;
 }
 
-/// A running segflowd; SIGKILLed and reaped on destruction unless it already exited.
-class DaemonProcess {
- public:
-  DaemonProcess(const std::vector<std::string>& args, const fs::path& log) : log_(log) {
-    std::vector<std::string> all = {segflowd_bin()};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const std::string log_path = log.string();
-    pid_ = ::fork();
-    REQUIRE_MESSAGE(pid_ >= 0, "fork failed");
-    if (pid_ == 0) {
-      const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-  }
-  ~DaemonProcess() { kill_hard(); }
-  DaemonProcess(const DaemonProcess&) = delete;
-  DaemonProcess& operator=(const DaemonProcess&) = delete;
-
-  pid_t pid() const { return pid_; }
-  bool alive() {
-    if (exited_) return false;
-    int st = 0;
-    const pid_t r = ::waitpid(pid_, &st, WNOHANG);
-    if (r == pid_) {
-      exited_ = true;
-      status_ = st;
-      return false;
-    }
-    return r == 0;
-  }
-  /// Waits for the exit; returns the exit code (128 + signal), or -1 on timeout.
-  int wait_exit(double timeout_s) {
-    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-    while (alive()) {
-      if (std::chrono::steady_clock::now() > end) return -1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
-  }
-  /// kill -9 and reap.
-  void kill_hard() {
-    if (pid_ <= 0 || !alive()) return;
-    ::kill(pid_, SIGKILL);
-    int st = 0;
-    ::waitpid(pid_, &st, 0);
-    exited_ = true;
-    status_ = st;
-  }
-  void signal(int sig) {
-    if (alive()) ::kill(pid_, sig);
-  }
-  /// The last `n` bytes of its log.
-  std::string log_tail(std::size_t n = 6000) const {
-    std::string s = read_file(log_);
-    return s.size() > n ? s.substr(s.size() - n) : s;
-  }
-
- private:
-  fs::path log_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int status_ = 0;
-};
+/// segflowd started with `args`, its output appended to `log`.
+inline ChildProcess start_segflowd(const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<std::string> all = {segflowd_bin()};
+  all.insert(all.end(), args.begin(), args.end());
+  return ChildProcess(all, {}, log);
+}
 
 /// A key file's text without surrounding whitespace.
 inline std::string trim_key(const std::string& s) {
@@ -189,7 +118,7 @@ inline json job_status(const std::string& endpoint, std::int64_t id) {
 }
 
 /// Waits for a job to reach `state` (and `extra` to hold); fails with the daemon's log.
-inline json wait_job(DaemonProcess& d, const std::string& endpoint, std::int64_t id, const std::string& state,
+inline json wait_job(ChildProcess& d, const std::string& endpoint, std::int64_t id, const std::string& state,
                      double timeout_s, const std::function<bool(const json&)>& extra = {}) {
   json last;
   const bool reached = eventually(
@@ -250,21 +179,6 @@ class Events {
   zmq::socket_t s_;
 };
 
-/// A free TCP port on 127.0.0.1 (bound and released).
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t n = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
-
 /// A daemon setup in a temporary folder: config file, data root, state folder.
 struct Setup {
   TempDir dir{"segflowd"};
@@ -281,9 +195,8 @@ struct Setup {
                            "\nrescan_interval_s: 2\nsettle_s: 0.5\nlog_level: info\n" + extra);
   }
   /// Starts segflowd on this config and waits for it to answer ping.
-  std::unique_ptr<DaemonProcess> start(const std::string& log_name = "segflowd.log") const {
-    auto d = std::make_unique<DaemonProcess>(std::vector<std::string>{"--config", config.string()},
-                                             dir / log_name);
+  std::unique_ptr<ChildProcess> start(const std::string& log_name = "segflowd.log") const {
+    auto d = std::make_unique<ChildProcess>(start_segflowd({"--config", config.string()}, dir / log_name));
     const bool up = eventually(
         [&] {
           REQUIRE_MESSAGE(d->alive(), ("segflowd exited at start:\n" + d->log_tail()));
@@ -298,15 +211,31 @@ struct Setup {
 
 /// The suites' tiny job (tests/test_util.hpp) for `epochs` epochs, logging every step.
 inline std::string tiny_job(const fs::path& data_root, int epochs, const std::string& extra = "") {
-  TinyJob job;
+  JobYaml job;
+  job.root = data_root;
   job.epochs = epochs;
   job.train += ", log_every: 1";
-  return tiny_job_yaml(data_root, job) + extra;
+  job.extra = extra;
+  return job.yaml();
 }
 
-/// Runs `segflow ARGS` (stderr merged).
-inline CommandResult run_segflow(const std::string& args) {
-  return run_command(shell_quote(segflow_bin()) + " " + args + " 2>&1");
+/// A synthetic NIfTI dataset `name` of `cases` 24^3 cases under `root`, made atomically
+/// (written as NAME.partial, then renamed): the watcher sees it appear whole.
+inline void make_dataset(const fs::path& root, const std::string& name, int cases, int seed = 9) {
+  fs::create_directories(root);
+  const fs::path partial = root / (name + ".partial");
+  auto r = run_segflow("synth --cases " + std::to_string(cases) + " --size 24 --format nifti --seed " +
+                       std::to_string(seed) + " --out " + shell_quote(partial.string()));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  fs::rename(partial, root / name);
+}
+
+/// The `datasets` entry of `name` (null when the daemon lists no such dataset).
+inline json dataset_entry(const std::string& control, const std::string& name) {
+  json r = ok(control, {{"cmd", "datasets"}});
+  for (const auto& d : r["datasets"])
+    if (d["name"] == name) return d;
+  return json();
 }
 
 /// The epoch numbers of a run folder's metrics.jsonl epoch records, in file order.

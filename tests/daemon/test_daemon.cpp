@@ -15,23 +15,6 @@ using namespace segflow::testing::daemon;
 
 namespace {
 
-/// Makes a dataset NAME under `root` atomically (written as NAME.partial, then renamed).
-void make_dataset(const fs::path& root, const std::string& name, int cases, int seed = 9) {
-  fs::create_directories(root);
-  const fs::path partial = root / (name + ".partial");
-  auto r = run_segflow("synth --cases " + std::to_string(cases) + " --size 24 --format nifti --seed " +
-                       std::to_string(seed) + " --out " + shell_quote(partial.string()));
-  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
-  fs::rename(partial, root / name);
-}
-
-json dataset_entry(const std::string& control, const std::string& name) {
-  json r = ok(control, {{"cmd", "datasets"}});
-  for (const auto& d : r["datasets"])
-    if (d["name"] == name) return d;
-  return json();
-}
-
 std::int64_t ok_cases(const std::string& control, const std::string& name) {
   json d = dataset_entry(control, name);
   return d.is_null() ? -1 : d["cases"].get<std::int64_t>();
@@ -251,7 +234,7 @@ TEST_CASE("a daemon killed with SIGKILL mid-training resumes the job from its ch
       },
       180);
   REQUIRE_MESSAGE(ckpt.has_value(), d->log_tail());
-  d->kill_hard();  // right after the checkpoint of epoch 2 (or later): mid-epoch
+  d->kill();  // right after the checkpoint of epoch 2 (or later): mid-epoch
   const auto checkpointed = (*ckpt)["epoch"].get<std::int64_t>();
 
   auto d2 = s.start("second.log");
@@ -383,7 +366,7 @@ TEST_CASE("a client without an authorized CURVE key is refused while an authoriz
   const CurveClient mallory{key("server", "public.key"), key("mallory", "public.key"),
                             key("mallory", "secret.key")};
 
-  DaemonProcess d({"--config", s.config.string()}, s.dir / "segflowd.log");
+  ChildProcess d = start_segflowd({"--config", s.config.string()}, s.dir / "segflowd.log");
   REQUIRE_MESSAGE(eventually(
                       [&] {
                         REQUIRE_MESSAGE(d.alive(), d.log_tail());

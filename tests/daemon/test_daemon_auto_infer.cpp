@@ -14,16 +14,6 @@ using namespace segflow::testing::daemon;
 
 namespace {
 
-/// A synthetic MSD dataset NAME under `root` (written aside, then renamed into place).
-void make_dataset(const fs::path& root, const std::string& name, int cases, int seed) {
-  fs::create_directories(root);
-  const fs::path partial = root / (name + ".partial");
-  auto r = run_segflow("synth --cases " + std::to_string(cases) + " --size 24 --format nifti --seed " +
-                       std::to_string(seed) + " --out " + shell_quote(partial.string()));
-  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
-  fs::rename(partial, root / name);
-}
-
 /// Copies `from` to `to` through a file outside the watched folder and a rename, as a
 /// transfer tool would (the watcher sees one complete file appear).
 void drop_file(const fs::path& aside, const fs::path& from_or_empty, const std::string& text,
@@ -159,7 +149,7 @@ TEST_CASE("a bad auto_infer entry stops segflowd at start with a message naming 
     CAPTURE(yaml_entry);
     s.write_config("auto_infer:\n" + entry);
     const fs::path log = s.dir / ("bad" + std::to_string(n++) + ".log");
-    DaemonProcess d({"--config", s.config.string()}, log);
+    ChildProcess d = start_segflowd({"--config", s.config.string()}, log);
     CHECK(d.wait_exit(60) == 2);  // segflowd: 2 = bad config
     CHECK_MESSAGE(d.log_tail().find(message) != std::string::npos, d.log_tail());
   }

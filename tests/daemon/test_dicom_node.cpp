@@ -2,9 +2,7 @@
 // Debian's dcmtk package, and (for a peer that stalls or is killed in the middle of an
 // association) DCMTK's DcmSCU in a child process. What arrived is read back with pydicom
 // (tests/tools/dicom_instances.py), not with segflow's reader.
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <dcmtk/config/osconfig.h>
@@ -22,61 +20,18 @@
 #include <random>
 #include <set>
 
-#include "actors/daemon/daemon_config.hpp"
-#include "actors/daemon/dicom_sender.hpp"
-#include "actors/daemon/state_db.hpp"
+#include "daemon/config.hpp"
 #include "daemon/daemon_harness.hpp"
+#include "daemon/dicom/sender.hpp"
+#include "daemon/state_db.hpp"
+#include "dicom_test_data.hpp"
 
 using namespace segflow::testing;
 using namespace segflow::testing::daemon;
 
-extern char** environ;
-
 namespace {
 
 constexpr const char* kPeerEntry = "dicom_peer";
-
-/// A child process (argv[0] looked up on PATH), with extra environment variables; SIGKILLed
-/// and reaped on destruction.
-class Child {
- public:
-  Child(const std::vector<std::string>& args, const std::vector<std::string>& env, const fs::path& log) {
-    std::vector<std::string> a = args, e;
-    for (char** p = environ; *p; ++p) e.emplace_back(*p);
-    e.insert(e.end(), env.begin(), env.end());
-    std::vector<char*> argv, envp;
-    for (auto& s : a) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    for (auto& s : e) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    const std::string log_path = log.string();
-    pid_ = ::fork();
-    REQUIRE_MESSAGE(pid_ >= 0, "fork failed");
-    if (pid_ == 0) {
-      const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-      ::execvpe(argv[0], argv.data(), envp.data());
-      ::_exit(127);
-    }
-  }
-  ~Child() { kill(); }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  void kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    int st = 0;
-    ::waitpid(pid_, &st, 0);
-    pid_ = -1;
-  }
-  bool alive() const { return pid_ > 0 && ::waitpid(pid_, nullptr, WNOHANG) == 0; }
-
- private:
-  pid_t pid_ = -1;
-};
 
 /// A DICOM peer in a child process (SEGFLOW_TEST_CHILD=dicom_peer): DcmSCU as MODALITY sends
 /// the files listed in $DICOM_PEER_FILES to SEGFLOW on 127.0.0.1:$DICOM_PEER_PORT, writes
@@ -182,15 +137,8 @@ json instances(const std::vector<fs::path>& paths) {
 json dicom_reply(const std::string& control) { return ok(control, {{"cmd", "dicom"}}); }
 json node_stats(const std::string& control) { return dicom_reply(control)["node"]; }
 
-json dataset_entry(const std::string& control, const std::string& name) {
-  json r = ok(control, {{"cmd", "datasets"}});
-  for (const auto& d : r["datasets"])
-    if (d["name"] == name) return d;
-  return json();
-}
-
 /// Waits until `pred(datasets entry of "incoming")` holds; fails with the daemon's log.
-json wait_incoming(DaemonProcess& d, const std::string& control, const std::function<bool(const json&)>& pred,
+json wait_incoming(ChildProcess& d, const std::string& control, const std::function<bool(const json&)>& pred,
                    const std::string& what, double timeout_s = 30) {
   json last;
   const bool ok_ = eventually(
@@ -205,7 +153,7 @@ json wait_incoming(DaemonProcess& d, const std::string& control, const std::func
 }
 
 /// Waits until the node's stats satisfy `pred`.
-json wait_node(DaemonProcess& d, const std::string& control, const std::function<bool(const json&)>& pred,
+json wait_node(ChildProcess& d, const std::string& control, const std::function<bool(const json&)>& pred,
                const std::string& what, double timeout_s = 30) {
   json last;
   const bool ok_ = eventually(
@@ -244,18 +192,17 @@ std::vector<std::string> names_in(const fs::path& dir) {
 }
 
 /// Starts the DICOM peer child; returns once it sent its files (or fails).
-std::unique_ptr<Child> start_peer(const Setup& s, int port, const std::vector<fs::path>& files,
-                                  const std::string& tag) {
+std::unique_ptr<ChildProcess> start_peer(const Setup& s, int port, const std::vector<fs::path>& files,
+                                         const std::string& tag) {
   const fs::path list = s.dir / (tag + ".files"), ready = s.dir / (tag + ".ready");
   std::string text;
   for (const auto& f : files) text += f.string() + "\n";
   write_file(list, text);
-  auto child = std::make_unique<Child>(
-      std::vector<std::string>{"/proc/self/exe"},
-      std::vector<std::string>{std::string("SEGFLOW_TEST_CHILD=") + kPeerEntry,
-                               "DICOM_PEER_PORT=" + std::to_string(port), "DICOM_PEER_FILES=" + list.string(),
-                               "DICOM_PEER_READY=" + ready.string()},
-      s.dir / (tag + ".log"));
+  auto child = std::make_unique<ChildProcess>(
+      start_child_entry(kPeerEntry,
+                        {"DICOM_PEER_PORT=" + std::to_string(port), "DICOM_PEER_FILES=" + list.string(),
+                         "DICOM_PEER_READY=" + ready.string()},
+                        ChildOutput::log, s.dir / (tag + ".log")));
   const bool sent = eventually([&] { return fs::exists(ready); }, 30);
   REQUIRE_MESSAGE(sent, ("the DICOM peer did not send its files: " + read_file(s.dir / (tag + ".log"))));
   CHECK(read_file(ready) == "sent " + std::to_string(files.size()));
@@ -265,7 +212,7 @@ std::unique_ptr<Child> start_peer(const Setup& s, int port, const std::vector<fs
 }  // namespace
 
 TEST_CASE("the dicom section of the daemon config is checked key by key") {
-  using segflow::actors::daemon::parse_daemon_config;
+  using segflow::daemon::parse_daemon_config;
   auto error = [](const std::string& yaml) {
     auto r = parse_daemon_config(yaml, "daemon.yaml");
     REQUIRE_MESSAGE(!r.is_ok(), ("accepted: " + yaml));
@@ -296,30 +243,30 @@ TEST_CASE("the dicom section of the daemon config is checked key by key") {
       "dicom.send_to.retry_max_s: expected a number >= retry_initial_s");
   has(error("dicom: {colour: blue}"), "dicom.colour: unknown key");
 
-  auto none = parse_daemon_config("log_level: info\n", "daemon.yaml");
-  REQUIRE(none.is_ok());
-  CHECK_FALSE(none->dicom.listening());
-  CHECK_FALSE(none->dicom.send_to.enabled());
-  auto full = parse_daemon_config(
-      "dicom:\n  port: 11112\n  ae_title: ' SEGFLOW '\n  bind: 10.1.2.3\n  allowed_calling_aes: [CT1, MR2]\n"
-      "  max_associations: 2\n  send_to: {ae_title: PACS, host: pacs.local, port: 104}\n",
-      "daemon.yaml");
-  REQUIRE_MESSAGE(full.is_ok(), full.status().message());
-  CHECK(full->dicom.listening());
-  CHECK(full->dicom.ae_title == "SEGFLOW");
-  CHECK(full->dicom.bind_address == "10.1.2.3");
-  CHECK(full->dicom.allowed_calling_aes == std::vector<std::string>{"CT1", "MR2"});
-  CHECK(full->dicom.max_associations == 2);
-  CHECK(full->dicom.send_to.port == 104);
+  REQUIRE_OK_AND_ASSIGN(auto none, parse_daemon_config("log_level: info\n", "daemon.yaml"));
+  CHECK_FALSE(none.dicom.listening());
+  CHECK_FALSE(none.dicom.send_to.enabled());
+  REQUIRE_OK_AND_ASSIGN(
+      auto full,
+      parse_daemon_config("dicom:\n  port: 11112\n  ae_title: ' SEGFLOW '\n  bind: 10.1.2.3\n  "
+                          "allowed_calling_aes: [CT1, MR2]\n"
+                          "  max_associations: 2\n  send_to: {ae_title: PACS, host: pacs.local, port: 104}\n",
+                          "daemon.yaml"));
+  CHECK(full.dicom.listening());
+  CHECK(full.dicom.ae_title == "SEGFLOW");
+  CHECK(full.dicom.bind_address == "10.1.2.3");
+  CHECK(full.dicom.allowed_calling_aes == std::vector<std::string>{"CT1", "MR2"});
+  CHECK(full.dicom.max_associations == 2);
+  CHECK(full.dicom.send_to.port == 104);
 
   // Back-off: the initial delay doubles per failed attempt, up to the maximum.
-  segflow::actors::daemon::DicomDestination d;
+  segflow::daemon::dicom::DicomDestination d;
   d.retry_initial_s = 5;
   d.retry_max_s = 600;
-  CHECK(segflow::actors::daemon::retry_delay_s(d, 1) == doctest::Approx(5));
-  CHECK(segflow::actors::daemon::retry_delay_s(d, 2) == doctest::Approx(10));
-  CHECK(segflow::actors::daemon::retry_delay_s(d, 4) == doctest::Approx(40));
-  CHECK(segflow::actors::daemon::retry_delay_s(d, 9) == doctest::Approx(600));
+  CHECK(segflow::daemon::dicom::retry_delay_s(d, 1) == doctest::Approx(5));
+  CHECK(segflow::daemon::dicom::retry_delay_s(d, 2) == doctest::Approx(10));
+  CHECK(segflow::daemon::dicom::retry_delay_s(d, 4) == doctest::Approx(40));
+  CHECK(segflow::daemon::dicom::retry_delay_s(d, 9) == doctest::Approx(600));
 }
 
 TEST_CASE("segflowd does not start when its DICOM port is taken, and says which key") {
@@ -334,7 +281,7 @@ TEST_CASE("segflowd does not start when its DICOM port is taken, and says which 
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
   const int port = ntohs(a.sin_port);
   s.write_config(dicom_section(port));
-  DaemonProcess d({"--config", s.config.string()}, s.dir / "segflowd.log");
+  ChildProcess d = start_segflowd({"--config", s.config.string()}, s.dir / "segflowd.log");
   CHECK(d.wait_exit(60) == 1);
   const std::string log = d.log_tail();
   INFO(log);
@@ -425,22 +372,17 @@ TEST_CASE("series pushed with storescu become indexed cases, byte for byte, and 
   CHECK(names_in(s.data / ".segflow-dicom").empty());
 
   // A tiny job trains on the received dataset.
-  const std::string job =
-      "name: from-pacs\nseed: 3\ndata:\n  root: " + (s.data / "incoming").string() +
-      "\n  val_cases: 1\n  num_classes: 5\nstages:\n  - name: load\n  - name: resample\n"
-      "    options: {spacing: [2.5, 2.5, 3.0]}\n  - name: scale_intensity_range\n"
-      "    options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: 1.0, clip: true}\n  - name: fg_bg_indices\n"
-      "  - name: rand_crop_pos_neg\n    options: {spatial_size: [16, 16, 16], pos: 1, neg: 1, num_samples: "
-      "2}\n"
-      "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 5, channels: [4, 8, 16], "
-      "strides: [2, 2], num_res_units: 1, norm: batch}\n"
-      "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\noptimizer: {name: adam, lr: 0.01}\n"
-      "schedule: {name: constant}\n"
-      "train: {epochs: 2, batch_size: 2, device: cpu, val_interval: 1, checkpoint_interval: 1, loader: "
-      "simple, "
-      "threads: 1, log_every: 1}\n"
-      "validation: {roi_size: [16, 16, 16], overlap: 0.25, sw_batch_size: 2}\n";
-  json started = ok(s.control, {{"cmd", "start"}, {"config", job}, {"file", "from-pacs.yaml"}});
+  JobYaml job;
+  job.name = "from-pacs";
+  job.root = s.data / "incoming";
+  job.synth = "";
+  job.stages.pop_back();  // no rand_flip
+  job.model = unet3d(5, "channels: [4, 8, 16], strides: [2, 2], num_res_units: 1, norm: batch");
+  job.epochs = 2;
+  job.train =
+      "batch_size: 2, device: cpu, val_interval: 1, checkpoint_interval: 1, loader: simple, threads: 1, "
+      "log_every: 1";
+  json started = ok(s.control, {{"cmd", "start"}, {"config", job.yaml()}, {"file", "from-pacs.yaml"}});
   const std::int64_t id = started["job"].get<std::int64_t>();
   CHECK(started["dataset"] == "incoming");
   json done = wait_job(*d, s.control, id, "completed", 120);
@@ -490,7 +432,7 @@ TEST_CASE("a SEG pushed after its series becomes the case's label, and a newer S
                           shell_quote(seg2.string()) + " 4 2>&1");
   REQUIRE_MESSAGE(made.exit_code == 0, made.out);
   const std::string seg2_uid = json::parse(made.out)["sop_instance"];
-  const double before = segflow::actors::daemon::StateDb::now();
+  const double before = segflow::daemon::StateDb::now();
   r = storescu(port, {seg2});
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   wait_node(
@@ -521,7 +463,7 @@ TEST_CASE("compressed and enhanced instances from real files are accepted and st
   const int port = free_port();
   s.write_config(dicom_section(port));
   auto d = s.start();
-  auto real = [](const char* name) { return testdata_path(std::string("pydicom-data/") + name); };
+  auto real = [](const char* name) { return pydicom_data_path(name); };
   // storescu proposes one compressed transfer syntax per run (-xv JPEG 2000 lossless, -xr
   // RLE) beside the uncompressed ones; the node prefers the lossless compressed one.
   const std::vector<std::pair<std::string, std::vector<fs::path>>> pushes = {
@@ -661,7 +603,7 @@ TEST_CASE("garbage bytes, a silent connection and an unsupported SOP class leave
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
 
   // An RT Structure Set is no class the node stores: the association is refused.
-  auto r = storescu(port, {"/usr/lib/python3/dist-packages/pydicom/data/test_files/rtstruct.dcm"});
+  auto r = storescu(port, {debian_pydicom_path("rtstruct.dcm")});
   CHECK(r.exit_code != 0);
   CHECK_MESSAGE(r.out.find("Association Rejected") != std::string::npos, r.out);
 
@@ -723,11 +665,11 @@ TEST_CASE(
   CHECK(send["state"] == "queued");
   CHECK(send["last_error"].get<std::string>().find("association with RECEIVER@127.0.0.1:" +
                                                    std::to_string(dest)) != std::string::npos);
-  segflow::actors::daemon::DicomDestination dd;
+  segflow::daemon::dicom::DicomDestination dd;
   dd.retry_initial_s = 0.2;
   dd.retry_max_s = 0.8;
   CHECK(send["next_attempt"].get<double>() - send["updated"].get<double>() ==
-        doctest::Approx(segflow::actors::daemon::retry_delay_s(dd, send["attempts"].get<std::int64_t>()))
+        doctest::Approx(segflow::daemon::dicom::retry_delay_s(dd, send["attempts"].get<std::int64_t>()))
             .epsilon(0.05));
 
   // The queue survives a restart; once a storescp listens, the file gets there.
@@ -736,8 +678,8 @@ TEST_CASE(
   d.reset();
   const fs::path received = s.dir / "received";
   fs::create_directories(received);
-  Child scp({"storescp", "-aet", "RECEIVER", "-od", received.string(), std::to_string(dest)}, {},
-            s.dir / "storescp.log");
+  ChildProcess scp({"storescp", "-aet", "RECEIVER", "-od", received.string(), std::to_string(dest)}, {},
+                   s.dir / "storescp.log");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   d = s.start("segflowd2.log");
   const bool delivered = eventually(

@@ -5,14 +5,14 @@
 // object with a boolean "ok", and an error must say what was wrong.
 #include <system_error>
 
-#include "actors/daemon/control.hpp"
-#include "actors/daemon/dataset_watcher.hpp"
-#include "actors/daemon/job_manager.hpp"
-#include "actors/daemon/state_db.hpp"
+#include "daemon/control.hpp"
+#include "daemon/dataset_watcher.hpp"
+#include "daemon/job_manager.hpp"
+#include "daemon/state_db.hpp"
 #include "fuzz_target.hpp"
 #include "pipeline/stage_registry.hpp"
 
-namespace sd = segflow::actors::daemon;
+namespace sd = segflow::daemon;
 
 SEGFLOW_FUZZ_TARGET(control) {
   static const pipeline::StageRegistry registry = pipeline::builtin_registry();

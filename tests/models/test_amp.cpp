@@ -16,6 +16,7 @@
 #include "models/optim.hpp"
 #include "models/trainer.hpp"
 #include "pipeline/staged_source.hpp"
+#include "test_util.hpp"
 #include "train_helpers.hpp"
 
 using namespace segflow;
@@ -53,21 +54,18 @@ void check_autocast_forward_backward(Trainer& t, const Batch& b) {
 /// The common check: autocast forward/backward, then `steps` bf16 training steps whose loss
 /// falls (mean of the last two below 0.9 x the first) with no step skipped.
 void check_trains_under_bf16(const JobConfig& cfg, const Batch& b, std::int64_t steps) {
-  auto t = Trainer::create(cfg, c10::Device(c10::kCPU));
-  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
-  check_autocast_forward_backward(**t, b);
+  REQUIRE_OK_AND_ASSIGN(auto t, Trainer::create(cfg, c10::Device(c10::kCPU)));
+  check_autocast_forward_backward(*t, b);
   EpochInfo ep;
-  auto losses = train_steps(**t, b, steps, &ep);
+  auto losses = train_steps(*t, b, steps, &ep);
   REQUIRE(losses.size() == static_cast<std::size_t>(steps));
   for (double l : losses) CHECK(std::isfinite(l));
   const double last = (losses[losses.size() - 1] + losses[losses.size() - 2]) / 2;
   INFO("first loss ", losses.front(), ", last two ", losses[losses.size() - 2], " ", losses.back());
   CHECK(last < 0.9 * losses.front());
   CHECK(ep.skipped_steps == 0);
-  for (const auto& p : (*t)->parameters()) CHECK(torch::isfinite(p).all().item<bool>());
+  for (const auto& p : t->parameters()) CHECK(torch::isfinite(p).all().item<bool>());
 }
-
-const char* kDiceCe = "{name: dice_ce, to_onehot_y: true, softmax: true}";
 
 }  // namespace
 
@@ -142,15 +140,14 @@ TEST_CASE(
       job("{name: unet, spatial_dims: 3, in_channels: 1, out_channels: 3, channels: [4, 8], strides: [2], "
           "num_res_units: 1, norm: batch}",
           kDiceCe, "bf16", "{name: sgd, lr: 0.1, momentum: 0.9}");
-  auto t = Trainer::create(cfg, c10::Device(c10::kCPU));
-  REQUIRE(t.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto t, Trainer::create(cfg, c10::Device(c10::kCPU)));
   Batch good = segmentation_batch({8, 8, 8});
-  train_steps(**t, good, 1);  // momentum to protect
+  train_steps(*t, good, 1);  // momentum to protect
   std::vector<at::Tensor> before;
-  for (const auto& p : (*t)->parameters()) before.push_back(p.detach().clone());
+  for (const auto& p : t->parameters()) before.push_back(p.detach().clone());
   const TensorMap state_before = [&] {
     TensorMap m;
-    for (const auto& [k, v] : (*t)->optimizer().state()) m.emplace(k, v.clone());
+    for (const auto& [k, v] : t->optimizer().state()) m.emplace(k, v.clone());
     return m;
   }();
   Batch bad = good;
@@ -158,28 +155,27 @@ TEST_CASE(
   bad.tensors["image"].view(-1)[5] = std::numeric_limits<float>::infinity();  // NaN gradients follow
   pipeline::StagedBatchSource src({bad}, 1);
   Steps obs;
-  auto ep = (*t)->train_epoch(src, 1, obs);
-  REQUIRE_MESSAGE(ep.is_ok(), ep.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto ep, t->train_epoch(src, 1, obs));
   REQUIRE(obs.steps.size() == 1);
   CHECK(obs.steps[0].logged);
   CHECK(obs.steps[0].skipped);
   CHECK(obs.steps[0].skipped_steps == 1);
-  CHECK(ep->skipped_steps == 1);
-  CHECK((*t)->state().skipped_steps == 1);
-  CHECK((*t)->state().step == 2);  // a skipped step still counts as a step
+  CHECK(ep.skipped_steps == 1);
+  CHECK(t->state().skipped_steps == 1);
+  CHECK(t->state().step == 2);  // a skipped step still counts as a step
   CHECK(obs.steps[0].loss_scale == 1.0);
-  for (std::size_t i = 0; i < before.size(); ++i) CHECK(torch::equal((*t)->parameters()[i], before[i]));
-  for (const auto& [k, v] : (*t)->optimizer().state()) {
+  for (std::size_t i = 0; i < before.size(); ++i) CHECK(torch::equal(t->parameters()[i], before[i]));
+  for (const auto& [k, v] : t->optimizer().state()) {
     const auto& key = k;  // clang 14 cannot capture a structured binding
     CAPTURE(key);
     CHECK(torch::equal(v, state_before.at(k)));
   }
   // The next finite step trains again.
   EpochInfo next;
-  train_steps(**t, good, 1, &next);
+  train_steps(*t, good, 1, &next);
   CHECK(next.skipped_steps == 0);
-  CHECK((*t)->state().skipped_steps == 1);
-  CHECK_FALSE(torch::equal((*t)->parameters()[0], before[0]));
+  CHECK(t->state().skipped_steps == 1);
+  CHECK_FALSE(torch::equal(t->parameters()[0], before[0]));
 }
 
 TEST_CASE("the training loop reads the device only every log_every steps and at the end of an epoch") {
@@ -187,14 +183,12 @@ TEST_CASE("the training loop reads the device only every log_every steps and at 
       job("{name: unet, spatial_dims: 2, in_channels: 1, out_channels: 3, channels: [4, 8], strides: [2], "
           "num_res_units: 1, norm: batch}",
           kDiceCe, "none", "{name: adam, lr: 0.01}", /*log_every=*/4);
-  auto t = Trainer::create(cfg, c10::Device(c10::kCPU));
-  REQUIRE(t.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto t, Trainer::create(cfg, c10::Device(c10::kCPU)));
   pipeline::StagedBatchSource src({segmentation_batch({16, 16})}, 10);
   Steps obs;
-  auto ep = (*t)->train_epoch(src, 10, obs);
-  REQUIRE(ep.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto ep, t->train_epoch(src, 10, obs));
   REQUIRE(obs.steps.size() == 10);
-  CHECK((*t)->host_reads() == 2 + 1);  // steps 4 and 8, and the epoch's end
+  CHECK(t->host_reads() == 2 + 1);  // steps 4 and 8, and the epoch's end
   for (const auto& s : obs.steps) {
     CAPTURE(s.step);
     CHECK(s.logged == (s.step % 4 == 0));
@@ -204,8 +198,8 @@ TEST_CASE("the training loop reads the device only every log_every steps and at 
   CHECK(obs.steps[4].loss == obs.steps[3].loss);  // repeated until the next read
   CHECK(obs.steps[7].loss != obs.steps[3].loss);
   // The epoch mean covers all 10 steps: steps 1-4 and 5-8 logged their window means.
-  CHECK(std::isfinite(ep->loss));
-  CHECK(ep->loss < obs.steps[3].loss);
+  CHECK(std::isfinite(ep.loss));
+  CHECK(ep.loss < obs.steps[3].loss);
 }
 
 TEST_CASE("a 3D conv on an input shallower than its kernel gets float32-accurate gradients under CPU bf16") {

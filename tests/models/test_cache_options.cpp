@@ -5,26 +5,35 @@
 #include <string>
 #include <vector>
 
+#include "job_yaml.hpp"
 #include "models/job_config.hpp"
+#include "test_util.hpp"
 
 using namespace segflow::models;
 
 namespace {
 
-const char* kJob =
-    "name: cachetest\n"
-    "stages: [load, fg_bg_indices, {name: rand_crop_pos_neg, options: {spatial_size: [8, 8, 8]}}]\n"
-    "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 2, channels: [4, 8], strides: [2]}\n";
+/// A job of stages and a model only (no data, loss, optimizer or train section).
+std::string cache_job() {
+  segflow::testing::JobYaml job;
+  job.name = "cachetest";
+  job.seed = "";
+  job.stages = {"load", "fg_bg_indices",
+                segflow::testing::stage("rand_crop_pos_neg", "{spatial_size: [8, 8, 8]}")};
+  job.model = segflow::testing::unet3d(2, "channels: [4, 8], strides: [2]");
+  job.loss = job.optimizer = job.schedule = job.train = job.validation = "";
+  job.epochs = -1;
+  return job.yaml();
+}
 
 }  // namespace
 
 TEST_CASE("train.cache_dtype and train.cache_device default to exact on the host and are validated") {
-  auto c = parse_job_config(kJob, "job.yaml");
-  REQUIRE_MESSAGE(c.is_ok(), c.status().message());
-  CHECK(c->train.cache_dtype == "exact");
-  CHECK(c->train.cache_device == "cpu");
-  CHECK(c->resolved["train"]["cache_dtype"] == "exact");
-  CHECK(c->resolved["train"]["cache_device"] == "cpu");
+  REQUIRE_OK_AND_ASSIGN(auto c, parse_job_config(cache_job(), "job.yaml"));
+  CHECK(c.train.cache_dtype == "exact");
+  CHECK(c.train.cache_device == "cpu");
+  CHECK(c.resolved["train"]["cache_dtype"] == "exact");
+  CHECK(c.resolved["train"]["cache_device"] == "cpu");
 
   struct Bad {
     std::vector<std::string> set;
@@ -43,23 +52,22 @@ TEST_CASE("train.cache_dtype and train.cache_device default to exact on the host
   };
   for (const auto& b : bad) {
     CAPTURE(b.set.front());
-    auto r = parse_job_config(kJob, "job.yaml", b.set);
+    auto r = parse_job_config(cache_job(), "job.yaml", b.set);
     REQUIRE_FALSE(r.is_ok());
     CHECK(r.status().message() == b.expect);
   }
   for (const char* ok : {"train.cache_dtype=float16", "train.cache_dtype=bfloat16", "train.cache_dtype=none",
                          "train.cache_device=cuda"}) {
     CAPTURE(ok);
-    auto r = parse_job_config(kJob, "job.yaml", {ok});
-    CHECK_MESSAGE(r.is_ok(), r.status().message());
+    auto r = parse_job_config(cache_job(), "job.yaml", {ok});
+    CHECK_OK(r);
   }
 }
 
 TEST_CASE("lossless cache settings keep the run folder name; float16 and bfloat16 change it") {
   auto name_with = [](std::vector<std::string> set) {
-    auto c = parse_job_config(kJob, "job.yaml", set);
-    REQUIRE_MESSAGE(c.is_ok(), c.status().message());
-    return run_name(*c);
+    REQUIRE_OK_AND_ASSIGN(auto c, parse_job_config(cache_job(), "job.yaml", set));
+    return run_name(c);
   };
   const std::string base = name_with({});
   CHECK(name_with({"train.cache_dtype=none"}) == base);

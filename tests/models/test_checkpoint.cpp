@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "job_yaml.hpp"
 #include "models/job_config.hpp"
 #include "models/optim.hpp"
 #include "models/trainer.hpp"
@@ -21,18 +22,17 @@ namespace {
 
 JobConfig unet_job(const std::string& optimizer, const std::string& extra_train = "",
                    const std::string& channels = "[4, 8]") {
-  const std::string yaml =
-      "name: ckpt\nseed: 2\nstages: [load]\n"
-      "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 3, channels: " +
-      channels +
-      ", strides: [2], num_res_units: 1, norm: batch}\n"
-      "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-      "optimizer: " +
-      optimizer + "\nschedule: {name: constant}\ntrain: {epochs: 3, batch_size: 2, device: cpu, threads: 2" +
-      extra_train + "}\n";
-  auto c = parse_job_config(yaml, "ckpt.yaml");
-  REQUIRE_MESSAGE(c.is_ok(), c.status().message());
-  return *c;
+  testing::JobYaml job;
+  job.name = "ckpt";
+  job.seed = "2";
+  job.stages = {"load"};
+  job.model = testing::unet3d(3, "channels: " + channels + ", strides: [2], num_res_units: 1, norm: batch");
+  job.optimizer = optimizer;
+  job.epochs = 3;
+  job.train = "batch_size: 2, device: cpu, threads: 2" + extra_train;
+  job.validation = "";
+  REQUIRE_OK_AND_ASSIGN(auto c, parse_job_config(job.yaml(), "ckpt.yaml"));
+  return c;
 }
 
 Batch batch() {
@@ -48,8 +48,7 @@ Batch batch() {
 void train(Trainer& t, std::int64_t steps) {
   pipeline::StagedBatchSource src({batch()}, steps);
   TrainObserver none;
-  auto ep = t.train_epoch(src, steps, none);
-  REQUIRE_MESSAGE(ep.is_ok(), ep.status().message());
+  REQUIRE_OK(t.train_epoch(src, steps, none));
 }
 
 std::vector<at::Tensor> model_tensors(Trainer& t) {
@@ -66,53 +65,50 @@ TEST_CASE("a checkpoint loads into the trainer's own tensors: values, device, la
   for (const char* opt : {"{name: sgd, lr: 0.1, momentum: 0.9}", "{name: adamw, lr: 0.01}"}) {
     CAPTURE(opt);
     auto cfg = unet_job(opt, ", channels_last: true");
-    auto a = Trainer::create(cfg, c10::Device(c10::kCPU));
-    REQUIRE(a.is_ok());
-    train(**a, 3);
-    (*a)->scaler().load(1.0, 0, 2);  // a run that skipped two steps
-    REQUIRE((*a)->save_checkpoint(dir / "a.pt").is_ok());
+    REQUIRE_OK_AND_ASSIGN(auto a, Trainer::create(cfg, c10::Device(c10::kCPU)));
+    train(*a, 3);
+    a->scaler().load(1.0, 0, 2);  // a run that skipped two steps
+    REQUIRE_OK(a->save_checkpoint(dir / "a.pt"));
 
-    auto b = Trainer::create(cfg, c10::Device(c10::kCPU));
-    REQUIRE(b.is_ok());
+    REQUIRE_OK_AND_ASSIGN(auto b, Trainer::create(cfg, c10::Device(c10::kCPU)));
     std::vector<const void*> impls;
-    for (const auto& t : model_tensors(**b)) impls.push_back(t.unsafeGetTensorImpl());
-    const TensorMap fresh_state = (*b)->optimizer().state();
-    REQUIRE((*b)->load_checkpoint(dir / "a.pt").is_ok());
+    for (const auto& t : model_tensors(*b)) impls.push_back(t.unsafeGetTensorImpl());
+    const TensorMap fresh_state = b->optimizer().state();
+    REQUIRE_OK(b->load_checkpoint(dir / "a.pt"));
 
-    const auto ta = model_tensors(**a), tb = model_tensors(**b);
+    const auto ta = model_tensors(*a), tb = model_tensors(*b);
     REQUIRE(ta.size() == tb.size());
     for (std::size_t i = 0; i < ta.size(); ++i) {
       CAPTURE(i);
       CHECK(torch::equal(ta[i], tb[i]));
-      CHECK((tb[i].device() == (*b)->device()));
+      CHECK((tb[i].device() == b->device()));
       CHECK(tb[i].unsafeGetTensorImpl() == impls[i]);  // copied into, not replaced
       CHECK((tb[i].strides() == ta[i].strides()));     // channels-last weights stay so
     }
     bool any_channels_last = false;
-    for (const auto& p : (*b)->parameters())
+    for (const auto& p : b->parameters())
       any_channels_last |=
           p.dim() == 5 && p.is_contiguous(at::MemoryFormat::ChannelsLast3d) && !p.is_contiguous();
     CHECK(any_channels_last);
     // The optimizer still updates the model's own parameters.
-    for (std::size_t i = 0; i < (*b)->parameters().size(); ++i)
-      CHECK((*b)->optimizer().parameters()[i].unsafeGetTensorImpl() ==
-            (*b)->parameters()[i].unsafeGetTensorImpl());
-    const TensorMap sa = (*a)->optimizer().state(), sb = (*b)->optimizer().state();
+    for (std::size_t i = 0; i < b->parameters().size(); ++i)
+      CHECK(b->optimizer().parameters()[i].unsafeGetTensorImpl() == b->parameters()[i].unsafeGetTensorImpl());
+    const TensorMap sa = a->optimizer().state(), sb = b->optimizer().state();
     REQUIRE(sa.size() == sb.size());
     for (const auto& [k, v] : sb) {
       const auto& key = k;  // clang 14 cannot capture a structured binding
       CAPTURE(key);
       CHECK(torch::equal(v, sa.at(k)));
-      CHECK((v.device() == (*b)->device()));
+      CHECK((v.device() == b->device()));
       CHECK(v.unsafeGetTensorImpl() == fresh_state.at(k).unsafeGetTensorImpl());
     }
-    CHECK((*b)->scaler().skipped_value() == 2);
-    CHECK((*b)->state().skipped_steps == 2);
-    CHECK((*b)->state().step == 3);
+    CHECK(b->scaler().skipped_value() == 2);
+    CHECK(b->state().skipped_steps == 2);
+    CHECK(b->state().step == 3);
     // And the two go on identically.
-    train(**a, 2);
-    train(**b, 2);
-    const auto ua = model_tensors(**a), ub = model_tensors(**b);
+    train(*a, 2);
+    train(*b, 2);
+    const auto ua = model_tensors(*a), ub = model_tensors(*b);
     for (std::size_t i = 0; i < ua.size(); ++i) CHECK(torch::equal(ua[i], ub[i]));
   }
 }
@@ -122,17 +118,16 @@ TEST_CASE("the checkpoint's tensors are read onto the CPU whatever device they n
   // read the file the same way and check nothing in it is needed on its saved device.
   TempDir dir("ckpt_map");
   auto cfg = unet_job("{name: sgd, lr: 0.1, momentum: 0.9}");
-  auto a = Trainer::create(cfg, c10::Device(c10::kCPU));
-  REQUIRE(a.is_ok());
-  train(**a, 1);
-  REQUIRE((*a)->save_checkpoint(dir / "a.pt").is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto a, Trainer::create(cfg, c10::Device(c10::kCPU)));
+  train(*a, 1);
+  REQUIRE_OK(a->save_checkpoint(dir / "a.pt"));
   torch::serialize::InputArchive root;
   root.load_from((dir / "a.pt").string(), c10::Device(c10::kCPU));
   torch::serialize::InputArchive model_ar, opt_ar;
   REQUIRE(root.try_read("model", model_ar));
   REQUIRE(root.try_read("optimizer_state", opt_ar));
-  const TensorMap w = read_module_archive(model_ar, (*a)->model().module());
-  CHECK(w.size() == model_tensors(**a).size());
+  const TensorMap w = read_module_archive(model_ar, a->model().module());
+  CHECK(w.size() == model_tensors(*a).size());
   for (const auto& [k, v] : w) CHECK(v.device().is_cpu());
   at::Tensor m;
   CHECK(opt_ar.try_read("momentum_0", m));
@@ -146,22 +141,20 @@ TEST_CASE("the checkpoint's tensors are read onto the CPU whatever device they n
 TEST_CASE("a format-1 checkpoint with torch::optim state resumes with its momentum") {
   TempDir dir("ckpt_v1");
   auto cfg = unet_job("{name: sgd, lr: 0.1, momentum: 0.9, impl: reference}");
-  auto a = Trainer::create(cfg, c10::Device(c10::kCPU));
-  REQUIRE(a.is_ok());
-  train(**a, 2);
+  REQUIRE_OK_AND_ASSIGN(auto a, Trainer::create(cfg, c10::Device(c10::kCPU)));
+  train(*a, 2);
   // Write what segflow wrote before: Module::save, torch::optim's own serialisation, meta 1.
-  auto torch_opt = make_optimizer(cfg.optimizer, (*a)->parameters());
-  REQUIRE(torch_opt.is_ok());
-  REQUIRE((*torch_opt)->state().empty());
+  REQUIRE_OK_AND_ASSIGN(auto torch_opt, make_optimizer(cfg.optimizer, a->parameters()));
+  REQUIRE(torch_opt->state().empty());
   // The reference impl's momentum, put into a stand-alone torch::optim::SGD.
-  for (std::size_t i = 0; i < (*a)->parameters().size(); ++i) {
+  for (std::size_t i = 0; i < a->parameters().size(); ++i) {
     auto st = std::make_unique<torch::optim::SGDParamState>();
-    st->momentum_buffer((*a)->optimizer().state().at("momentum_" + std::to_string(i)).clone());
-    (*torch_opt)->state()[(*a)->parameters()[i].unsafeGetTensorImpl()] = std::move(st);
+    st->momentum_buffer(a->optimizer().state().at("momentum_" + std::to_string(i)).clone());
+    torch_opt->state()[a->parameters()[i].unsafeGetTensorImpl()] = std::move(st);
   }
   torch::serialize::OutputArchive root, model_ar, opt_ar;
-  (*a)->model().module().save(model_ar);
-  (*torch_opt)->save(opt_ar);
+  a->model().module().save(model_ar);
+  torch_opt->save(opt_ar);
   root.write("model", model_ar);
   root.write("optimizer", opt_ar);
   nlohmann::json meta = {{"format", "segflow-checkpoint-1"},
@@ -179,34 +172,32 @@ TEST_CASE("a format-1 checkpoint with torch::optim state resumes with its moment
   root.save_to((dir / "v1.pt").string());
 
   auto fused_cfg = unet_job("{name: sgd, lr: 0.1, momentum: 0.9}");
-  auto b = Trainer::create(fused_cfg, c10::Device(c10::kCPU));
-  REQUIRE(b.is_ok());
-  auto st = (*b)->load_checkpoint(dir / "v1.pt");
-  REQUIRE_MESSAGE(st.is_ok(), st.message());
-  const TensorMap sa = (*a)->optimizer().state(), sb = (*b)->optimizer().state();
+  REQUIRE_OK_AND_ASSIGN(auto b, Trainer::create(fused_cfg, c10::Device(c10::kCPU)));
+  REQUIRE_OK(b->load_checkpoint(dir / "v1.pt"));
+  const TensorMap sa = a->optimizer().state(), sb = b->optimizer().state();
   for (const auto& [k, v] : sa) {
     const auto& key = k;  // clang 14 cannot capture a structured binding
     CAPTURE(key);
     CHECK(torch::equal(v, sb.at(k)));
   }
-  CHECK((*b)->state().step == 2);
-  CHECK((*b)->state().skipped_steps == 0);
+  CHECK(b->state().step == 2);
+  CHECK(b->state().skipped_steps == 0);
   // Resumed on the fused impl, it continues as the reference run does (same math, 1e-6).
-  train(**a, 2);
-  train(**b, 2);
-  const auto ua = model_tensors(**a), ub = model_tensors(**b);
+  train(*a, 2);
+  train(*b, 2);
+  const auto ua = model_tensors(*a), ub = model_tensors(*b);
   for (std::size_t i = 0; i < ua.size(); ++i)
     CHECK(((ua[i].to(at::kDouble) - ub[i].to(at::kDouble)).abs().max().item<double>()) < 1e-5);
 }
 
 TEST_CASE("a checkpoint of another model or optimizer is refused naming the file and the part") {
   TempDir dir("ckpt_bad");
-  auto small = Trainer::create(unet_job("{name: sgd, lr: 0.1, momentum: 0.9}"), c10::Device(c10::kCPU));
-  REQUIRE(small.is_ok());
-  REQUIRE((*small)->save_checkpoint(dir / "small.pt").is_ok());
+  REQUIRE_OK_AND_ASSIGN(
+      auto small, Trainer::create(unet_job("{name: sgd, lr: 0.1, momentum: 0.9}"), c10::Device(c10::kCPU)));
+  REQUIRE_OK(small->save_checkpoint(dir / "small.pt"));
   auto wide =
       Trainer::create(unet_job("{name: sgd, lr: 0.1, momentum: 0.9}", "", "[6, 8]"), c10::Device(c10::kCPU));
-  REQUIRE(wide.is_ok());
+  REQUIRE_OK(wide);
   const auto before = model_tensors(**wide)[0].clone();
   auto st = (*wide)->load_checkpoint(dir / "small.pt");
   REQUIRE_FALSE(st.is_ok());
@@ -215,9 +206,9 @@ TEST_CASE("a checkpoint of another model or optimizer is refused naming the file
   CHECK(st.message().find("shape mismatch") != std::string::npos);
   CHECK(torch::equal(model_tensors(**wide)[0], before));  // nothing copied
 
-  auto adam = Trainer::create(unet_job("{name: adam, lr: 0.01}"), c10::Device(c10::kCPU));
-  REQUIRE(adam.is_ok());
-  st = (*adam)->load_checkpoint(dir / "small.pt");
+  REQUIRE_OK_AND_ASSIGN(auto adam,
+                        Trainer::create(unet_job("{name: adam, lr: 0.01}"), c10::Device(c10::kCPU)));
+  st = adam->load_checkpoint(dir / "small.pt");
   REQUIRE_FALSE(st.is_ok());
   CHECK(st.message().find((dir / "small.pt").string()) != std::string::npos);
   CHECK(st.message().find("optimizer") != std::string::npos);
@@ -236,7 +227,7 @@ TEST_CASE("a job config naming one GPU twice in train.devices is refused when it
   for (const char* good : {"[cuda:0, cuda:1]", "[cpu, cpu]", "[]"}) {
     CAPTURE(good);
     auto c = parse_job_config(base + good + "}\n", "dp.yaml");
-    CHECK_MESSAGE(c.is_ok(), c.status().message());
+    CHECK_OK(c);
   }
 }
 
@@ -253,29 +244,33 @@ TEST_CASE("SAM and PlainConvUNet checkpoints, nested module trees, round-trip in
   for (const auto& [model, loss] : models) {
     const auto& model_name = model;  // clang 14 cannot capture a structured binding
     CAPTURE(model_name);
-    auto cfg = parse_job_config("name: m\nseed: 4\nstages: [load]\nmodel: " + model + "\nloss: " + loss +
-                                    "\noptimizer: {name: adamw, lr: 0.01}\ntrain: {device: cpu}\n",
-                                "m.yaml");
-    REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
-    auto a = Trainer::create(*cfg, c10::Device(c10::kCPU));
-    REQUIRE(a.is_ok());
+    testing::JobYaml job;
+    job.name = "m";
+    job.seed = "4";
+    job.stages = {"load"};
+    job.model = model;
+    job.loss = loss;
+    job.optimizer = "{name: adamw, lr: 0.01}";
+    job.schedule = job.validation = "";
+    job.epochs = -1;
+    job.train = "device: cpu";
+    REQUIRE_OK_AND_ASSIGN(auto cfg, parse_job_config(job.yaml(), "m.yaml"));
+    REQUIRE_OK_AND_ASSIGN(auto a, Trainer::create(cfg, c10::Device(c10::kCPU)));
     // Perturb every tensor so that a fresh trainer (same seed) differs everywhere.
     {
       torch::NoGradGuard ng;
-      for (auto& t : model_tensors(**a))
+      for (auto& t : model_tensors(*a))
         if (t.is_floating_point()) t.add_(0.5);
-      for (const auto& [k, v] : (*a)->optimizer().state()) v.add_(0.25);
+      for (const auto& [k, v] : a->optimizer().state()) v.add_(0.25);
     }
-    REQUIRE((*a)->save_checkpoint(dir / "m.pt").is_ok());
-    cfg->seed = 5;
-    auto b = Trainer::create(*cfg, c10::Device(c10::kCPU));
-    REQUIRE(b.is_ok());
-    auto st = (*b)->load_checkpoint(dir / "m.pt");
-    REQUIRE_MESSAGE(st.is_ok(), st.message());
-    const auto ta = model_tensors(**a), tb = model_tensors(**b);
+    REQUIRE_OK(a->save_checkpoint(dir / "m.pt"));
+    cfg.seed = 5;
+    REQUIRE_OK_AND_ASSIGN(auto b, Trainer::create(cfg, c10::Device(c10::kCPU)));
+    REQUIRE_OK(b->load_checkpoint(dir / "m.pt"));
+    const auto ta = model_tensors(*a), tb = model_tensors(*b);
     REQUIRE(ta.size() == tb.size());
     for (std::size_t i = 0; i < ta.size(); ++i) CHECK(torch::equal(ta[i], tb[i]));
-    const TensorMap sa = (*a)->optimizer().state(), sb = (*b)->optimizer().state();
+    const TensorMap sa = a->optimizer().state(), sb = b->optimizer().state();
     for (const auto& [k, v] : sa) CHECK(torch::equal(v, sb.at(k)));
   }
 }

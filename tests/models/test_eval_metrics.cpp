@@ -46,8 +46,8 @@ void compare_with_monai(const std::filesystem::path& dir, const std::vector<std:
                                  " --tolerance " + tols);
   auto pred = pipeline::read_nifti(dir / "pred.nii.gz");
   auto gt = pipeline::read_nifti(dir / "gt.nii.gz");
-  REQUIRE_MESSAGE(pred.is_ok(), pred.status().message());
-  REQUIRE_MESSAGE(gt.is_ok(), gt.status().message());
+  REQUIRE_OK(pred);
+  REQUIRE_OK(gt);
   const auto sp = gt->geometry.spacing;
   const auto score = [&](double tolerance) {
     models::EvalMetricOptions o;

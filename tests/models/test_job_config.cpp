@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "job_yaml.hpp"
 #include "models/job_config.hpp"
 #include "pipeline/stage_registry.hpp"
 #include "test_util.hpp"
@@ -16,35 +17,32 @@
 using namespace segflow::models;
 using nlohmann::json;
 using segflow::Status;
+using segflow::testing::JobYaml;
+using segflow::testing::kLoadStage;
+using segflow::testing::kResampleStage;
+using segflow::testing::stage;
 using segflow::testing::TempDir;
+using segflow::testing::unet3d;
 
 namespace {
 
 /// A small valid job; `root` is never read by these tests.
 std::string base_job(const std::string& root = "/nonexistent/segflow-job-config-data") {
-  return "name: cfgtest\n"
-         "seed: 1\n"
-         "data:\n"
-         "  root: " +
-         root +
-         "\n"
-         "  synth: {cases: 4, size: 24, format: nifti, seed: 9}\n"
-         "  val_cases: 1\n"
-         "  num_classes: 3\n"
-         "stages:\n"
-         "  - name: load\n"
-         "  - name: resample\n"
-         "    options: {spacing: [2.5, 2.5, 3.0]}\n"
-         "  - name: rand_crop_pos_neg\n"
-         "    options: {spatial_size: [16, 16, 16], num_samples: 2}\n"
-         "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 3, channels: [4, 8, 16], "
-         "strides: [2, 2], num_res_units: 1, norm: batch}\n"
-         "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-         "optimizer: {name: adam, lr: 0.01}\n"
-         "schedule: {name: cosine, warmup_steps: 2}\n"
-         "train: {epochs: 2, batch_size: 2, device: cpu, loader: simple}\n"
-         "validation: {roi_size: [16, 16, 16], overlap: 0.25}\n"
-         "output: {runs_dir: /nonexistent/segflow-job-config-runs}\n";
+  JobYaml job;
+  job.name = "cfgtest";
+  job.seed = "1";
+  job.root = root;
+  job.synth = "{cases: 4, size: 24, format: nifti, seed: 9}";
+  job.num_classes = "3";
+  job.stages = {kLoadStage, kResampleStage,
+                stage("rand_crop_pos_neg", "{spatial_size: [16, 16, 16], num_samples: 2}")};
+  job.model = unet3d(3, "channels: [4, 8, 16], strides: [2, 2], num_res_units: 1, norm: batch");
+  job.schedule = "{name: cosine, warmup_steps: 2}";
+  job.epochs = 2;
+  job.train = "batch_size: 2, device: cpu, loader: simple";
+  job.validation = "{roi_size: [16, 16, 16], overlap: 0.25}";
+  job.runs_dir = "/nonexistent/segflow-job-config-runs";
+  return job.yaml();
 }
 
 struct BadCase {
@@ -149,8 +147,7 @@ TEST_CASE("a bad option in any section of a job config names the file, the key a
       {{"output.runs=x"}, "job.yaml: output.runs: unknown key; expected runs_dir"},
   };
   const std::string job = base_job();
-  REQUIRE_MESSAGE(parse_job_config(job, "job.yaml").is_ok(),
-                  parse_job_config(job, "job.yaml").status().message());
+  REQUIRE_OK(parse_job_config(job, "job.yaml"));
   for (const auto& c : cases) {
     CAPTURE(c.set.front());
     auto r = parse_job_config(job, "job.yaml", c.set);
@@ -167,16 +164,15 @@ TEST_CASE("validating a job builds its stages, model, loss and optimizer without
   const std::string root = (dir.path() / "never-made").string();
   const std::string job = base_job(root);
   const auto registry = segflow::pipeline::builtin_registry();
-  auto good = parse_job_config(job, "job.yaml");
-  REQUIRE(good.is_ok());
-  Status st = validate_job_config(*good, registry);
-  CHECK_MESSAGE(st.is_ok(), st.message());
-  auto sam = parse_job_config(job, "job.yaml",
-                              {"model={name: sam, preset: tiny, img_size: 32, patch_size: 4}",
-                               "loss={name: dice_bce, to_onehot_y: false}"});
-  REQUIRE_MESSAGE(sam.is_ok(), sam.status().message());
-  st = validate_job_config(*sam, registry);
-  CHECK_MESSAGE(st.is_ok(), st.message());
+  REQUIRE_OK_AND_ASSIGN(auto good, parse_job_config(job, "job.yaml"));
+  Status st = validate_job_config(good, registry);
+  CHECK_OK(st);
+  REQUIRE_OK_AND_ASSIGN(auto sam,
+                        parse_job_config(job, "job.yaml",
+                                         {"model={name: sam, preset: tiny, img_size: 32, patch_size: 4}",
+                                          "loss={name: dice_bce, to_onehot_y: false}"}));
+  st = validate_job_config(sam, registry);
+  CHECK_OK(st);
 
   // What reading alone cannot tell: stage options (checked by the stage factories), a missing
   // weights file, fp16 on the CPU, an unknown stage.
@@ -195,9 +191,8 @@ TEST_CASE("validating a job builds its stages, model, loss and optimizer without
   };
   for (const auto& c : cases) {
     CAPTURE(c.set.front());
-    auto r = parse_job_config(job, "job.yaml", c.set);
-    REQUIRE_MESSAGE(r.is_ok(), r.status().message());
-    st = validate_job_config(*r, registry);
+    REQUIRE_OK_AND_ASSIGN(auto r, parse_job_config(job, "job.yaml", c.set));
+    st = validate_job_config(r, registry);
     REQUIRE_FALSE(st.is_ok());
     CHECK_MESSAGE(st.message().rfind(c.expect, 0) == 0, st.message());
     CHECK_MESSAGE(st.message().find('\n') == std::string::npos, st.message());
@@ -207,12 +202,11 @@ TEST_CASE("validating a job builds its stages, model, loss and optimizer without
 }
 
 TEST_CASE("the resolved job config holds every default and reads back to itself") {
-  auto c = parse_job_config("stages: [load]\nmodel: {name: unet}\n", "min.yaml");
-  REQUIRE_MESSAGE(c.is_ok(), c.status().message());
-  const json& r = c->resolved;
+  REQUIRE_OK_AND_ASSIGN(auto c, parse_job_config("stages: [load]\nmodel: {name: unet}\n", "min.yaml"));
+  const json& r = c.resolved;
   // Typed values and their resolved JSON agree, defaults included.
-  CHECK(c->model.name() == "unet");
-  CHECK(std::get<UNetOptions>(c->model.net).channels == std::vector<std::int64_t>{16, 32, 64, 128, 256});
+  CHECK(c.model.name() == "unet");
+  CHECK(std::get<UNetOptions>(c.model.net).channels == std::vector<std::int64_t>{16, 32, 64, 128, 256});
   CHECK(r["model"]["channels"] == json({16, 32, 64, 128, 256}));
   CHECK(r["model"]["norm"] == "instance");
   CHECK(r["model"]["weights_strict"] == true);
@@ -234,30 +228,29 @@ TEST_CASE("the resolved job config holds every default and reads back to itself"
 
   // A section without a name keeps parse_schedule_options' default (poly); a synth section
   // gets its defaults; the loss name brings its activation.
-  auto d = parse_job_config(
-      "stages: [load]\nmodel: {name: sam, preset: tiny}\nschedule: {warmup_steps: 5}\n"
-      "data: {synth: {cases: 3}}\nloss: {name: dice_bce}\n",
-      "min.yaml");
-  REQUIRE_MESSAGE(d.is_ok(), d.status().message());
-  CHECK(d->schedule.kind == ScheduleKind::poly);
-  CHECK(d->resolved["schedule"]["name"] == "poly");
-  REQUIRE(d->data.synth.has_value());
-  CHECK(d->data.synth->cases == 3);
-  CHECK(d->data.synth->size == 96);
-  CHECK(d->resolved["data"]["synth"] ==
+  REQUIRE_OK_AND_ASSIGN(
+      auto d,
+      parse_job_config("stages: [load]\nmodel: {name: sam, preset: tiny}\nschedule: {warmup_steps: 5}\n"
+                       "data: {synth: {cases: 3}}\nloss: {name: dice_bce}\n",
+                       "min.yaml"));
+  CHECK(d.schedule.kind == ScheduleKind::poly);
+  CHECK(d.resolved["schedule"]["name"] == "poly");
+  REQUIRE(d.data.synth.has_value());
+  CHECK(d.data.synth->cases == 3);
+  CHECK(d.data.synth->size == 96);
+  CHECK(d.resolved["data"]["synth"] ==
         json({{"cases", 3}, {"size", 96}, {"format", "nifti"}, {"compress", "none"}, {"seed", 0}}));
-  CHECK(d->loss.dice.act == LossActivation::sigmoid);
-  CHECK(d->resolved["loss"]["sigmoid"] == true);
-  CHECK(d->resolved["loss"]["softmax"] == false);
-  CHECK(d->resolved["model"]["img_size"] == 64);  // the tiny preset's
-  CHECK(d->resolved["model"]["depth"] == 2);
+  CHECK(d.loss.dice.act == LossActivation::sigmoid);
+  CHECK(d.resolved["loss"]["sigmoid"] == true);
+  CHECK(d.resolved["loss"]["softmax"] == false);
+  CHECK(d.resolved["model"]["img_size"] == 64);  // the tiny preset's
+  CHECK(d.resolved["model"]["depth"] == 2);
 
   // What a run folder's config.json and a checkpoint hold reads back to the same config.
-  for (const JobConfig* cfg : {&*c, &*d}) {
-    auto back = job_config_from_json(cfg->resolved, "ckpt.pt (config)");
-    REQUIRE_MESSAGE(back.is_ok(), back.status().message());
-    CHECK(back->resolved == cfg->resolved);
-    CHECK(run_name(*back) == run_name(*cfg));
+  for (const JobConfig* cfg : {&c, &d}) {
+    REQUIRE_OK_AND_ASSIGN(auto back, job_config_from_json(cfg->resolved, "ckpt.pt (config)"));
+    CHECK(back.resolved == cfg->resolved);
+    CHECK(run_name(back) == run_name(*cfg));
   }
 }
 
@@ -280,22 +273,53 @@ TEST_CASE("the config of a checkpoint written before typed sections still loads"
               "cudnn_benchmark": true, "channels_last": false, "log_every": 10},
     "validation": {"roi_size": [], "overlap": 0.25, "mode": "gaussian", "sw_batch_size": 1},
     "output": {"runs_dir": "runs"}})");
-  auto c = job_config_from_json(old, "last.pt (config)");
-  REQUIRE_MESSAGE(c.is_ok(), c.status().message());
-  CHECK_FALSE(c->data.synth.has_value());
-  CHECK(c->data.val_cases == -1);
-  CHECK(c->optimizer.name == "sgd");
-  CHECK(c->optimizer.lr == 0.2);
-  CHECK(c->optimizer.momentum == 0.9);
-  CHECK(c->schedule.kind == ScheduleKind::constant);
-  CHECK(c->loss.kind == LossKind::dice_ce);
-  CHECK(std::get<UNetOptions>(c->model.net).norm == NormKind::batch);
-  CHECK(std::get<UNetOptions>(c->model.net).channels == std::vector<std::int64_t>{8, 16, 32});
-  CHECK(c->train.amp == "bf16");
-  CHECK(c->resolved["optimizer"]["betas"] == json({0.9, 0.999}));  // now filled in
+  REQUIRE_OK_AND_ASSIGN(auto c, job_config_from_json(old, "last.pt (config)"));
+  CHECK_FALSE(c.data.synth.has_value());
+  CHECK(c.data.val_cases == -1);
+  CHECK(c.optimizer.name == "sgd");
+  CHECK(c.optimizer.lr == 0.2);
+  CHECK(c.optimizer.momentum == 0.9);
+  CHECK(c.schedule.kind == ScheduleKind::constant);
+  CHECK(c.loss.kind == LossKind::dice_ce);
+  CHECK(std::get<UNetOptions>(c.model.net).norm == NormKind::batch);
+  CHECK(std::get<UNetOptions>(c.model.net).channels == std::vector<std::int64_t>{8, 16, 32});
+  CHECK(c.train.amp == "bf16");
+  CHECK(c.resolved["optimizer"]["betas"] == json({0.9, 0.999}));  // now filled in
 
   auto bad = job_config_from_json(json{{"stages", {"load"}}, {"model", {{"name", "unet"}, {"chanels", 3}}}},
                                   "x.pt (config)");
   REQUIRE_FALSE(bad.is_ok());
   CHECK(bad.status().message().rfind("x.pt (config): model.chanels: unknown option", 0) == 0);
+}
+
+TEST_CASE("the tests' job builder writes the tiny job as a valid config and leaves out emptied sections") {
+  JobYaml job;
+  job.root = "/nonexistent/segflow-job-builder-data";
+  REQUIRE_OK_AND_ASSIGN(auto tiny, parse_job_config(job.yaml(), "job.yaml"));
+  CHECK(tiny.name == "tiny");
+  CHECK(tiny.seed == 3);
+  CHECK(tiny.data.root == "/nonexistent/segflow-job-builder-data");
+  REQUIRE(tiny.data.synth.has_value());
+  CHECK(tiny.data.synth->size == 24);
+  CHECK(tiny.data.val_cases == 1);
+  CHECK(tiny.data.num_classes == 5);
+  REQUIRE(tiny.stages.stages.size() == 6);
+  CHECK(tiny.stages.stages[1].name == "resample");
+  CHECK(tiny.stages.stages[5].name == "rand_flip");
+  CHECK(tiny.train.epochs == 4);
+  CHECK(tiny.resolved["model"]["channels"] == json({4, 8, 16}));
+
+  // Emptied fields are not written at all, so the parser's defaults apply.
+  job.seed = job.schedule = job.validation = "";
+  job.epochs = -1;
+  job.stages = {"load"};
+  const std::string text = job.yaml();
+  CHECK(text.find("seed:") == std::string::npos);
+  CHECK(text.find("schedule:") == std::string::npos);
+  CHECK(text.find("validation:") == std::string::npos);
+  CHECK(text.find("epochs") == std::string::npos);
+  CHECK(text.find("stages:\n  - load\nmodel:") != std::string::npos);
+  REQUIRE_OK_AND_ASSIGN(auto plain, parse_job_config(text, "job.yaml"));
+  CHECK(plain.seed == JobConfig{}.seed);
+  CHECK(plain.train.epochs == JobConfig{}.train.epochs);
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "models/losses.hpp"
+#include "test_util.hpp"
 
 using namespace segflow::models;
 
@@ -121,8 +122,7 @@ TEST_CASE("DiceCE is lambda_dice Dice plus lambda_ce cross entropy, and BCE for 
   o.kind = LossKind::dice_ce;
   o.lambda_dice = 0.7;
   o.lambda_ce = 0.3;
-  auto loss = make_loss(o);
-  REQUIRE(loss.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto loss, make_loss(o));
   // Dice by hand on the softmax probabilities.
   double p[3][2];
   const double raw[3][2] = {{1.0, 0.0}, {2.0, 0.0}, {3.0, 1.0}};
@@ -137,7 +137,7 @@ TEST_CASE("DiceCE is lambda_dice Dice plus lambda_ce cross entropy, and BCE for 
     dice += dice_term(p[c][0] * t[c][0] + p[c][1] * t[c][1], p[c][0] + p[c][1], t[c][0] + t[c][1]) / 3;
   }
   const double ce = (-std::log(p[2][0]) - std::log(p[0][1])) / 2;
-  CHECK(value((*loss)(logits, labels)) == doctest::Approx(0.7 * dice + 0.3 * ce).epsilon(1e-10));
+  CHECK(value(loss(logits, labels)) == doctest::Approx(0.7 * dice + 0.3 * ce).epsilon(1e-10));
   // monai.losses.DiceCELoss(to_onehot_y=True, softmax=True, lambda_dice=0.7, lambda_ce=0.3), MONAI 1.6.1
   CHECK(0.7 * dice + 0.3 * ce == doctest::Approx(0.779376613400498).epsilon(1e-9));
 
@@ -145,13 +145,12 @@ TEST_CASE("DiceCE is lambda_dice Dice plus lambda_ce cross entropy, and BCE for 
   LossOptions b;
   b.kind = LossKind::dice_ce;
   b.dice.act = LossActivation::sigmoid;
-  auto bin = make_loss(b);
-  REQUIRE(bin.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto bin, make_loss(b));
   auto x = torch::tensor({0.3, -2.0}, torch::kDouble).reshape({1, 1, 2});
   auto y = torch::tensor({1.0, 0.0}, torch::kDouble).reshape({1, 1, 2});
   const double d = dice_term(sigmoid(0.3), sigmoid(0.3) + sigmoid(-2.0), 1.0);
   const double bce = (-std::log(sigmoid(0.3)) - std::log(1 - sigmoid(-2.0))) / 2;
-  CHECK(value((*bin)(x, y)) == doctest::Approx(d + bce).epsilon(1e-10));
+  CHECK(value(bin(x, y)) == doctest::Approx(d + bce).epsilon(1e-10));
   LossOptions db = b;
   db.kind = LossKind::dice_bce;
   CHECK(value((*make_loss(db))(x, y)) == doctest::Approx(d + bce).epsilon(1e-10));
@@ -226,19 +225,16 @@ TEST_CASE("deep supervision weights are 1/2^i normalised and targets are downsam
 }
 
 TEST_CASE("loss options parse from JSON and unknown keys or names are errors") {
-  auto o = parse_loss_options(
-      nlohmann::json{{"name", "dice_ce"}, {"include_background", false}, {"lambda_ce", 0.5}});
-  REQUIRE(o.is_ok());
-  CHECK(o->kind == LossKind::dice_ce);
-  CHECK(o->dice.act == LossActivation::softmax);
-  CHECK_FALSE(o->dice.include_background);
-  CHECK(o->lambda_ce == 0.5);
-  auto s = parse_loss_options(nlohmann::json{{"name", "dice_bce"}});
-  REQUIRE(s.is_ok());
-  CHECK(s->dice.act == LossActivation::sigmoid);
-  auto sig = parse_loss_options(nlohmann::json{{"name", "dice"}, {"sigmoid", true}});
-  REQUIRE(sig.is_ok());
-  CHECK(sig->dice.act == LossActivation::sigmoid);
+  REQUIRE_OK_AND_ASSIGN(auto o, parse_loss_options(nlohmann::json{
+                                    {"name", "dice_ce"}, {"include_background", false}, {"lambda_ce", 0.5}}));
+  CHECK(o.kind == LossKind::dice_ce);
+  CHECK(o.dice.act == LossActivation::softmax);
+  CHECK_FALSE(o.dice.include_background);
+  CHECK(o.lambda_ce == 0.5);
+  REQUIRE_OK_AND_ASSIGN(auto s, parse_loss_options(nlohmann::json{{"name", "dice_bce"}}));
+  CHECK(s.dice.act == LossActivation::sigmoid);
+  REQUIRE_OK_AND_ASSIGN(auto sig, parse_loss_options(nlohmann::json{{"name", "dice"}, {"sigmoid", true}}));
+  CHECK(sig.dice.act == LossActivation::sigmoid);
   auto unknown = parse_loss_options(nlohmann::json{{"name", "dice"}, {"smoth_nr", 1}});
   CHECK_FALSE(unknown.is_ok());
   CHECK(unknown.status().message().find("smoth_nr") != std::string::npos);

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "models/optim.hpp"
+#include "test_util.hpp"
 
 using namespace segflow::models;
 
@@ -19,13 +20,12 @@ double minimise(const std::string& name, int steps, double lr) {
   o.name = name;
   o.lr = lr;
   o.weight_decay = name == "adamw" ? 0.01 : 0.0;
-  auto opt = make_optimizer(o, {x});
-  REQUIRE(opt.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto opt, make_optimizer(o, {x}));
   for (int i = 0; i < steps; ++i) {
-    (*opt)->zero_grad();
+    opt->zero_grad();
     auto f = (x - c).pow(2).sum();
     f.backward();
-    (*opt)->step();
+    opt->step();
   }
   return (x - c).pow(2).sum().item<double>();
 }
@@ -41,20 +41,19 @@ TEST_CASE("SGD, Adam and AdamW decrease a quadratic") {
 TEST_CASE("make_optimizer skips frozen parameters and rejects bad options") {
   auto a = torch::zeros({2}, torch::requires_grad());
   auto frozen = torch::zeros({2});
-  auto opt = make_optimizer(OptimizerOptions{"sgd"}, {a, frozen});
-  REQUIRE(opt.is_ok());
-  CHECK((*opt)->param_groups()[0].params().size() == 1);
+  REQUIRE_OK_AND_ASSIGN(auto opt, make_optimizer(OptimizerOptions{"sgd"}, {a, frozen}));
+  CHECK(opt->param_groups()[0].params().size() == 1);
   CHECK_FALSE(make_optimizer(OptimizerOptions{"sgd"}, {frozen}).is_ok());
   auto bad = make_optimizer(OptimizerOptions{"lamb"}, {a});
   CHECK(bad.status().message().find("sgd, adam, adamw") != std::string::npos);
   OptimizerOptions neg;
   neg.lr = -1;
   CHECK(neg.validate().message().find("lr") != std::string::npos);
-  auto parsed = parse_optimizer_options(
-      nlohmann::json{{"name", "sgd"}, {"lr", 0.01}, {"momentum", 0.99}, {"nesterov", true}});
-  REQUIRE(parsed.is_ok());
-  CHECK(parsed->momentum == 0.99);
-  CHECK(parsed->nesterov);
+  REQUIRE_OK_AND_ASSIGN(auto parsed,
+                        parse_optimizer_options(nlohmann::json{
+                            {"name", "sgd"}, {"lr", 0.01}, {"momentum", 0.99}, {"nesterov", true}}));
+  CHECK(parsed.momentum == 0.99);
+  CHECK(parsed.nesterov);
   auto unknown = parse_optimizer_options(nlohmann::json{{"name", "sgd"}, {"learning_rate", 0.01}});
   CHECK(unknown.status().message().find("learning_rate") != std::string::npos);
   auto betas = parse_optimizer_options(nlohmann::json{{"betas", {0.9}}});
@@ -84,10 +83,10 @@ TEST_CASE("learning-rate schedules give their formula's value at known steps") {
   CHECK(warm.lr_at(10, 110) == doctest::Approx(base));
   CHECK(warm.lr_at(60, 110) == doctest::Approx(base * std::pow(0.5, 0.9)));
 
-  auto parsed = parse_schedule_options(nlohmann::json{{"name", "cosine"}, {"warmup_steps", 5}});
-  REQUIRE(parsed.is_ok());
-  CHECK(parsed->kind == ScheduleKind::cosine);
-  CHECK(parsed->warmup_steps == 5);
+  REQUIRE_OK_AND_ASSIGN(auto parsed,
+                        parse_schedule_options(nlohmann::json{{"name", "cosine"}, {"warmup_steps", 5}}));
+  CHECK(parsed.kind == ScheduleKind::cosine);
+  CHECK(parsed.warmup_steps == 5);
   CHECK(parse_schedule_options(nlohmann::json{{"name", "step"}})
             .status()
             .message()
@@ -97,10 +96,9 @@ TEST_CASE("learning-rate schedules give their formula's value at known steps") {
 TEST_CASE("the learning rate is set on every group and gradients are clipped by their global norm") {
   auto a = torch::zeros({1}, torch::requires_grad());
   auto b = torch::zeros({1}, torch::requires_grad());
-  auto opt = make_optimizer(OptimizerOptions{"adamw"}, {a, b});
-  REQUIRE(opt.is_ok());
-  set_learning_rate(**opt, 0.123);
-  for (auto& g : (*opt)->param_groups()) CHECK(g.options().get_lr() == doctest::Approx(0.123));
+  REQUIRE_OK_AND_ASSIGN(auto opt, make_optimizer(OptimizerOptions{"adamw"}, {a, b}));
+  set_learning_rate(*opt, 0.123);
+  for (auto& g : opt->param_groups()) CHECK(g.options().get_lr() == doctest::Approx(0.123));
   (a * 3 + b * 4).sum().backward();
   auto undefined = torch::zeros({1}, torch::requires_grad());
   const double norm = clip_grad_norm({a, b, undefined}, 1.0);
@@ -179,8 +177,8 @@ TEST_CASE("fused SGD, Adam and AdamW give torch::optim's parameters and state, s
     ro.impl = "reference";
     auto fused = FusedOptimizer::create(fo, pf);
     auto ref = make_optimizer(ro, pr);  // torch::optim itself, not our wrapper
-    REQUIRE(fused.is_ok());
-    REQUIRE(ref.is_ok());
+    REQUIRE_OK(fused);
+    REQUIRE_OK(ref);
     CHECK((*fused)->fused());
     for (int step = 0; step < 6; ++step) {
       set_grads(pf, step);
@@ -194,10 +192,9 @@ TEST_CASE("fused SGD, Adam and AdamW give torch::optim's parameters and state, s
       }
     }
     // The optimizer state, read through the same names, agrees too.
-    auto wrapped = FusedOptimizer::create(ro, pr);
-    REQUIRE(wrapped.is_ok());
-    REQUIRE((*wrapped)->load_torch_state(**ref).is_ok());
-    const TensorMap a = (*fused)->state(), b = (*wrapped)->state();
+    REQUIRE_OK_AND_ASSIGN(auto wrapped, FusedOptimizer::create(ro, pr));
+    REQUIRE_OK(wrapped->load_torch_state(**ref));
+    const TensorMap a = (*fused)->state(), b = wrapped->state();
     REQUIRE(a.size() == b.size());
     for (const auto& [name, t] : a) {
       const auto& param = name;  // clang 14 cannot capture a structured binding
@@ -214,7 +211,7 @@ TEST_CASE("the reference impl steps exactly as torch::optim, and both impls keep
   auto pa = make_params(3), pb = make_params(3);
   auto ours = FusedOptimizer::create(o, pa);
   auto torch_opt = make_optimizer(o, pb);
-  REQUIRE(ours.is_ok());
+  REQUIRE_OK(ours);
   REQUIRE_FALSE((*ours)->fused());
   for (int step = 0; step < 3; ++step) {
     set_grads(pa, step);
@@ -236,24 +233,23 @@ TEST_CASE("a fused step with found_inf set changes no parameter, momentum, momen
       auto ps = make_params(5);
       OptimizerOptions o = c.options;
       o.impl = impl;
-      auto opt = FusedOptimizer::create(o, ps);
-      REQUIRE(opt.is_ok());
+      REQUIRE_OK_AND_ASSIGN(auto opt, FusedOptimizer::create(o, ps));
       set_grads(ps, 0);
-      (*opt)->step();  // some state to protect
+      opt->step();  // some state to protect
       std::vector<at::Tensor> before;
       for (auto& p : ps) before.push_back(p.detach().clone());
       TensorMap state_before;
-      for (const auto& [k, v] : (*opt)->state()) state_before.emplace(k, v.clone());
+      for (const auto& [k, v] : opt->state()) state_before.emplace(k, v.clone());
       set_grads(ps, 1);
       const at::Tensor inf = at::ones({});
-      (*opt)->step(inf);
+      opt->step(inf);
       for (std::size_t i = 0; i < ps.size(); ++i) CHECK(torch::equal(ps[i], before[i]));
-      for (const auto& [k, v] : (*opt)->state()) {
+      for (const auto& [k, v] : opt->state()) {
         const auto& key = k;  // clang 14 cannot capture a structured binding
         CAPTURE(key);
         CHECK(torch::equal(v, state_before.at(k)));
       }
-      (*opt)->step(at::zeros({}));  // and a clear flag steps
+      opt->step(at::zeros({}));  // and a clear flag steps
       CHECK_FALSE(torch::equal(ps[0], before[0]));
     }
   }
@@ -272,8 +268,8 @@ TEST_CASE("fused kernels update channels-last weights with contiguous gradients 
     OptimizerOptions o{name, 0.1};
     auto a = FusedOptimizer::create(o, {cl});
     auto b = FusedOptimizer::create(o, {plain});
-    REQUIRE(a.is_ok());
-    REQUIRE(b.is_ok());
+    REQUIRE_OK(a);
+    REQUIRE_OK(b);
     for (int step = 0; step < 3; ++step) {
       at::Tensor g = grad_for(plain, step, 0);  // contiguous
       cl.mutable_grad() = g.clone();
@@ -289,37 +285,35 @@ TEST_CASE("fused kernels update channels-last weights with contiguous gradients 
 TEST_CASE("optimizer state moves between the fused and reference impls, and a bad state is refused by name") {
   OptimizerOptions fo{"adam", 0.01};
   auto pf = make_params(11), pr = make_params(11);
-  auto fused = FusedOptimizer::create(fo, pf);
-  REQUIRE(fused.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto fused, FusedOptimizer::create(fo, pf));
   for (int step = 0; step < 2; ++step) {
     set_grads(pf, step);
-    (*fused)->step();
+    fused->step();
   }
   for (std::size_t i = 0; i < pf.size(); ++i) pr[i].detach().copy_(pf[i].detach());
   OptimizerOptions ro = fo;
   ro.impl = "reference";
-  auto ref = FusedOptimizer::create(ro, pr);
-  REQUIRE(ref.is_ok());
-  REQUIRE((*ref)->load_state((*fused)->state()).is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto ref, FusedOptimizer::create(ro, pr));
+  REQUIRE_OK(ref->load_state(fused->state()));
   set_grads(pf, 2);
   set_grads(pr, 2);
-  (*fused)->step();
-  (*ref)->step();
+  fused->step();
+  ref->step();
   for (std::size_t i = 0; i < pf.size(); ++i) CHECK(max_rel_diff(pf[i], pr[i]) < 1e-6);
 
-  TensorMap state = (*fused)->state();
+  TensorMap state = fused->state();
   TensorMap missing = state;
   missing.erase("exp_avg_sq_1");
-  auto st = (*fused)->load_state(missing);
+  auto st = fused->load_state(missing);
   CHECK(st.message().find("exp_avg_sq_1") != std::string::npos);
   TensorMap misshaped = state;
   misshaped["exp_avg_2"] = at::zeros({3});
-  st = (*fused)->load_state(misshaped);
+  st = fused->load_state(misshaped);
   CHECK(st.message().find("exp_avg_2") != std::string::npos);
   CHECK(st.message().find("[7, 5]") != std::string::npos);
   TensorMap extra = state;
   extra["momentum_0"] = at::zeros({4});
-  CHECK((*fused)->load_state(extra).message().find("momentum_0") != std::string::npos);
+  CHECK(fused->load_state(extra).message().find("momentum_0") != std::string::npos);
   OptimizerOptions bad = fo;
   bad.impl = "foreach";
   CHECK(bad.validate().message().find("fused, reference") != std::string::npos);
@@ -376,8 +370,7 @@ TEST_CASE("a forced overflow (inf or NaN gradient) skips the step, backs the sca
     CAPTURE(bad);
     auto ps = make_params(31);
     OptimizerOptions o{"sgd", 0.1};
-    auto opt = FusedOptimizer::create(o, ps);
-    REQUIRE(opt.is_ok());
+    REQUIRE_OK_AND_ASSIGN(auto opt, FusedOptimizer::create(o, ps));
     GradScalerOptions so;
     so.init_scale = 1024.0;
     so.growth_interval = 100;
@@ -387,21 +380,21 @@ TEST_CASE("a forced overflow (inf or NaN gradient) skips the step, backs the sca
       set_grads(ps, step);
       for (auto& p : ps) p.mutable_grad().mul_(1024.0);
       scaler.unscale_(ps);
-      (*opt)->step(scaler.found_inf());
+      opt->step(scaler.found_inf());
       scaler.update();
     }
     CHECK(scaler.growth_tracker_value() == 2);
     std::vector<at::Tensor> before;
     for (auto& p : ps) before.push_back(p.detach().clone());
-    const at::Tensor momentum_before = (*opt)->state().at("momentum_1").clone();
+    const at::Tensor momentum_before = opt->state().at("momentum_1").clone();
     set_grads(ps, 2);
     ps[1].mutable_grad()[2] = bad;
     scaler.unscale_(ps);
     CHECK(scaler.found_inf().item<double>() == 1.0);
-    (*opt)->step(scaler.found_inf());
+    opt->step(scaler.found_inf());
     scaler.update();
     for (std::size_t i = 0; i < ps.size(); ++i) CHECK(torch::equal(ps[i], before[i]));
-    CHECK(torch::equal((*opt)->state().at("momentum_1"), momentum_before));
+    CHECK(torch::equal(opt->state().at("momentum_1"), momentum_before));
     CHECK(scaler.scale_value() == 512.0);  // x backoff 0.5
     CHECK(scaler.growth_tracker_value() == 0);
     CHECK(scaler.skipped_value() == 1);

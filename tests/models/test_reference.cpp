@@ -54,10 +54,9 @@ TEST_CASE("our SAM reproduces segment_anything's encoder, prompt encoder and dec
   o.mask_decoder.iou_head = true;
   o.mask_decoder.iou_head_hidden_dim = 64;
   Sam sam(o);
-  auto weights = read_tensor_archive(dir / "sam_weights.sfta");
-  REQUIRE(weights.is_ok());
-  auto st = load_into(*sam, *weights, /*strict=*/true);  // identity name map
-  REQUIRE_MESSAGE(st.is_ok(), st.message());
+  REQUIRE_OK_AND_ASSIGN(auto weights, read_tensor_archive(dir / "sam_weights.sfta"));
+  auto st = load_into(*sam, weights, /*strict=*/true);  // identity name map
+  REQUIRE_OK(st);
   auto io = *read_tensor_archive(dir / "sam_io.sfta");
   sam->eval();
   torch::NoGradGuard no_grad;
@@ -77,10 +76,8 @@ TEST_CASE("our UNet reproduces MONAI's UNet with residual units and batch norm o
   o.num_res_units = 2;
   o.norm = NormKind::batch;
   UNet net(o);
-  auto weights = read_tensor_archive(dir / "unet_weights.sfta");
-  REQUIRE(weights.is_ok());
-  auto st = load_into(*net, *weights, /*strict=*/true);
-  REQUIRE_MESSAGE(st.is_ok(), st.message());
+  REQUIRE_OK_AND_ASSIGN(auto weights, read_tensor_archive(dir / "unet_weights.sfta"));
+  REQUIRE_OK(load_into(*net, weights, /*strict=*/true));
   auto io = *read_tensor_archive(dir / "unet_io.sfta");
   torch::NoGradGuard no_grad;
   net->eval();

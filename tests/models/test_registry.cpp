@@ -14,65 +14,61 @@ using segflow::testing::max_abs_diff;
 
 TEST_CASE("create_model builds unet, plain_unet and sam with a uniform forward") {
   torch::manual_seed(0);
-  auto unet = create_model("unet", json{{"spatial_dims", 2},
-                                        {"channels", {4, 8}},
-                                        {"strides", {2}},
-                                        {"out_channels", 3},
-                                        {"norm", "batch"},
-                                        {"act", "relu"}});
-  REQUIRE_MESSAGE(unet.is_ok(), unet.status().to_string());
-  CHECK(unet->info().out_channels == 3);
-  CHECK(unet->info().size_divisor == 2);
-  auto y = unet->predict(torch::randn({2, 1, 8, 8}));
+  REQUIRE_OK_AND_ASSIGN(auto unet, create_model("unet", json{{"spatial_dims", 2},
+                                                             {"channels", {4, 8}},
+                                                             {"strides", {2}},
+                                                             {"out_channels", 3},
+                                                             {"norm", "batch"},
+                                                             {"act", "relu"}}));
+  CHECK(unet.info().out_channels == 3);
+  CHECK(unet.info().size_divisor == 2);
+  auto y = unet.predict(torch::randn({2, 1, 8, 8}));
   CHECK(y.sizes() == at::IntArrayRef({2, 3, 8, 8}));
 
-  auto plain = create_model("plain_unet", json{{"n_stages", 3}, {"base_features", 4}, {"out_channels", 2}});
-  REQUIRE_MESSAGE(plain.is_ok(), plain.status().to_string());
-  CHECK(plain->info().deep_supervision);
-  auto outs = plain->forward(torch::randn({1, 1, 8, 8, 8}));
+  REQUIRE_OK_AND_ASSIGN(
+      auto plain,
+      create_model("plain_unet", json{{"n_stages", 3}, {"base_features", 4}, {"out_channels", 2}}));
+  CHECK(plain.info().deep_supervision);
+  auto outs = plain.forward(torch::randn({1, 1, 8, 8, 8}));
   CHECK(outs.size() == 2);
   CHECK(outs[0].sizes() == at::IntArrayRef({1, 2, 8, 8, 8}));
 
-  auto sam = create_model("sam", json{{"preset", "tiny"}});
-  REQUIRE_MESSAGE(sam.is_ok(), sam.status().to_string());
-  CHECK(sam->info().needs_box);
-  CHECK(sam->info().fixed_size == 64);
-  auto m = sam->predict(torch::randn({1, 3, 64, 64}), torch::tensor({{4.0, 4.0, 30.0, 30.0}}));
+  REQUIRE_OK_AND_ASSIGN(auto sam, create_model("sam", json{{"preset", "tiny"}}));
+  CHECK(sam.info().needs_box);
+  CHECK(sam.info().fixed_size == 64);
+  auto m = sam.predict(torch::randn({1, 3, 64, 64}), torch::tensor({{4.0, 4.0, 30.0, 30.0}}));
   CHECK(m.sizes() == at::IntArrayRef({1, 1, 64, 64}));
   // Frozen prompt encoder: not among the trainable parameters.
-  size_t all = sam->module().parameters().size();
-  CHECK(sam->trainable_parameters().size() < all);
-  CHECK_THROWS_AS(sam->predict(torch::randn({1, 3, 64, 64})), c10::Error);
+  size_t all = sam.module().parameters().size();
+  CHECK(sam.trainable_parameters().size() < all);
+  CHECK_THROWS_AS(sam.predict(torch::randn({1, 3, 64, 64})), c10::Error);
 }
 
 TEST_CASE("a cloned model handle predicts the same and trains independently") {
   torch::manual_seed(1);
-  auto h = create_model("unet", json{{"channels", {4, 8}}, {"strides", {2}}});
-  REQUIRE(h.is_ok());
-  auto copy = h->clone();
-  CHECK(copy.module_ptr() != h->module_ptr());
-  h->module().eval();
+  REQUIRE_OK_AND_ASSIGN(auto h, create_model("unet", json{{"channels", {4, 8}}, {"strides", {2}}}));
+  auto copy = h.clone();
+  CHECK(copy.module_ptr() != h.module_ptr());
+  h.module().eval();
   copy.module().eval();
   auto x = torch::randn({1, 1, 8, 8, 8});
   torch::NoGradGuard no_grad;
-  CHECK(max_abs_diff(h->predict(x), copy.predict(x)) == 0.0);
+  CHECK(max_abs_diff(h.predict(x), copy.predict(x)) == 0.0);
 }
 
 TEST_CASE("create_model loads a weights archive given in the options") {
   segflow::testing::TempDir dir("registry");
   const json opts{{"channels", {4, 8}}, {"strides", {2}}};
-  auto a = create_model("unet", opts);
-  REQUIRE(a.is_ok());
-  REQUIRE(write_tensor_archive(dir / "w.sfta", named_tensors(a->module())).is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto a, create_model("unet", opts));
+  REQUIRE_OK(write_tensor_archive(dir / "w.sfta", named_tensors(a.module())));
   json with = opts;
   with["weights"] = (dir / "w.sfta").string();
-  auto b = create_model("unet", with);
-  REQUIRE_MESSAGE(b.is_ok(), b.status().to_string());
-  a->module().eval();
-  b->module().eval();
+  REQUIRE_OK_AND_ASSIGN(auto b, create_model("unet", with));
+  a.module().eval();
+  b.module().eval();
   auto x = torch::randn({1, 1, 8, 8, 8});
   torch::NoGradGuard no_grad;
-  CHECK(max_abs_diff(a->predict(x), b->predict(x)) == 0.0);
+  CHECK(max_abs_diff(a.predict(x), b.predict(x)) == 0.0);
   json other = with;
   other["channels"] = {4, 16};
   auto mismatch = create_model("unet", other);

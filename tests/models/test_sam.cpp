@@ -4,6 +4,7 @@
 
 #include "model_checks.hpp"
 #include "models/sam.hpp"
+#include "test_util.hpp"
 
 using namespace segflow::models;
 using segflow::testing::check_gradients;
@@ -12,9 +13,8 @@ using segflow::testing::probe_loss;
 
 namespace {
 SamOptions tiny() {
-  auto o = SamOptions::preset("tiny");
-  REQUIRE(o.is_ok());
-  return *o;
+  REQUIRE_OK_AND_ASSIGN(auto o, SamOptions::preset("tiny"));
+  return o;
 }
 at::Tensor boxes_for(int64_t b, int64_t size) {
   auto boxes = torch::tensor({8.0, 10.0, 40.0, 50.0}).repeat({b, 1});
@@ -97,9 +97,8 @@ TEST_CASE("tiny SAM learns a box-shaped mask on a CPU in a few steps") {
 }
 
 TEST_CASE("SAM parameter names mirror segment_anything's state dict keys") {
-  auto o = SamOptions::preset("small");
-  REQUIRE(o.is_ok());
-  Sam sam(*o);
+  REQUIRE_OK_AND_ASSIGN(auto o, SamOptions::preset("small"));
+  Sam sam(o);
   auto params = sam->named_parameters();
   auto buffers = sam->named_buffers();
   for (const char* name : {"image_encoder.patch_embed.proj.weight",
@@ -134,9 +133,8 @@ TEST_CASE("SAM parameter names mirror segment_anything's state dict keys") {
 }
 
 TEST_CASE("the vit_b preset has SAM ViT-B's parameter count and shapes") {
-  auto o = SamOptions::preset("vit_b");
-  REQUIRE(o.is_ok());
-  Sam sam(*o);
+  REQUIRE_OK_AND_ASSIGN(auto o, SamOptions::preset("vit_b"));
+  Sam sam(o);
   int64_t count = 0;
   for (const auto& p : sam->parameters()) count += p.numel();
   // segment_anything sam_model_registry["vit_b"]: 93,735,472 parameters.

@@ -29,15 +29,14 @@ TEST_CASE("a tensor archive round-trips names, dtypes, shapes and values") {
   m["empty"] = torch::zeros({0, 3});
   m["strided"] = torch::randn({4, 6}).t();  // non-contiguous input
   auto path = dir / "t.sfta";
-  REQUIRE(write_tensor_archive(path, m).is_ok());
-  auto r = read_tensor_archive(path);
-  REQUIRE(r.is_ok());
-  REQUIRE(r->size() == m.size());
+  REQUIRE_OK(write_tensor_archive(path, m));
+  REQUIRE_OK_AND_ASSIGN(auto r, read_tensor_archive(path));
+  REQUIRE(r.size() == m.size());
   for (const auto& [name, t] : m) {
     const auto& param = name;  // clang 14 cannot capture a structured binding
     INFO(param);
-    REQUIRE(r->count(name));
-    const auto& u = r->at(name);
+    REQUIRE(r.count(name));
+    const auto& u = r.at(name);
     CHECK((u.scalar_type() == t.scalar_type()));
     CHECK(u.sizes() == t.sizes());
     CHECK(torch::equal(u, t));
@@ -47,7 +46,7 @@ TEST_CASE("a tensor archive round-trips names, dtypes, shapes and values") {
 TEST_CASE("corrupt or truncated tensor archives are reported, not crashed on") {
   TempDir dir("sfta");
   auto path = dir / "t.sfta";
-  REQUIRE(write_tensor_archive(path, {{"w", torch::randn({64, 64})}}).is_ok());
+  REQUIRE_OK(write_tensor_archive(path, {{"w", torch::randn({64, 64})}}));
   const auto bytes = segflow::testing::read_file(path);
   segflow::testing::write_file(dir / "short.sfta", bytes.substr(0, bytes.size() - 100));
   auto truncated = read_tensor_archive(dir / "short.sfta");
@@ -76,7 +75,7 @@ TEST_CASE("load_into copies weights and names missing, unexpected and mismatched
   CHECK(max_abs_diff(a->forward(x), b->forward(x)) > 0);
   auto weights = named_tensors(*a);
   CHECK(weights.count("down.0.conv.0.norm.running_mean"));
-  REQUIRE(load_into(*b, weights).is_ok());
+  REQUIRE_OK(load_into(*b, weights));
   CHECK(max_abs_diff(a->forward(x), b->forward(x)) == 0.0);
 
   auto missing = weights;
@@ -86,7 +85,7 @@ TEST_CASE("load_into copies weights and names missing, unexpected and mismatched
   CHECK(st.code() == segflow::ErrorCode::invalid_argument);
   CHECK(st.message().find("1 missing key: bottom.conv.0.conv.weight") != std::string::npos);
   CHECK(st.message().find("1 unexpected key: extra.weight") != std::string::npos);
-  CHECK(load_into(*b, missing, /*strict=*/false).is_ok());
+  CHECK_OK(load_into(*b, missing, /*strict=*/false));
 
   auto wrong = weights;
   wrong["bottom.conv.0.conv.weight"] = torch::zeros({1, 2, 3});
@@ -96,9 +95,8 @@ TEST_CASE("load_into copies weights and names missing, unexpected and mismatched
 
 TEST_CASE("the Python converter turns a PyTorch state dict into an archive that loads into tiny SAM") {
   TempDir dir("convert");
-  auto opts = SamOptions::preset("tiny");
-  REQUIRE(opts.is_ok());
-  Sam sam(*opts);
+  REQUIRE_OK_AND_ASSIGN(auto opts, SamOptions::preset("tiny"));
+  Sam sam(opts);
   // Names and shapes of our model; Python fills them with a deterministic pattern, adds a
   // DDP prefix, a float16 tensor and a key to rename, and saves a torch state dict.
   nlohmann::json spec = nlohmann::json::object();
@@ -130,10 +128,9 @@ torch.save({"model": sd, "epoch": 3}, sys.argv[2])
       shell_quote((dir / "ckpt.pth").string()) + " " + shell_quote((dir / "tiny.sfta").string()) +
       " --strip-prefix module. --drop extra_optimizer --rename 'iou_tok\\.=iou_token.' 2>&1");
   REQUIRE_MESSAGE(conv.exit_code == 0, conv.out);
-  auto archive = read_tensor_archive(dir / "tiny.sfta");
-  REQUIRE_MESSAGE(archive.is_ok(), archive.status().to_string());
-  CHECK((archive->at("image_encoder.pos_embed").scalar_type() == torch::kHalf));
-  REQUIRE_MESSAGE(load_into(*sam, *archive, /*strict=*/true).is_ok(), load_into(*sam, *archive).message());
+  REQUIRE_OK_AND_ASSIGN(auto archive, read_tensor_archive(dir / "tiny.sfta"));
+  CHECK((archive.at("image_encoder.pos_embed").scalar_type() == torch::kHalf));
+  REQUIRE_OK(load_into(*sam, archive, /*strict=*/true));
   size_t i = 0;
   for (const auto& [name, t] : named_tensors(*sam)) {  // sorted, as Python's enumeration
     const auto& param = name;                          // clang 14 cannot capture a structured binding

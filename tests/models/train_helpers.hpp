@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "job_yaml.hpp"
 #include "models/job_config.hpp"
 #include "models/trainer.hpp"
 #include "pipeline/staged_source.hpp"
+#include "test_util.hpp"
 
 namespace segflow::testing::train {
 
@@ -20,19 +22,26 @@ using models::StepInfo;
 using models::Trainer;
 using models::TrainObserver;
 
+/// The DiceCE loss on logits and integer labels.
+inline const char* kDiceCe = "{name: dice_ce, to_onehot_y: true, softmax: true}";
+
 /// A job with one model, trained on `device` under `amp`, every step logged by default.
 inline JobConfig job(const std::string& model, const std::string& loss, const std::string& amp,
                      const std::string& optimizer = "{name: adam, lr: 0.01}", std::int64_t log_every = 1,
                      const std::string& device = "cpu") {
-  const std::string yaml = "name: amp\nseed: 1\nstages: [load]\nmodel: " + model + "\nloss: " + loss +
-                           "\noptimizer: " + optimizer +
-                           "\nschedule: {name: constant}\n"
-                           "train: {epochs: 1, batch_size: 2, amp: " +
-                           amp + ", device: " + device +
-                           ", threads: 2, log_every: " + std::to_string(log_every) + "}\n";
-  auto c = models::parse_job_config(yaml, "amp.yaml");
-  REQUIRE_MESSAGE(c.is_ok(), c.status().message());
-  return *c;
+  JobYaml job;
+  job.name = "amp";
+  job.seed = "1";
+  job.stages = {"load"};
+  job.model = model;
+  job.loss = loss;
+  job.optimizer = optimizer;
+  job.epochs = 1;
+  job.train = "batch_size: 2, amp: " + amp + ", device: " + device +
+              ", threads: 2, log_every: " + std::to_string(log_every);
+  job.validation = "";
+  REQUIRE_OK_AND_ASSIGN(auto c, models::parse_job_config(job.yaml(), "amp.yaml"));
+  return c;
 }
 
 /// Two samples whose label is a box (class 1) and a slab (class 2); the image shows them.
@@ -84,9 +93,8 @@ inline std::vector<double> train_steps(Trainer& t, const Batch& b, std::int64_t 
                                        EpochInfo* epoch = nullptr) {
   pipeline::StagedBatchSource src({b}, steps);
   Steps obs;
-  auto ep = t.train_epoch(src, steps, obs);
-  REQUIRE_MESSAGE(ep.is_ok(), ep.status().message());
-  if (epoch) *epoch = *ep;
+  REQUIRE_OK_AND_ASSIGN(auto ep, t.train_epoch(src, steps, obs));
+  if (epoch) *epoch = ep;
   std::vector<double> losses;
   for (const auto& s : obs.steps) losses.push_back(s.loss);
   return losses;

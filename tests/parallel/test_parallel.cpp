@@ -8,13 +8,6 @@
 
 #include <torch/torch.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -23,15 +16,15 @@
 #include <thread>
 
 #include "actors/parallel/data_parallel.hpp"
+#include "job_yaml.hpp"
 #include "models/job_config.hpp"
 #include "models/parallel/collective.hpp"
 #include "models/parallel/ddp_sync.hpp"
 #include "models/trainer.hpp"
 #include "pipeline/batch_source.hpp"
 #include "pipeline/io/dataset.hpp"
+#include "pipeline/io/image_io.hpp"
 #include "test_util.hpp"
-
-extern char** environ;
 
 namespace {
 
@@ -57,21 +50,19 @@ struct StepPlan {
 /// the synchroniser's broadcast must make the initial weights equal.
 std::unique_ptr<segflow::models::Trainer> make_trainer(std::uint64_t seed, const StepPlan& plan,
                                                        const c10::Device& device) {
-  const std::string yaml =
-      "name: dpstep\n"
-      "seed: " +
-      std::to_string(seed) +
-      "\n"
-      "data: {root: unused, num_classes: 3}\n"
-      "stages: [{name: load}]\n"
-      "model: {name: unet, spatial_dims: 3, in_channels: 1, out_channels: 3, "
-      "channels: [4, 8], strides: [2], num_res_units: 1, norm: instance}\n"
-      "loss: {name: dice_ce, to_onehot_y: true, softmax: true}\n"
-      "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
-      "schedule: {name: constant}\n"
-      "train: {epochs: 1, batch_size: 4, device: cpu, accumulate: " +
-      std::to_string(plan.accumulate) + "}\n";
-  auto cfg = segflow::models::parse_job_config(yaml, "dpstep.yaml");
+  segflow::testing::JobYaml job;
+  job.name = "dpstep";
+  job.seed = std::to_string(seed);
+  job.root = "unused";
+  job.synth = job.val_cases = "";
+  job.num_classes = "3";
+  job.stages = {segflow::testing::kLoadStage};
+  job.model = segflow::testing::unet3d(3, "channels: [4, 8], strides: [2], num_res_units: 1, norm: instance");
+  job.optimizer = "{name: sgd, lr: 0.05, momentum: 0.9}";
+  job.epochs = 1;
+  job.train = "batch_size: 4, device: cpu, accumulate: " + std::to_string(plan.accumulate);
+  job.validation = "";
+  auto cfg = segflow::models::parse_job_config(job.yaml(), "dpstep.yaml");
   if (!cfg.is_ok()) throw std::runtime_error(cfg.status().message());
   auto t = segflow::models::Trainer::create(*cfg, device);
   if (!t.is_ok()) throw std::runtime_error(t.status().message());
@@ -242,53 +233,12 @@ void check_local_equivalence(const StepPlan& plan) {
 
 const char* kWorkerEntry = "parallel_worker";
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
-
-pid_t spawn_worker(const std::map<std::string, std::string>& extra) {
-  std::vector<std::string> env_s;
-  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
-  for (auto& [k, v] : extra) env_s.push_back(k + "=" + v);
-  env_s.push_back(std::string("SEGFLOW_TEST_CHILD=") + kWorkerEntry);
-  std::vector<char*> envp;
-  for (auto& s : env_s) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::vector<char*> argv{exe.data(), nullptr};
-  pid_t pid = 0;
-  REQUIRE(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), envp.data()) == 0);
-  return pid;
-}
-
-/// Waits for `pid` at most `limit`; kills it after that. Returns the exit status (-1: killed).
-int wait_for(pid_t pid, std::chrono::seconds limit) {
-  const auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::steady_clock::now() - t0 < limit) {
-    int st = 0;
-    if (::waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, nullptr, 0);
-  return -1;
-}
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+/// This executable again as a data-parallel worker (parallel_worker below), with `extra`
+/// added to its environment.
+segflow::testing::ChildProcess spawn_worker(const std::map<std::string, std::string>& extra) {
+  std::vector<std::string> env;
+  for (const auto& [k, v] : extra) env.push_back(k + "=" + v);
+  return segflow::testing::start_child_entry(kWorkerEntry, env, segflow::testing::ChildOutput::inherit);
 }
 
 }  // namespace
@@ -338,19 +288,20 @@ int parallel_worker() {
 
 const segflow::testing::ChildEntry kParallelWorker(kWorkerEntry, parallel_worker);
 
-TEST_CASE("parallel: 2 Gloo ranks in one process match 1 rank with the whole batch") {
+TEST_CASE("2 Gloo ranks in one process match 1 rank with the whole batch") {
   check_local_equivalence({.accumulate = 1});
 }
 
-TEST_CASE("parallel: 2 Gloo ranks in one process match 1 rank with gradient accumulation (no_sync)") {
+TEST_CASE("2 Gloo ranks in one process match 1 rank with gradient accumulation (no_sync)") {
   check_local_equivalence({.accumulate = 3});
 }
 
-TEST_CASE("parallel: an epoch that ends mid-accumulation is reduced without the reducer") {
+TEST_CASE("an epoch that ends mid-accumulation is reduced without the reducer") {
   check_local_equivalence({.accumulate = 3, .last_micro = 2});
 }
 
-TEST_CASE("parallel: collective allreduce_mean, broadcast, all/any over Gloo") {
+TEST_CASE(
+    "the Gloo collective's allreduce_mean, broadcast, all and any give every rank the expected values") {
   CollectiveOptions co;
   co.timeout = std::chrono::seconds(30);
   co.bucket_bytes = 64;  // several buckets, mixed dtypes
@@ -383,7 +334,7 @@ TEST_CASE("parallel: collective allreduce_mean, broadcast, all/any over Gloo") {
   CHECK(errors[1] == "");
 }
 
-TEST_CASE("parallel: a rank that leaves makes the other fail with a clear error, not hang (in process)") {
+TEST_CASE("a rank that leaves makes the other fail with a clear error, not hang (in process)") {
   CollectiveOptions co;
   co.timeout = std::chrono::seconds(10);
   LocalRendezvous rv(2, co);
@@ -410,23 +361,25 @@ TEST_CASE("parallel: a rank that leaves makes the other fail with a clear error,
   CHECK(seconds < 15.0);
 }
 
-TEST_CASE("parallel: 2 Gloo processes over loopback match 1 rank, with and without accumulation") {
+TEST_CASE("2 Gloo processes over loopback match 1 rank, with and without accumulation") {
   for (std::int64_t accumulate : {1, 2}) {
     CAPTURE(accumulate);
     segflow::testing::TempDir dir("segflow_parallel");
-    const int port = free_port();
-    std::vector<pid_t> pids;
+    const int port = segflow::testing::free_port();
+    std::vector<segflow::testing::ChildProcess> workers;
     for (int r = 0; r < 2; ++r)
-      pids.push_back(spawn_worker({{"MASTER_ADDR", "127.0.0.1"},
-                                   {"MASTER_PORT", std::to_string(port)},
-                                   {"WORLD_SIZE", "2"},
-                                   {"RANK", std::to_string(r)},
-                                   {"LOCAL_RANK", std::to_string(r)},
-                                   {"OMP_NUM_THREADS", "1"},
-                                   {"SEGFLOW_PARALLEL_ACCUMULATE", std::to_string(accumulate)},
-                                   {"SEGFLOW_PARALLEL_OUT", (dir / ("rank" + std::to_string(r))).string()}}));
-    for (auto pid : pids) CHECK(wait_for(pid, std::chrono::seconds(120)) == 0);
-    const std::string r0 = slurp(dir / "rank0"), r1 = slurp(dir / "rank1");
+      workers.push_back(
+          spawn_worker({{"MASTER_ADDR", "127.0.0.1"},
+                        {"MASTER_PORT", std::to_string(port)},
+                        {"WORLD_SIZE", "2"},
+                        {"RANK", std::to_string(r)},
+                        {"LOCAL_RANK", std::to_string(r)},
+                        {"OMP_NUM_THREADS", "1"},
+                        {"SEGFLOW_PARALLEL_ACCUMULATE", std::to_string(accumulate)},
+                        {"SEGFLOW_PARALLEL_OUT", (dir / ("rank" + std::to_string(r))).string()}}));
+    for (auto& w : workers) CHECK(w.wait_exit(120) == 0);
+    const std::string r0 = segflow::testing::read_file(dir / "rank0"),
+                      r1 = segflow::testing::read_file(dir / "rank1");
     INFO(r0.substr(0, 300));
     INFO(r1.substr(0, 300));
     REQUIRE(r0.rfind("ok ", 0) == 0);
@@ -450,59 +403,59 @@ TEST_CASE("parallel: 2 Gloo processes over loopback match 1 rank, with and witho
   }
 }
 
-TEST_CASE("parallel: a dead worker process makes the survivor fail within the timeout") {
+TEST_CASE("a dead worker process makes the survivor fail within the timeout") {
   segflow::testing::TempDir dir("segflow_parallel");
-  const int port = free_port();
-  std::vector<pid_t> pids;
+  const int port = segflow::testing::free_port();
+  std::vector<segflow::testing::ChildProcess> workers;
   const auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < 2; ++r)
-    pids.push_back(spawn_worker({{"MASTER_ADDR", "127.0.0.1"},
-                                 {"MASTER_PORT", std::to_string(port)},
-                                 {"WORLD_SIZE", "2"},
-                                 {"RANK", std::to_string(r)},
-                                 {"OMP_NUM_THREADS", "1"},
-                                 {"SEGFLOW_PARALLEL_MODE", "die"},
-                                 {"SEGFLOW_PARALLEL_OUT", (dir / ("rank" + std::to_string(r))).string()}}));
-  CHECK(wait_for(pids[1], std::chrono::seconds(60)) == 3);
-  CHECK(wait_for(pids[0], std::chrono::seconds(60)) == 0);
+    workers.push_back(
+        spawn_worker({{"MASTER_ADDR", "127.0.0.1"},
+                      {"MASTER_PORT", std::to_string(port)},
+                      {"WORLD_SIZE", "2"},
+                      {"RANK", std::to_string(r)},
+                      {"OMP_NUM_THREADS", "1"},
+                      {"SEGFLOW_PARALLEL_MODE", "die"},
+                      {"SEGFLOW_PARALLEL_OUT", (dir / ("rank" + std::to_string(r))).string()}}));
+  CHECK(workers[1].wait_exit(60) == 3);
+  CHECK(workers[0].wait_exit(60) == 0);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string r0 = slurp(dir / "rank0");
+  const std::string r0 = segflow::testing::read_file(dir / "rank0");
   INFO(r0);
   CHECK(r0.rfind("error ", 0) == 0);
   CHECK(r0.find("on rank 0 of 2 failed") != std::string::npos);
   CHECK(seconds < 60.0);
 }
 
-TEST_CASE("parallel: launcher environment (torchrun, SLURM, errors name the variable)") {
+TEST_CASE(
+    "the launcher environment is read from torchrun's or SLURM's variables, and errors name the variable") {
   auto from = [](std::map<std::string, std::string> m) {
     return par::launch_env([m = std::move(m)](const char* k) -> const char* {
       auto it = m.find(k);
       return it == m.end() ? nullptr : it->second.c_str();
     });
   };
-  auto e = from({{"MASTER_ADDR", "node1"},
-                 {"MASTER_PORT", "29500"},
-                 {"WORLD_SIZE", "4"},
-                 {"RANK", "3"},
-                 {"LOCAL_RANK", "1"}});
-  REQUIRE(e.is_ok());
-  CHECK(e->launcher == "torchrun");
-  CHECK(e->rank == 3);
-  CHECK(e->world_size == 4);
-  CHECK(e->local_rank == 1);
-  CHECK(e->master_addr == "node1");
-  CHECK(e->master_port == 29500);
+  REQUIRE_OK_AND_ASSIGN(auto e, from({{"MASTER_ADDR", "node1"},
+                                      {"MASTER_PORT", "29500"},
+                                      {"WORLD_SIZE", "4"},
+                                      {"RANK", "3"},
+                                      {"LOCAL_RANK", "1"}}));
+  CHECK(e.launcher == "torchrun");
+  CHECK(e.rank == 3);
+  CHECK(e.world_size == 4);
+  CHECK(e.local_rank == 1);
+  CHECK(e.master_addr == "node1");
+  CHECK(e.master_port == 29500);
 
-  auto s = from({{"MASTER_ADDR", "n0"},
-                 {"MASTER_PORT", "1234"},
-                 {"SLURM_NTASKS", "8"},
-                 {"SLURM_PROCID", "5"},
-                 {"SLURM_LOCALID", "2"}});
-  REQUIRE(s.is_ok());
-  CHECK(s->launcher == "slurm");
-  CHECK(s->rank == 5);
-  CHECK(s->world_size == 8);
-  CHECK(s->local_rank == 2);
+  REQUIRE_OK_AND_ASSIGN(auto s, from({{"MASTER_ADDR", "n0"},
+                                      {"MASTER_PORT", "1234"},
+                                      {"SLURM_NTASKS", "8"},
+                                      {"SLURM_PROCID", "5"},
+                                      {"SLURM_LOCALID", "2"}}));
+  CHECK(s.launcher == "slurm");
+  CHECK(s.rank == 5);
+  CHECK(s.world_size == 8);
+  CHECK(s.local_rank == 2);
 
   auto msg = [&](std::map<std::string, std::string> m) { return from(std::move(m)).status().message(); };
   CHECK(msg({{"MASTER_PORT", "1"}, {"WORLD_SIZE", "2"}, {"RANK", "0"}}).find("MASTER_ADDR is not set") !=
@@ -519,10 +472,10 @@ TEST_CASE("parallel: launcher environment (torchrun, SLURM, errors name the vari
             .find("RANK nor SLURM_PROCID is set") != std::string::npos);
 }
 
-TEST_CASE("parallel: rendezvous at a port nobody serves fails within the timeout") {
+TEST_CASE("a rendezvous at a port nobody serves fails within the timeout") {
   par::LaunchEnv env;
   env.master_addr = "127.0.0.1";
-  env.master_port = free_port();
+  env.master_port = segflow::testing::free_port();
   env.world_size = 2;
   env.rank = 1;  // a client: rank 0 never comes
   CollectiveOptions co;
@@ -536,7 +489,7 @@ TEST_CASE("parallel: rendezvous at a port nobody serves fails within the timeout
   CHECK(seconds < 30.0);
 }
 
-TEST_CASE("parallel: NCCL ranks on CUDA devices match 1 rank (GPU only)") {
+TEST_CASE("NCCL ranks on CUDA devices match 1 rank (GPU only)") {
   if (!segflow::testing::cuda_or_skip()) return;
   // Two NCCL ranks cannot share one GPU: use as many devices as there are, up to 2. With
   // one GPU this still runs the whole NCCL path (broadcast, reducer, all-reduce) on 1 rank.
@@ -554,7 +507,9 @@ TEST_CASE("parallel: NCCL ranks on CUDA devices match 1 rank (GPU only)") {
   }
 }
 
-TEST_CASE("parallel: NCCL collective allreduce_mean and broadcast on CUDA (GPU only)") {
+TEST_CASE(
+    "the NCCL collective's allreduce_mean and broadcast give every rank the expected values on CUDA (GPU "
+    "only)") {
   if (!segflow::testing::cuda_or_skip()) return;
   const int world = std::min<int>(2, static_cast<int>(torch::cuda::device_count()));
   LocalRendezvous rv(world, CollectiveOptions{.timeout = std::chrono::seconds(60), .bucket_bytes = 64});
@@ -580,17 +535,20 @@ TEST_CASE("parallel: NCCL collective allreduce_mean and broadcast on CUDA (GPU o
 }
 
 namespace {
-std::string tiny_job(const std::filesystem::path& dir) {
-  segflow::testing::TinyJob job;
+/// The tiny job (tests/job_yaml.hpp) without the flip, a 2-level UNet, 2 epochs of batch 1
+/// with accumulation 2; runs in `dir`.
+segflow::testing::JobYaml tiny_job(const std::filesystem::path& dir) {
+  segflow::testing::JobYaml job;
   job.name = "tinydp";
-  job.after_crop = "";
-  job.model = "channels: [4, 8], strides: [2], num_res_units: 1, norm: batch";
+  job.root = dir / "data";
+  job.stages.pop_back();  // no rand_flip
+  job.model = segflow::testing::unet3d(5, "channels: [4, 8], strides: [2], num_res_units: 1, norm: batch");
   job.epochs = 2;
   job.train =
       "batch_size: 1, accumulate: 2, device: cpu, val_interval: 1, checkpoint_interval: 1, loader: simple, "
       "threads: 1";
-  return segflow::testing::tiny_job_yaml(dir / "data", job) +
-         "output: {runs_dir: " + (dir / "runs").string() + "}\n";
+  job.runs_dir = dir / "runs";
+  return job;
 }
 
 class CountingObserver : public segflow::models::TrainObserver {
@@ -606,60 +564,53 @@ class CountingObserver : public segflow::models::TrainObserver {
 };
 }  // namespace
 
-TEST_CASE("parallel: run_data_parallel trains a real job on 2 CPU ranks; only rank 0 writes the run folder") {
+TEST_CASE("run_data_parallel trains a real job on 2 CPU ranks; only rank 0 writes the run folder") {
   segflow::testing::TempDir dir("segflow_dp_job");
-  auto cfg = segflow::models::parse_job_config(tiny_job(dir.path()), "job.yaml");
-  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto cfg, segflow::models::parse_job_config(tiny_job(dir.path()).yaml(), "job.yaml"));
   CountingObserver obs;
   segflow::actors::DataParallelOptions o;
   o.world_size = 2;
   o.timeout = std::chrono::seconds(120);
-  auto run = segflow::actors::run_data_parallel(*cfg, {}, obs, o);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
-  CHECK(std::filesystem::exists(*run / "last.pt"));
-  CHECK(std::filesystem::exists(*run / "metrics.jsonl"));
-  CHECK(std::filesystem::exists(*run / "config.json"));
+  REQUIRE_OK_AND_ASSIGN(auto run, segflow::actors::run_data_parallel(cfg, {}, obs, o));
+  CHECK(std::filesystem::exists(run / "last.pt"));
+  CHECK(std::filesystem::exists(run / "metrics.jsonl"));
+  CHECK(std::filesystem::exists(run / "config.json"));
   CHECK(obs.steps > 0);
   CHECK(obs.validations == 2);
   // One run folder: the other rank wrote nowhere under runs_dir.
   std::int64_t runs = 0;
   for (auto& e : std::filesystem::directory_iterator(dir / "runs")) runs += e.is_directory();
   CHECK(runs == 1);
-  auto t = segflow::models::load_for_inference(*run / "last.pt", "cpu");
-  REQUIRE_MESSAGE(t.is_ok(), t.status().message());
-  CHECK((*t)->state().epoch == 2);
+  REQUIRE_OK_AND_ASSIGN(auto t, segflow::models::load_for_inference(run / "last.pt", "cpu"));
+  CHECK(t->state().epoch == 2);
 }
 
-TEST_CASE("parallel: a stop request on rank 0 stops every rank at the same step (no hang)") {
+TEST_CASE("a stop request on rank 0 stops every rank at the same step (no hang)") {
   segflow::testing::TempDir dir("segflow_dp_job");
-  auto cfg = segflow::models::parse_job_config(tiny_job(dir.path()), "job.yaml");
-  REQUIRE_MESSAGE(cfg.is_ok(), cfg.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto cfg, segflow::models::parse_job_config(tiny_job(dir.path()).yaml(), "job.yaml"));
   CountingObserver obs(1);
   segflow::actors::DataParallelOptions o;
   o.world_size = 2;
   o.timeout = std::chrono::seconds(60);
-  auto run = segflow::actors::run_data_parallel(*cfg, {}, obs, o);
-  REQUIRE_MESSAGE(run.is_ok(), run.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto run, segflow::actors::run_data_parallel(cfg, {}, obs, o));
   CHECK(obs.steps == 1);
-  CHECK(std::filesystem::exists(*run / "last.pt"));
+  CHECK(std::filesystem::exists(run / "last.pt"));
 }
 
-TEST_CASE("parallel: torchrun starts 2 processes on a fresh data root; one makes the dataset, both train" *
+TEST_CASE("torchrun starts 2 processes on a fresh data root; one makes the dataset, both train" *
           doctest::test_suite("serial")) {
   namespace st = segflow::testing;
   st::TempDir dir("segflow_torchrun");
   // A data root inside a folder that does not exist yet: the first use of the job.
   const auto root = dir.path() / "fresh";
   // Cases big enough that making them takes a while: both ranks are in ensure_dataset at once.
-  std::string job = tiny_job(root);
-  const std::string small = "synth: {cases: 5, size: 24,", big = "synth: {cases: 5, size: 96,";
-  REQUIRE(job.find(small) != std::string::npos);
-  job.replace(job.find(small), small.size(), big);
-  st::write_file(dir / "job.yaml", job);
+  auto job = tiny_job(root);
+  job.synth = "{cases: 5, size: 96, format: nifti, seed: 9}";
+  st::write_file(dir / "job.yaml", job.yaml());
   const auto torchrun = std::filesystem::path(st::python()).parent_path() / "torchrun";
   REQUIRE_MESSAGE(std::filesystem::exists(torchrun), torchrun.string()
                                                          << " is missing: run scripts/setup.sh");
-  const int port = free_port();
+  const int port = st::free_port();
   auto r = st::run_command(
       "cd " + st::shell_quote(dir.path().string()) + " && OMP_NUM_THREADS=1 " +
       st::shell_quote(torchrun.string()) + " --nproc-per-node 2 --master-addr 127.0.0.1 --master-port " +
@@ -669,8 +620,11 @@ TEST_CASE("parallel: torchrun starts 2 processes on a fresh data root; one makes
   // One dataset, complete, and nothing half-made left behind.
   auto scan =
       segflow::pipeline::scan_dataset(root / "data", segflow::pipeline::ScanOptions{.validate = false});
-  REQUIRE_MESSAGE(scan.is_ok(), scan.status().message());
-  CHECK(scan->cases.size() == 5);
+  REQUIRE_OK(scan);
+  REQUIRE(scan->cases.size() == 5);
+  REQUIRE_OK_AND_ASSIGN(auto first, segflow::pipeline::read_image(scan->cases[0].images.at(0)));
+  CHECK(first.size()[0] == 96);  // the big cases of the job, not the tiny job's 24^3
+  CHECK(first.size()[1] == 96);
   CHECK_FALSE(std::filesystem::exists(root / "data.partial"));
   // One run folder, written by rank 0, holding the whole 2-epoch run.
   std::vector<std::filesystem::path> runs;

@@ -74,18 +74,16 @@ TEST_CASE("a synthetic NIfTI dataset round-trips exactly through the MSD layout 
   o.format = "nifti";
   o.out = dir.path();
   o.seed = 5;
-  REQUIRE(synthesize_dataset(o).is_ok());
-  auto idx = scan_dataset(dir.path());
-  REQUIRE(idx.is_ok());
-  CHECK(idx->layout == DatasetLayout::msd);
-  REQUIRE(idx->cases.size() == 3);
-  CHECK(idx->skipped.empty());
-  CHECK(idx->label_names.size() == kPhantomLabels + 1);
-  CHECK(idx->label_names[2] == "spleen");
+  REQUIRE_OK(synthesize_dataset(o));
+  REQUIRE_OK_AND_ASSIGN(auto idx, scan_dataset(dir.path()));
+  CHECK(idx.layout == DatasetLayout::msd);
+  REQUIRE(idx.cases.size() == 3);
+  CHECK(idx.skipped.empty());
+  CHECK(idx.label_names.size() == kPhantomLabels + 1);
+  CHECK(idx.label_names[2] == "spleen");
   for (int i = 0; i < 3; ++i) {
-    auto c = load_case(idx->cases[i]);
-    REQUIRE_MESSAGE(c.is_ok(), c.status().message());
-    check_against_phantom(*c, make_phantom(24, 5, i), true);
+    REQUIRE_OK_AND_ASSIGN(auto c, load_case(idx.cases[i]));
+    check_against_phantom(c, make_phantom(24, 5, i), true);
   }
 }
 
@@ -96,15 +94,13 @@ TEST_CASE("a synthetic npy dataset round-trips values through the MedSAM imgs/gt
   o.size = 24;
   o.format = "npy";
   o.out = dir.path();
-  REQUIRE(synthesize_dataset(o).is_ok());
-  auto idx = scan_dataset(dir.path());
-  REQUIRE(idx.is_ok());
-  CHECK(idx->layout == DatasetLayout::medsam_npy);
-  REQUIRE(idx->cases.size() == 2);
+  REQUIRE_OK(synthesize_dataset(o));
+  REQUIRE_OK_AND_ASSIGN(auto idx, scan_dataset(dir.path()));
+  CHECK(idx.layout == DatasetLayout::medsam_npy);
+  REQUIRE(idx.cases.size() == 2);
   for (int i = 0; i < 2; ++i) {
-    auto c = load_case(idx->cases[i]);
-    REQUIRE_MESSAGE(c.is_ok(), c.status().message());
-    check_against_phantom(*c, make_phantom(24, 0, i), false);  // npy has no geometry
+    REQUIRE_OK_AND_ASSIGN(auto c, load_case(idx.cases[i]));
+    check_against_phantom(c, make_phantom(24, 0, i), false);  // npy has no geometry
   }
 }
 
@@ -120,15 +116,13 @@ TEST_CASE("a synthetic DICOM dataset round-trips exactly for every compression")
     o.out = dir.path();
     o.seed = 11;
     Status st = synthesize_dataset(o);
-    REQUIRE_MESSAGE(st.is_ok(), st.message());
-    auto idx = scan_dataset(dir.path());
-    REQUIRE(idx.is_ok());
-    CHECK(idx->layout == DatasetLayout::dicom);
-    REQUIRE(idx->cases.size() == 3);
+    REQUIRE_OK(st);
+    REQUIRE_OK_AND_ASSIGN(auto idx, scan_dataset(dir.path()));
+    CHECK(idx.layout == DatasetLayout::dicom);
+    REQUIRE(idx.cases.size() == 3);
     for (int i = 0; i < 3; ++i) {
-      auto c = load_case(idx->cases[i]);
-      REQUIRE_MESSAGE(c.is_ok(), c.status().message());
-      check_against_phantom(*c, make_phantom(20, 11, i), true);
+      REQUIRE_OK_AND_ASSIGN(auto c, load_case(idx.cases[i]));
+      check_against_phantom(c, make_phantom(20, 11, i), true);
     }
   }
 }
@@ -144,33 +138,30 @@ TEST_CASE("inspect reports the exact geometry, statistics and labels of syntheti
     CAPTURE(fmt);
     o.format = fmt;
     o.out = dir.path() / fmt;
-    REQUIRE(synthesize_dataset(o).is_ok());
+    REQUIRE_OK(synthesize_dataset(o));
     Phantom ph = make_phantom(20, 2, 2);
     const auto image_path =
         std::string(fmt) == "nifti" ? o.out / "imagesTr" / "case_002_0000.nii.gz" : o.out / "case_002";
-    auto j = inspect_path(image_path);
-    REQUIRE_MESSAGE(j.is_ok(), j.status().message());
+    REQUIRE_OK_AND_ASSIGN(auto j, inspect_path(image_path));
     const auto s = ph.image.size();
-    CHECK((*j)["size"] == nlohmann::json({s[0], s[1], s[2]}));
+    CHECK(j["size"] == nlohmann::json({s[0], s[1], s[2]}));
     for (int k = 0; k < 3; ++k) {
-      CHECK((*j)["spacing"][k].get<double>() == doctest::Approx(ph.image.geometry.spacing[k]).epsilon(1e-6));
-      CHECK((*j)["origin"][k].get<double>() == doctest::Approx(ph.image.geometry.origin[k]).epsilon(1e-6));
+      CHECK(j["spacing"][k].get<double>() == doctest::Approx(ph.image.geometry.spacing[k]).epsilon(1e-6));
+      CHECK(j["origin"][k].get<double>() == doctest::Approx(ph.image.geometry.origin[k]).epsilon(1e-6));
     }
     for (int k = 0; k < 9; ++k)
-      CHECK((*j)["direction"][k].get<double>() ==
-            doctest::Approx(ph.image.geometry.direction[k]).epsilon(1e-6));
-    CHECK((*j)["min"].get<double>() == ph.image.voxels.min().item<double>());
-    CHECK((*j)["max"].get<double>() == ph.image.voxels.max().item<double>());
-    CHECK((*j)["mean"].get<double>() ==
+      CHECK(j["direction"][k].get<double>() == doctest::Approx(ph.image.geometry.direction[k]).epsilon(1e-6));
+    CHECK(j["min"].get<double>() == ph.image.voxels.min().item<double>());
+    CHECK(j["max"].get<double>() == ph.image.voxels.max().item<double>());
+    CHECK(j["mean"].get<double>() ==
           doctest::Approx(ph.image.voxels.to(torch::kDouble).mean().item<double>()).epsilon(1e-9));
     if (std::string(fmt) == "dicom") {
-      CHECK((*j)["labels"] == nlohmann::json({0, 1, 2, 3, 4}));
+      CHECK(j["labels"] == nlohmann::json({0, 1, 2, 3, 4}));
     } else {
-      auto jl = inspect_path(o.out / "labelsTr" / "case_002.nii.gz");
-      REQUIRE(jl.is_ok());
-      CHECK((*jl)["labels"] == nlohmann::json({0, 1, 2, 3, 4}));
-      CHECK((*jl)["dtype"] == "uint8");
-      CHECK_FALSE(j->contains("labels"));
+      REQUIRE_OK_AND_ASSIGN(auto jl, inspect_path(o.out / "labelsTr" / "case_002.nii.gz"));
+      CHECK(jl["labels"] == nlohmann::json({0, 1, 2, 3, 4}));
+      CHECK(jl["dtype"] == "uint8");
+      CHECK_FALSE(j.contains("labels"));
     }
   }
 }
@@ -182,21 +173,20 @@ TEST_CASE("a dataset scan skips a corrupt case, reports it and keeps the good on
   o.size = 20;
   o.format = "nifti";
   o.out = dir.path();
-  REQUIRE(synthesize_dataset(o).is_ok());
+  REQUIRE_OK(synthesize_dataset(o));
   // case_001: truncated image; case_002: label on another grid; case_003: zero-byte label.
   auto img1 = dir.path() / "imagesTr" / "case_001_0000.nii.gz";
   auto bytes = segflow::testing::read_file(img1);
   segflow::testing::write_file(img1, bytes.substr(0, bytes.size() / 3));
   Phantom other = make_phantom(24, 99, 0);
-  REQUIRE(write_nifti(dir.path() / "labelsTr" / "case_002.nii.gz", other.label).is_ok());
+  REQUIRE_OK(write_nifti(dir.path() / "labelsTr" / "case_002.nii.gz", other.label));
   segflow::testing::write_file(dir.path() / "labelsTr" / "case_003.nii.gz", "");
-  auto idx = scan_dataset(dir.path());
-  REQUIRE(idx.is_ok());
-  REQUIRE(idx->cases.size() == 1);
-  CHECK(idx->cases[0].id == "case_000");
-  REQUIRE(idx->skipped.size() == 3);
+  REQUIRE_OK_AND_ASSIGN(auto idx, scan_dataset(dir.path()));
+  REQUIRE(idx.cases.size() == 1);
+  CHECK(idx.cases[0].id == "case_000");
+  REQUIRE(idx.skipped.size() == 3);
   std::string all;
-  for (auto& s : idx->skipped) all += s.path.string() + " | " + s.reason + "\n";
+  for (auto& s : idx.skipped) all += s.path.string() + " | " + s.reason + "\n";
   CAPTURE(all);
   CHECK(all.find("case_001_0000.nii.gz") != std::string::npos);
   CHECK(all.find("case_002.nii.gz: label size") != std::string::npos);

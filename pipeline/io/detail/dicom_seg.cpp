@@ -94,9 +94,9 @@ SourceIdentity source_identity(DcmDataset& first, const std::vector<SourceRef>& 
   return id;
 }
 
-Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeriesInfo& series) {
-  ensure_dcmtk_ready();
-  const std::string where = file.string();
+/// The label map as (Z, Y, X) uint8, checked: (1, Z, Y, X), at most 65535 rows and columns,
+/// integer values in 0..kMaxLabel, at least one > 0.
+Result<at::Tensor> checked_label_map(const std::string& where, const Image& labels) {
   const at::Tensor& t = labels.voxels;
   if (!t.defined() || t.dim() != 4 || t.size(0) != 1)
     return invalid_argument(where + ": labels: expected a (1, Z, Y, X) label map, got " +
@@ -113,18 +113,25 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
                             std::to_string(lab64.min().item<double>()) + ", " +
                             std::to_string(lab64.max().item<double>()) + "]");
   at::Tensor lab = lab64.to(torch::kUInt8).contiguous();
-  const int max_label = lab.max().item<int>();
-  if (max_label == 0)
+  if (lab.max().item<int>() == 0)
     return invalid_argument(where + ": labels: expected at least one label value > 0, got none");
-  if (series.files.empty())
-    return invalid_argument(where + ": series: expected the files of the source series, got none");
+  return lab;
+}
 
-  const Geometry& g = labels.geometry;
+/// The source images of the label grid: by slice (empty where the series has none) and
+/// every file in the order given.
+struct SourceSlices {
+  std::vector<std::optional<SourceRef>> by_slice;
+  std::vector<SourceRef> all;
+};
+
+/// Maps each source file to the slice of the label grid (geometry `g`, Z slices of Y x X)
+/// at its position; a file off the grid or of another size is an error.
+Result<SourceSlices> map_sources(const DicomSeriesInfo& series, const Geometry& g, std::int64_t Z,
+                                 std::int64_t Y, std::int64_t X) {
   const Vec3 row = column(g.direction, 0), col = column(g.direction, 1), axis = column(g.direction, 2);
-
-  // Map each label slice to the source image at its position.
-  std::vector<std::optional<SourceRef>> refs(static_cast<std::size_t>(Z));
-  std::vector<SourceRef> sources;  // every source file, in the order given
+  SourceSlices out;
+  out.by_slice.resize(static_cast<std::size_t>(Z));
   for (const fs::path& f : series.files) {
     SEGFLOW_ASSIGN_OR_RETURN(auto ff, load_file(f));
     DcmDataset& ds = *ff->getDataset();
@@ -152,12 +159,18 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
     if (r.sop_class.empty() || r.sop_instance.empty())
       return corrupt_data(f.string() + ": SOPClassUID/SOPInstanceUID: required tags are missing " +
                           "(also in the file meta header)");
-    refs[static_cast<std::size_t>(kz)] = r;
-    sources.push_back(r);
+    out.by_slice[static_cast<std::size_t>(kz)] = r;
+    out.all.push_back(r);
   }
-  SEGFLOW_ASSIGN_OR_RETURN(auto first_file, load_file(series.files.front()));
-  const SourceIdentity source = source_identity(*first_file->getDataset(), sources);
+  return out;
+}
 
+/// An empty binary SEG of Y x X frames imported from the first source file, in the study of
+/// its source series (derived when anonymised away) and sharing its frame of reference
+/// (imported when the source has one).
+Result<std::unique_ptr<DcmSegmentation>> create_seg(const std::string& where, const DicomSeriesInfo& series,
+                                                    const SourceIdentity& source, std::int64_t Y,
+                                                    std::int64_t X) {
   IODGeneralEquipmentModule::EquipmentInfo equipment("segflow", "segflow", "0", "0.1");
   ContentIdentificationMacro content("1", "SEGFLOW", "segflow label map", "segflow");
   DcmSegmentation* raw = nullptr;
@@ -167,16 +180,17 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
   std::unique_ptr<DcmSegmentation> seg(raw);
   SEGFLOW_DCM(seg->importFromSourceImage(OFString(series.files.front().c_str())),
               "importFromSourceImage(" + series.files.front().string() + ")");
-  // The SEG belongs to the study of its source series (derived when anonymised away) and
-  // shares its frame of reference (imported above when the source has one).
   SEGFLOW_DCM(seg->getStudy().setStudyInstanceUID(source.study_uid.c_str()), "StudyInstanceUID");
   SEGFLOW_DCM(seg->getSeries().setSeriesInstanceUID(generate_uid(SITE_SERIES_UID_ROOT).c_str()),
               "SeriesInstanceUID");
   SEGFLOW_DCM(seg->getSeries().setSeriesDescription("segflow labels"), "SeriesDescription");
   SEGFLOW_DCM(seg->getSegmentationSeriesModule().setSeriesNumber("100"), "SeriesNumber");
+  return seg;
+}
 
-  // Segments 1..max so that segment number == label value; values absent from the map get
-  // a segment too (with one empty frame, below).
+/// Segments 1..max_label, so that segment number == label value; values absent from the
+/// map get a segment too (with one empty frame, add_frames).
+Status add_segments(const std::string& where, DcmSegmentation& seg, int max_label) {
   const CodeSequenceMacro category("85756007", "SCT", "Tissue");
   const CodeSequenceMacro type("85756007", "SCT", "Tissue");
   for (int v = 1; v <= max_label; ++v) {
@@ -185,7 +199,7 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
                                    DcmSegTypes::SAT_AUTOMATIC, "segflow"),
                 "DcmSegment::create");
     Uint16 number = 0;
-    OFCondition c = seg->addSegment(segment, number);
+    OFCondition c = seg.addSegment(segment, number);
     if (c.bad()) {
       delete segment;
       return internal_error(where + ": addSegment: " + c.text());
@@ -194,60 +208,76 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
       return internal_error(where + ": addSegment: expected segment number " + std::to_string(v) + ", got " +
                             std::to_string(number));
   }
+  return Status::ok();
+}
 
+/// The groups every frame shares (pixel measures, orientation) and the two dimension
+/// indices (segment number, position).
+Status add_shared_groups(const std::string& where, DcmSegmentation& seg, const Geometry& g) {
+  const Vec3 row = column(g.direction, 0), col = column(g.direction, 1);
   FGPixelMeasures measures;
   SEGFLOW_DCM(measures.setPixelSpacing((format_ds(g.spacing[1]) + "\\" + format_ds(g.spacing[0])).c_str()),
               "PixelSpacing");
   SEGFLOW_DCM(measures.setSliceThickness(format_ds(g.spacing[2]).c_str()), "SliceThickness");
   SEGFLOW_DCM(measures.setSpacingBetweenSlices(format_ds(g.spacing[2]).c_str()), "SpacingBetweenSlices");
-  SEGFLOW_DCM(seg->addForAllFrames(measures), "addForAllFrames(PixelMeasures)");
+  SEGFLOW_DCM(seg.addForAllFrames(measures), "addForAllFrames(PixelMeasures)");
   FGPlaneOrientationPatient orientation;
   SEGFLOW_DCM(orientation.setImageOrientationPatient(format_ds(row[0]).c_str(), format_ds(row[1]).c_str(),
                                                      format_ds(row[2]).c_str(), format_ds(col[0]).c_str(),
                                                      format_ds(col[1]).c_str(), format_ds(col[2]).c_str()),
               "ImageOrientationPatient");
-  SEGFLOW_DCM(seg->addForAllFrames(orientation), "addForAllFrames(PlaneOrientation)");
+  SEGFLOW_DCM(seg.addForAllFrames(orientation), "addForAllFrames(PlaneOrientation)");
 
   const std::string dim_uid = generate_uid(SITE_INSTANCE_UID_ROOT);
-  IODMultiframeDimensionModule& dims = seg->getDimensions();
+  IODMultiframeDimensionModule& dims = seg.getDimensions();
   SEGFLOW_DCM(dims.addDimensionIndex(DCM_ReferencedSegmentNumber, dim_uid.c_str(),
                                      DCM_SegmentIdentificationSequence, "ReferencedSegmentNumber"),
               "addDimensionIndex(ReferencedSegmentNumber)");
   SEGFLOW_DCM(dims.addDimensionIndex(DCM_ImagePositionPatient, dim_uid.c_str(), DCM_PlanePositionSequence,
                                      "ImagePositionPatient"),
               "addDimensionIndex(ImagePositionPatient)");
+  return Status::ok();
+}
 
+/// One frame: `mask` (Y x X, 0/1) of segment v at slice z, referencing that slice's source.
+Status add_frame(const std::string& where, DcmSegmentation& seg, std::vector<Uint8>& mask, int v,
+                 std::int64_t z, const std::optional<SourceRef>& ref, const Geometry& g,
+                 const std::string& series_uid) {
+  if (!ref)
+    return invalid_argument(where + ": series: expected a source image at slice " + std::to_string(z) +
+                            " of the label map, the series " + series_uid + " has none there");
+  const Vec3 p = add(g.origin, scale(column(g.direction, 2), g.spacing[2] * static_cast<double>(z)));
+  FGPlanePosPatient position;
+  SEGFLOW_DCM(position.setImagePositionPatient(format_ds(p[0]).c_str(), format_ds(p[1]).c_str(),
+                                               format_ds(p[2]).c_str()),
+              "ImagePositionPatient");
+  FGFrameContent frame_content;
+  SEGFLOW_DCM(frame_content.setDimensionIndexValues(static_cast<Uint32>(v), 0), "DimensionIndexValues");
+  SEGFLOW_DCM(frame_content.setDimensionIndexValues(static_cast<Uint32>(z + 1), 1), "DimensionIndexValues");
+  OFVector<ImageSOPInstanceReferenceMacro> sources(1);
+  SEGFLOW_DCM(sources[0].setReferencedSOPClassUID(ref->sop_class.c_str()), "ReferencedSOPClassUID");
+  SEGFLOW_DCM(sources[0].setReferencedSOPInstanceUID(ref->sop_instance.c_str()), "ReferencedSOPInstanceUID");
+  std::unique_ptr<FGDerivationImage> derivation(
+      DcmSegmentation::createDerivationImageFG(sources, "segflow label map"));
+  if (!derivation) return internal_error(where + ": createDerivationImageFG failed");
+  OFVector<FGBase*> per_frame;
+  per_frame.push_back(&position);
+  per_frame.push_back(&frame_content);
+  per_frame.push_back(derivation.get());
+  SEGFLOW_DCM(seg.addFrame(mask.data(), static_cast<Uint16>(v), per_frame),
+              "addFrame(segment " + std::to_string(v) + ", slice " + std::to_string(z) + ")");
+  return Status::ok();
+}
+
+/// A frame per segment and slice where the segment is present; a segment absent from the
+/// map gets one empty frame.
+Status add_frames(const std::string& where, DcmSegmentation& seg, const at::Tensor& lab, int max_label,
+                  const SourceSlices& sources, const Geometry& g, const std::string& series_uid) {
+  const std::int64_t Z = lab.size(0);
   const std::uint8_t* data = lab.data_ptr<std::uint8_t>();
-  const std::int64_t plane = Y * X;
+  const std::int64_t plane = lab.size(1) * lab.size(2);
   std::vector<Uint8> mask(static_cast<std::size_t>(plane));
-  auto add_frame = [&](int v, std::int64_t z) -> Status {
-    const auto& ref = refs[static_cast<std::size_t>(z)];
-    if (!ref)
-      return invalid_argument(where + ": series: expected a source image at slice " + std::to_string(z) +
-                              " of the label map, the series " + series.series_uid + " has none there");
-    const Vec3 p = add(g.origin, scale(axis, g.spacing[2] * static_cast<double>(z)));
-    FGPlanePosPatient position;
-    SEGFLOW_DCM(position.setImagePositionPatient(format_ds(p[0]).c_str(), format_ds(p[1]).c_str(),
-                                                 format_ds(p[2]).c_str()),
-                "ImagePositionPatient");
-    FGFrameContent frame_content;
-    SEGFLOW_DCM(frame_content.setDimensionIndexValues(static_cast<Uint32>(v), 0), "DimensionIndexValues");
-    SEGFLOW_DCM(frame_content.setDimensionIndexValues(static_cast<Uint32>(z + 1), 1), "DimensionIndexValues");
-    OFVector<ImageSOPInstanceReferenceMacro> sources(1);
-    SEGFLOW_DCM(sources[0].setReferencedSOPClassUID(ref->sop_class.c_str()), "ReferencedSOPClassUID");
-    SEGFLOW_DCM(sources[0].setReferencedSOPInstanceUID(ref->sop_instance.c_str()),
-                "ReferencedSOPInstanceUID");
-    std::unique_ptr<FGDerivationImage> derivation(
-        DcmSegmentation::createDerivationImageFG(sources, "segflow label map"));
-    if (!derivation) return internal_error(where + ": createDerivationImageFG failed");
-    OFVector<FGBase*> per_frame;
-    per_frame.push_back(&position);
-    per_frame.push_back(&frame_content);
-    per_frame.push_back(derivation.get());
-    SEGFLOW_DCM(seg->addFrame(mask.data(), static_cast<Uint16>(v), per_frame),
-                "addFrame(segment " + std::to_string(v) + ", slice " + std::to_string(z) + ")");
-    return Status::ok();
-  };
+  const auto& refs = sources.by_slice;
   for (int v = 1; v <= max_label; ++v) {
     bool added = false;
     for (std::int64_t z = 0; z < Z; ++z) {
@@ -258,7 +288,8 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
         any = any || s[i] == v;
       }
       if (!any) continue;
-      SEGFLOW_RETURN_IF_ERROR(add_frame(v, z));
+      SEGFLOW_RETURN_IF_ERROR(
+          add_frame(where, seg, mask, v, z, refs[static_cast<std::size_t>(z)], g, series_uid));
       added = true;
     }
     if (!added) {
@@ -267,11 +298,16 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
       std::fill(mask.begin(), mask.end(), Uint8{0});
       std::int64_t z0 = 0;
       while (z0 + 1 < Z && !refs[static_cast<std::size_t>(z0)]) ++z0;
-      SEGFLOW_RETURN_IF_ERROR(add_frame(v, z0));
+      SEGFLOW_RETURN_IF_ERROR(
+          add_frame(where, seg, mask, v, z0, refs[static_cast<std::size_t>(z0)], g, series_uid));
     }
   }
+  return Status::ok();
+}
 
-  // ReferencedSeriesSequence: every source instance, with the UIDs the frames use.
+/// ReferencedSeriesSequence: every source instance, with the UIDs the frames use.
+Status add_references(const std::string& where, DcmSegmentation& seg, const std::vector<SourceRef>& sources,
+                      const SourceIdentity& source) {
   IODReferences references;
   for (const auto& r : sources) {
     auto* ref = new IODImageReference(source.patient_id.c_str(), source.study_uid.c_str(),
@@ -283,9 +319,30 @@ Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeri
                             r.sop_instance + "\" of series " + source.series_uid);
     }
   }
-  if (seg->getCommonInstanceReference().addReferences(references, source.study_uid.c_str()) != sources.size())
+  if (seg.getCommonInstanceReference().addReferences(references, source.study_uid.c_str()) != sources.size())
     return internal_error(where + ": ReferencedSeriesSequence: expected " + std::to_string(sources.size()) +
                           " referenced instances");
+  return Status::ok();
+}
+
+Status write_seg_impl(const fs::path& file, const Image& labels, const DicomSeriesInfo& series) {
+  ensure_dcmtk_ready();
+  const std::string where = file.string();
+  SEGFLOW_ASSIGN_OR_RETURN(const at::Tensor lab, checked_label_map(where, labels));
+  if (series.files.empty())
+    return invalid_argument(where + ": series: expected the files of the source series, got none");
+  const int max_label = lab.max().item<int>();
+  const std::int64_t Z = lab.size(0), Y = lab.size(1), X = lab.size(2);
+  const Geometry& g = labels.geometry;
+  SEGFLOW_ASSIGN_OR_RETURN(const SourceSlices sources, map_sources(series, g, Z, Y, X));
+  SEGFLOW_ASSIGN_OR_RETURN(auto first_file, load_file(series.files.front()));
+  const SourceIdentity source = source_identity(*first_file->getDataset(), sources.all);
+
+  SEGFLOW_ASSIGN_OR_RETURN(std::unique_ptr<DcmSegmentation> seg, create_seg(where, series, source, Y, X));
+  SEGFLOW_RETURN_IF_ERROR(add_segments(where, *seg, max_label));
+  SEGFLOW_RETURN_IF_ERROR(add_shared_groups(where, *seg, g));
+  SEGFLOW_RETURN_IF_ERROR(add_frames(where, *seg, lab, max_label, sources, g, series.series_uid));
+  SEGFLOW_RETURN_IF_ERROR(add_references(where, *seg, sources.all, source));
 
   std::error_code ec;
   if (file.has_parent_path()) fs::create_directories(file.parent_path(), ec);

@@ -412,6 +412,112 @@ Result<StackChoice> choose_stack(const std::vector<Header>& hs) {
   return choice;
 }
 
+namespace {
+
+Status check_orientation(const std::vector<Header>& hs, const Slice& s) {
+  const auto& o = *s.info->orientation;
+  Vec3 r{o[0], o[1], o[2]}, c{o[3], o[4], o[5]};
+  if (std::abs(norm(r) - 1) > 1e-2 || std::abs(norm(c) - 1) > 1e-2 || std::abs(dot(r, c)) > 1e-2)
+    return corrupt_data(slice_name(hs, s) + ": " + tag_name(DCM_ImageOrientationPatient) +
+                        ": expected two orthogonal unit vectors, got " + format_numbers(o.data(), 6));
+  return Status::ok();
+}
+
+void set_direction(Geometry& g, const std::array<double, 6>& o) {
+  Vec3 r = row_cosine(o), c = col_cosine(o), n = slice_normal(o);
+  for (int i = 0; i < 3; ++i) {
+    g.direction[i * 3 + 0] = r[i];
+    g.direction[i * 3 + 1] = c[i];
+    g.direction[i * 3 + 2] = n[i];
+  }
+}
+
+/// `slices` sorted along the normal `n` (stable), with their positions along it; a position
+/// used twice is an error.
+struct SortedSlices {
+  std::vector<Slice> slices;
+  std::vector<double> along;  ///< mm along the normal
+  std::vector<double> steps;  ///< along[k + 1] - along[k]
+};
+
+Result<SortedSlices> sort_along_normal(const std::vector<Header>& hs, const std::vector<Slice>& slices,
+                                       const Vec3& n) {
+  std::vector<double> proj(slices.size());
+  for (std::size_t i = 0; i < slices.size(); ++i) proj[i] = dot(*slices[i].info->position, n);
+  std::vector<std::size_t> idx(slices.size());
+  std::iota(idx.begin(), idx.end(), std::size_t{0});
+  std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return proj[a] < proj[b]; });
+  SortedSlices out;
+  for (std::size_t i : idx) {
+    out.slices.push_back(slices[i]);
+    out.along.push_back(proj[i]);
+  }
+  for (std::size_t k = 0; k + 1 < out.slices.size(); ++k) {
+    const double d = out.along[k + 1] - out.along[k];
+    if (d < kSamePositionMm) {
+      const Vec3& p = *out.slices[k + 1].info->position;
+      return corrupt_data(slice_name(hs, out.slices[k + 1]) + ": " + tag_name(DCM_ImagePositionPatient) +
+                          ": duplicate slice position " + format_numbers(p.data(), 3) + ", also in " +
+                          slice_name(hs, out.slices[k]));
+    }
+    out.steps.push_back(d);
+  }
+  return out;
+}
+
+/// Gantry tilt: slice positions that drift across the image plane from slice to slice by
+/// more than kTiltDriftPixels pixels of `pixel` mm are unsupported.
+Status check_tilt(const std::vector<Header>& hs, const SortedSlices& ss, const Vec3& n, double pixel) {
+  const Vec3& p0 = *ss.slices.front().info->position;
+  double max_drift = 0;
+  std::size_t far = 1;
+  for (std::size_t k = 1; k < ss.slices.size(); ++k) {
+    const Vec3 d = sub(*ss.slices[k].info->position, p0);
+    const double drift = norm(sub(d, scale(n, dot(d, n))));
+    if (drift > max_drift) {
+      max_drift = drift;
+      far = k;
+    }
+  }
+  if (max_drift <= kTiltDriftPixels * pixel) return Status::ok();
+  const double along = ss.along[far] - ss.along[0];
+  const double angle = std::atan2(max_drift, along) * 180.0 / std::numbers::pi;
+  std::string msg = slice_name(hs, ss.slices[far]) + ": " + tag_name(DCM_ImagePositionPatient) +
+                    ": slice positions run at " + fixed(angle, 1) + " degrees to the normal of " +
+                    tag_name(DCM_ImageOrientationPatient) + " (in-plane drift " + fixed(max_drift, 2) +
+                    " mm over " + fixed(along, 2) + " mm from " + slice_name(hs, ss.slices.front()) +
+                    ", more than " + format_value(kTiltDriftPixels) + " pixel";
+  if (const auto& t = hs[ss.slices.front().file].gantry_tilt)
+    msg += "; GantryDetectorTilt " + format_value(*t);
+  msg += "): gantry tilt; segflow does not resample tilted series";
+  return unsupported(msg);
+}
+
+/// Every step within kStepTolerance of the lower median step (of two steps d and 2d, a
+/// slice missing from three, d is the step): else a gap or uneven spacing.
+Status check_even_steps(const std::vector<Header>& hs, const SortedSlices& ss) {
+  const std::vector<double>& steps = ss.steps;
+  std::vector<double> sorted_steps = steps;
+  const std::size_t mid = (sorted_steps.size() - 1) / 2;
+  std::nth_element(sorted_steps.begin(), sorted_steps.begin() + static_cast<std::ptrdiff_t>(mid),
+                   sorted_steps.end());
+  const double median = sorted_steps[mid];
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    if (std::abs(steps[k] - median) > kStepTolerance * median) {
+      std::ostringstream os;
+      os << slice_name(hs, ss.slices[k + 1]) << ": " << tag_name(DCM_ImagePositionPatient)
+         << ": expected the slice " << median << " mm after " << slice_name(hs, ss.slices[k])
+         << " along the slice normal (within " << kStepTolerance * 100 << " %), got " << steps[k] << " mm ("
+         << (steps[k] > 1.5 * median ? "a slice is missing: gap in the series" : "uneven slice spacing")
+         << ")";
+      return corrupt_data(os.str());
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<Geometry> assemble_geometry(const std::vector<Header>& hs, std::vector<Slice>& slices,
                                    SpacingStats& stats) {
   Geometry g;
@@ -425,42 +531,21 @@ Result<Geometry> assemble_geometry(const std::vector<Header>& hs, std::vector<Sl
     // caller reports it.
   }
 
-  auto check_orientation = [&](const Slice& s) -> Status {
-    const auto& o = *s.info->orientation;
-    Vec3 r{o[0], o[1], o[2]}, c{o[3], o[4], o[5]};
-    if (std::abs(norm(r) - 1) > 1e-2 || std::abs(norm(c) - 1) > 1e-2 || std::abs(dot(r, c)) > 1e-2)
-      return corrupt_data(slice_name(hs, s) + ": " + tag_name(DCM_ImageOrientationPatient) +
-                          ": expected two orthogonal unit vectors, got " + format_numbers(o.data(), 6));
-    return Status::ok();
-  };
-  auto set_direction = [&](const std::array<double, 6>& o) {
-    Vec3 r = row_cosine(o), c = col_cosine(o), n = slice_normal(o);
-    for (int i = 0; i < 3; ++i) {
-      g.direction[i * 3 + 0] = r[i];
-      g.direction[i * 3 + 1] = c[i];
-      g.direction[i * 3 + 2] = n[i];
-    }
-  };
-
   if (slices.size() == 1) {
     if (first.orientation) {
-      SEGFLOW_RETURN_IF_ERROR(check_orientation(slices.front()));
-      set_direction(*first.orientation);
+      SEGFLOW_RETURN_IF_ERROR(check_orientation(hs, slices.front()));
+      set_direction(g, *first.orientation);
     }
     if (first.position) g.origin = *first.position;
     g.spacing[2] = lone_slice_spacing(first);
     return g;
   }
 
-  bool all = true, any = false;
-  const Slice* missing = nullptr;
-  for (const Slice& s : slices) {
-    bool has = s.info->position && s.info->orientation;
-    any = any || has;
-    if (!has && !missing) missing = &s;
-    all = all && has;
-  }
-  if (!all) {
+  const auto missing = std::find_if(slices.begin(), slices.end(),
+                                    [](const Slice& s) { return !s.info->position || !s.info->orientation; });
+  if (missing != slices.end()) {
+    const bool any = std::any_of(slices.begin(), slices.end(),
+                                 [](const Slice& s) { return s.info->position && s.info->orientation; });
     bool one_file = std::all_of(slices.begin(), slices.end(),
                                 [&](const Slice& s) { return s.file == slices.front().file; });
     if (one_file && !any) {
@@ -474,84 +559,21 @@ Result<Geometry> assemble_geometry(const std::vector<Header>& hs, std::vector<Sl
                         " slices)");
   }
 
-  SEGFLOW_RETURN_IF_ERROR(check_orientation(slices.front()));
+  SEGFLOW_RETURN_IF_ERROR(check_orientation(hs, slices.front()));
   const auto& o0 = *first.orientation;
   const Vec3 n = slice_normal(o0);
-  std::vector<double> proj(slices.size());
-  for (std::size_t i = 0; i < slices.size(); ++i) proj[i] = dot(*slices[i].info->position, n);
-  std::vector<std::size_t> idx(slices.size());
-  std::iota(idx.begin(), idx.end(), std::size_t{0});
-  std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return proj[a] < proj[b]; });
-  std::vector<Slice> sorted;
-  std::vector<double> s;
-  for (std::size_t i : idx) {
-    sorted.push_back(slices[i]);
-    s.push_back(proj[i]);
-  }
-  std::vector<double> steps;
-  for (std::size_t k = 0; k + 1 < sorted.size(); ++k) {
-    const double d = s[k + 1] - s[k];
-    if (d < kSamePositionMm) {
-      const Vec3& p = *sorted[k + 1].info->position;
-      return corrupt_data(slice_name(hs, sorted[k + 1]) + ": " + tag_name(DCM_ImagePositionPatient) +
-                          ": duplicate slice position " + format_numbers(p.data(), 3) + ", also in " +
-                          slice_name(hs, sorted[k]));
-    }
-    steps.push_back(d);
-  }
-
-  // Gantry tilt: slice positions that drift across the image plane from slice to slice.
-  const Vec3& p0 = *sorted.front().info->position;
-  double max_drift = 0;
-  std::size_t far = 1;
-  for (std::size_t k = 1; k < sorted.size(); ++k) {
-    const Vec3 d = sub(*sorted[k].info->position, p0);
-    const double drift = norm(sub(d, scale(n, dot(d, n))));
-    if (drift > max_drift) {
-      max_drift = drift;
-      far = k;
-    }
-  }
-  const double pixel = std::min(g.spacing[0], g.spacing[1]);
-  if (max_drift > kTiltDriftPixels * pixel) {
-    const double along = s[far] - s[0];
-    const double angle = std::atan2(max_drift, along) * 180.0 / std::numbers::pi;
-    std::string msg = slice_name(hs, sorted[far]) + ": " + tag_name(DCM_ImagePositionPatient) +
-                      ": slice positions run at " + fixed(angle, 1) + " degrees to the normal of " +
-                      tag_name(DCM_ImageOrientationPatient) + " (in-plane drift " + fixed(max_drift, 2) +
-                      " mm over " + fixed(along, 2) + " mm from " + slice_name(hs, sorted.front()) +
-                      ", more than " + format_value(kTiltDriftPixels) + " pixel";
-    if (const auto& t = hs[sorted.front().file].gantry_tilt)
-      msg += "; GantryDetectorTilt " + format_value(*t);
-    msg += "): gantry tilt; segflow does not resample tilted series";
-    return unsupported(msg);
-  }
-
-  std::vector<double> sorted_steps = steps;
-  // The lower median: of two steps d and 2d (a slice missing from three), d is the step.
-  const std::size_t mid = (sorted_steps.size() - 1) / 2;
-  std::nth_element(sorted_steps.begin(), sorted_steps.begin() + static_cast<std::ptrdiff_t>(mid),
-                   sorted_steps.end());
-  const double median = sorted_steps[mid];
-  for (std::size_t k = 0; k < steps.size(); ++k) {
-    if (std::abs(steps[k] - median) > kStepTolerance * median) {
-      std::ostringstream os;
-      os << slice_name(hs, sorted[k + 1]) << ": " << tag_name(DCM_ImagePositionPatient)
-         << ": expected the slice " << median << " mm after " << slice_name(hs, sorted[k])
-         << " along the slice normal (within " << kStepTolerance * 100 << " %), got " << steps[k] << " mm ("
-         << (steps[k] > 1.5 * median ? "a slice is missing: gap in the series" : "uneven slice spacing")
-         << ")";
-      return corrupt_data(os.str());
-    }
-  }
-  set_direction(o0);
-  g.origin = p0;
-  stats.mean_step = (s.back() - s.front()) / static_cast<double>(sorted.size() - 1);
+  SEGFLOW_ASSIGN_OR_RETURN(SortedSlices ss, sort_along_normal(hs, slices, n));
+  SEGFLOW_RETURN_IF_ERROR(check_tilt(hs, ss, n, std::min(g.spacing[0], g.spacing[1])));
+  SEGFLOW_RETURN_IF_ERROR(check_even_steps(hs, ss));
+  set_direction(g, o0);
+  g.origin = *ss.slices.front().info->position;
+  const std::vector<double>& steps = ss.steps;
+  stats.mean_step = (ss.along.back() - ss.along.front()) / static_cast<double>(ss.slices.size() - 1);
   stats.min_step = *std::min_element(steps.begin(), steps.end());
   stats.max_step = *std::max_element(steps.begin(), steps.end());
   stats.max_deviation = std::max(stats.max_step - stats.mean_step, stats.mean_step - stats.min_step);
   g.spacing[2] = stats.mean_step;
-  slices = std::move(sorted);
+  slices = std::move(ss.slices);
   return g;
 }
 

@@ -93,6 +93,135 @@ std::int64_t nifti_voxel_count(const NiftiHeader& h) {
 
 std::int64_t nifti_data_bytes(const NiftiHeader& h) { return nifti_voxel_count(h) * (h.bitpix / 8); }
 
+namespace {
+
+/// The NIfTI-1 fields (348-byte header) after its magic "n+1" or "ni1".
+Status decode_nifti1_fields(const unsigned char* b, bool sw, const std::string& file, NiftiHeader& h) {
+  const unsigned char* m = b + 344;
+  if (std::memcmp(m, "n+1\0", 4) == 0) {
+    h.pair = false;
+  } else if (std::memcmp(m, "ni1\0", 4) == 0) {
+    h.pair = true;
+  } else {
+    std::string hint = (m[0] == 0 && m[1] == 0 && m[2] == 0) ? " (an ANALYZE 7.5 header; not supported)" : "";
+    return bad(file, "magic", "expected \"n+1\" or \"ni1\", got \"" + show_bytes(m, 4) + "\"" + hint);
+  }
+  for (int i = 0; i < 8; ++i) h.dim[i] = load<std::int16_t>(b + 40 + 2 * i, sw);
+  h.intent_code = load<std::int16_t>(b + 68, sw);
+  h.datatype = load<std::int16_t>(b + 70, sw);
+  h.bitpix = load<std::int16_t>(b + 72, sw);
+  for (int i = 0; i < 8; ++i) h.pixdim[i] = load<float>(b + 76 + 4 * i, sw);
+  h.vox_offset = load<float>(b + 108, sw);
+  h.scl_slope = load<float>(b + 112, sw);
+  h.scl_inter = load<float>(b + 116, sw);
+  h.xyzt_units = static_cast<unsigned char>(b[123]);
+  h.descrip.assign(reinterpret_cast<const char*>(b + 148),
+                   strnlen(reinterpret_cast<const char*>(b + 148), 80));
+  h.qform_code = load<std::int16_t>(b + 252, sw);
+  h.sform_code = load<std::int16_t>(b + 254, sw);
+  h.quatern_b = load<float>(b + 256, sw);
+  h.quatern_c = load<float>(b + 260, sw);
+  h.quatern_d = load<float>(b + 264, sw);
+  h.qoffset_x = load<float>(b + 268, sw);
+  h.qoffset_y = load<float>(b + 272, sw);
+  h.qoffset_z = load<float>(b + 276, sw);
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 4; ++c) h.srow[r][c] = load<float>(b + 280 + 16 * r + 4 * c, sw);
+  return Status::ok();
+}
+
+/// The NIfTI-2 fields (540-byte header) after its magic "n+2" or "ni2".
+Status decode_nifti2_fields(const unsigned char* b, bool sw, const std::string& file, NiftiHeader& h) {
+  const unsigned char* m = b + 4;
+  if (std::memcmp(m, "n+2\0", 4) == 0) {
+    h.pair = false;
+  } else if (std::memcmp(m, "ni2\0", 4) == 0) {
+    h.pair = true;
+  } else {
+    return bad(file, "magic", "expected \"n+2\" or \"ni2\", got \"" + show_bytes(m, 8) + "\"");
+  }
+  h.datatype = load<std::int16_t>(b + 12, sw);
+  h.bitpix = load<std::int16_t>(b + 14, sw);
+  for (int i = 0; i < 8; ++i) h.dim[i] = load<std::int64_t>(b + 16 + 8 * i, sw);
+  for (int i = 0; i < 8; ++i) h.pixdim[i] = load<double>(b + 104 + 8 * i, sw);
+  h.vox_offset = static_cast<double>(load<std::int64_t>(b + 168, sw));
+  h.scl_slope = load<double>(b + 176, sw);
+  h.scl_inter = load<double>(b + 184, sw);
+  h.descrip.assign(reinterpret_cast<const char*>(b + 240),
+                   strnlen(reinterpret_cast<const char*>(b + 240), 80));
+  h.qform_code = load<std::int32_t>(b + 344, sw);
+  h.sform_code = load<std::int32_t>(b + 348, sw);
+  h.quatern_b = load<double>(b + 352, sw);
+  h.quatern_c = load<double>(b + 360, sw);
+  h.quatern_d = load<double>(b + 368, sw);
+  h.qoffset_x = load<double>(b + 376, sw);
+  h.qoffset_y = load<double>(b + 384, sw);
+  h.qoffset_z = load<double>(b + 392, sw);
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 4; ++c) h.srow[r][c] = load<double>(b + 400 + 32 * r + 8 * c, sw);
+  h.xyzt_units = load<std::int32_t>(b + 500, sw);
+  h.intent_code = load<std::int32_t>(b + 504, sw);
+  return Status::ok();
+}
+
+/// dim[0] in 1..7, dim[1..dim[0]] > 0 and at most 2^46 voxels; unused dims read as 1.
+Status check_dims(const std::string& file, NiftiHeader& h) {
+  if (h.dim[0] < 1 || h.dim[0] > 7)
+    return bad(file, "dim[0]", "expected 1..7, got " + std::to_string(h.dim[0]));
+  std::int64_t voxels = 1;
+  for (std::int64_t i = 1; i <= h.dim[0]; ++i) {
+    if (h.dim[i] <= 0)
+      return bad(file, "dim[" + std::to_string(i) + "]", "expected > 0, got " + std::to_string(h.dim[i]));
+    if (__builtin_mul_overflow(voxels, h.dim[i], &voxels) || voxels > (std::int64_t{1} << 46))
+      return bad(file, "dim", "expected at most 2^46 voxels, the product of dim[1..dim[0]] is larger");
+  }
+  for (std::int64_t i = h.dim[0] + 1; i < 8; ++i) h.dim[i] = 1;  // unused dims read as 1
+  return Status::ok();
+}
+
+/// A known, supported datatype with its bitpix; positive spacing of the spatial dimensions
+/// the volume uses.
+Status check_type_and_spacing(const std::string& file, const NiftiHeader& h) {
+  const NiftiTypeInfo* t = nifti_type_info(h.datatype);
+  if (!t)
+    return bad(
+        file, "datatype",
+        "expected a NIfTI datatype code (2, 4, 8, 16, 64, 128, 256, 512, 768, 1024, 1280, 2304), got " +
+            std::to_string(h.datatype));
+  if (!t->supported)
+    return unsupported(file + ": datatype: " + t->name + " (code " + std::to_string(h.datatype) +
+                       ") is not supported; expected an integer, float32/float64 or RGB type");
+  if (h.bitpix != t->bitpix)
+    return bad(file, "bitpix",
+               "expected " + std::to_string(t->bitpix) + " for datatype " + std::to_string(h.datatype) +
+                   " (" + t->name + "), got " + std::to_string(h.bitpix));
+
+  // Spacing of the spatial dimensions the volume uses.
+  for (std::int64_t i = 1; i <= std::min<std::int64_t>(h.dim[0], 3); ++i)
+    if (!(h.pixdim[i] > 0) || !std::isfinite(h.pixdim[i]))
+      return bad(file, "pixdim[" + std::to_string(i) + "]", "expected > 0 (mm), got " + num(h.pixdim[i]));
+  return Status::ok();
+}
+
+/// Where the voxels start: a byte offset, past the header in a single-file NIfTI.
+Status check_vox_offset(const std::string& file, NiftiHeader& h) {
+  const double hdr = static_cast<double>(h.version == 1 ? kNifti1HeaderSize : kNifti2HeaderSize);
+  if (!std::isfinite(h.vox_offset) || h.vox_offset < 0 || h.vox_offset > 1e15)
+    return bad(file, "vox_offset", "expected a byte offset >= 0, got " + num(h.vox_offset));
+  if (!h.pair) {
+    // 0 is how some writers say "right after the header and its 4 extension bytes".
+    if (h.vox_offset == 0) h.vox_offset = hdr + 4;
+    if (h.vox_offset < hdr)
+      return bad(
+          file, "vox_offset",
+          "expected >= " + num(hdr) + " (the header size) in a single-file NIfTI, got " + num(h.vox_offset));
+  }
+  h.vox_offset = std::floor(h.vox_offset);
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<NiftiHeader> decode_nifti_header(const unsigned char* b, std::size_t n, const std::string& file) {
   if (n < 4)
     return bad(file, "sizeof_hdr",
@@ -117,114 +246,13 @@ Result<NiftiHeader> decode_nifti_header(const unsigned char* b, std::size_t n, c
                    std::to_string(h.version) + "), got " + std::to_string(n));
 
   if (h.version == 1) {
-    const unsigned char* m = b + 344;
-    if (std::memcmp(m, "n+1\0", 4) == 0) {
-      h.pair = false;
-    } else if (std::memcmp(m, "ni1\0", 4) == 0) {
-      h.pair = true;
-    } else {
-      std::string hint =
-          (m[0] == 0 && m[1] == 0 && m[2] == 0) ? " (an ANALYZE 7.5 header; not supported)" : "";
-      return bad(file, "magic", "expected \"n+1\" or \"ni1\", got \"" + show_bytes(m, 4) + "\"" + hint);
-    }
-    for (int i = 0; i < 8; ++i) h.dim[i] = load<std::int16_t>(b + 40 + 2 * i, sw);
-    h.intent_code = load<std::int16_t>(b + 68, sw);
-    h.datatype = load<std::int16_t>(b + 70, sw);
-    h.bitpix = load<std::int16_t>(b + 72, sw);
-    for (int i = 0; i < 8; ++i) h.pixdim[i] = load<float>(b + 76 + 4 * i, sw);
-    h.vox_offset = load<float>(b + 108, sw);
-    h.scl_slope = load<float>(b + 112, sw);
-    h.scl_inter = load<float>(b + 116, sw);
-    h.xyzt_units = static_cast<unsigned char>(b[123]);
-    h.descrip.assign(reinterpret_cast<const char*>(b + 148),
-                     strnlen(reinterpret_cast<const char*>(b + 148), 80));
-    h.qform_code = load<std::int16_t>(b + 252, sw);
-    h.sform_code = load<std::int16_t>(b + 254, sw);
-    h.quatern_b = load<float>(b + 256, sw);
-    h.quatern_c = load<float>(b + 260, sw);
-    h.quatern_d = load<float>(b + 264, sw);
-    h.qoffset_x = load<float>(b + 268, sw);
-    h.qoffset_y = load<float>(b + 272, sw);
-    h.qoffset_z = load<float>(b + 276, sw);
-    for (int r = 0; r < 3; ++r)
-      for (int c = 0; c < 4; ++c) h.srow[r][c] = load<float>(b + 280 + 16 * r + 4 * c, sw);
+    SEGFLOW_RETURN_IF_ERROR(decode_nifti1_fields(b, sw, file, h));
   } else {
-    const unsigned char* m = b + 4;
-    if (std::memcmp(m, "n+2\0", 4) == 0) {
-      h.pair = false;
-    } else if (std::memcmp(m, "ni2\0", 4) == 0) {
-      h.pair = true;
-    } else {
-      return bad(file, "magic", "expected \"n+2\" or \"ni2\", got \"" + show_bytes(m, 8) + "\"");
-    }
-    h.datatype = load<std::int16_t>(b + 12, sw);
-    h.bitpix = load<std::int16_t>(b + 14, sw);
-    for (int i = 0; i < 8; ++i) h.dim[i] = load<std::int64_t>(b + 16 + 8 * i, sw);
-    for (int i = 0; i < 8; ++i) h.pixdim[i] = load<double>(b + 104 + 8 * i, sw);
-    h.vox_offset = static_cast<double>(load<std::int64_t>(b + 168, sw));
-    h.scl_slope = load<double>(b + 176, sw);
-    h.scl_inter = load<double>(b + 184, sw);
-    h.descrip.assign(reinterpret_cast<const char*>(b + 240),
-                     strnlen(reinterpret_cast<const char*>(b + 240), 80));
-    h.qform_code = load<std::int32_t>(b + 344, sw);
-    h.sform_code = load<std::int32_t>(b + 348, sw);
-    h.quatern_b = load<double>(b + 352, sw);
-    h.quatern_c = load<double>(b + 360, sw);
-    h.quatern_d = load<double>(b + 368, sw);
-    h.qoffset_x = load<double>(b + 376, sw);
-    h.qoffset_y = load<double>(b + 384, sw);
-    h.qoffset_z = load<double>(b + 392, sw);
-    for (int r = 0; r < 3; ++r)
-      for (int c = 0; c < 4; ++c) h.srow[r][c] = load<double>(b + 400 + 32 * r + 8 * c, sw);
-    h.xyzt_units = load<std::int32_t>(b + 500, sw);
-    h.intent_code = load<std::int32_t>(b + 504, sw);
+    SEGFLOW_RETURN_IF_ERROR(decode_nifti2_fields(b, sw, file, h));
   }
-
-  // Dimensions.
-  if (h.dim[0] < 1 || h.dim[0] > 7)
-    return bad(file, "dim[0]", "expected 1..7, got " + std::to_string(h.dim[0]));
-  std::int64_t voxels = 1;
-  for (std::int64_t i = 1; i <= h.dim[0]; ++i) {
-    if (h.dim[i] <= 0)
-      return bad(file, "dim[" + std::to_string(i) + "]", "expected > 0, got " + std::to_string(h.dim[i]));
-    if (__builtin_mul_overflow(voxels, h.dim[i], &voxels) || voxels > (std::int64_t{1} << 46))
-      return bad(file, "dim", "expected at most 2^46 voxels, the product of dim[1..dim[0]] is larger");
-  }
-  for (std::int64_t i = h.dim[0] + 1; i < 8; ++i) h.dim[i] = 1;  // unused dims read as 1
-
-  // Datatype and bitpix.
-  const NiftiTypeInfo* t = nifti_type_info(h.datatype);
-  if (!t)
-    return bad(
-        file, "datatype",
-        "expected a NIfTI datatype code (2, 4, 8, 16, 64, 128, 256, 512, 768, 1024, 1280, 2304), got " +
-            std::to_string(h.datatype));
-  if (!t->supported)
-    return unsupported(file + ": datatype: " + t->name + " (code " + std::to_string(h.datatype) +
-                       ") is not supported; expected an integer, float32/float64 or RGB type");
-  if (h.bitpix != t->bitpix)
-    return bad(file, "bitpix",
-               "expected " + std::to_string(t->bitpix) + " for datatype " + std::to_string(h.datatype) +
-                   " (" + t->name + "), got " + std::to_string(h.bitpix));
-
-  // Spacing of the spatial dimensions the volume uses.
-  for (std::int64_t i = 1; i <= std::min<std::int64_t>(h.dim[0], 3); ++i)
-    if (!(h.pixdim[i] > 0) || !std::isfinite(h.pixdim[i]))
-      return bad(file, "pixdim[" + std::to_string(i) + "]", "expected > 0 (mm), got " + num(h.pixdim[i]));
-
-  // Where the voxels start.
-  const double hdr = static_cast<double>(h.version == 1 ? kNifti1HeaderSize : kNifti2HeaderSize);
-  if (!std::isfinite(h.vox_offset) || h.vox_offset < 0 || h.vox_offset > 1e15)
-    return bad(file, "vox_offset", "expected a byte offset >= 0, got " + num(h.vox_offset));
-  if (!h.pair) {
-    // 0 is how some writers say "right after the header and its 4 extension bytes".
-    if (h.vox_offset == 0) h.vox_offset = hdr + 4;
-    if (h.vox_offset < hdr)
-      return bad(
-          file, "vox_offset",
-          "expected >= " + num(hdr) + " (the header size) in a single-file NIfTI, got " + num(h.vox_offset));
-  }
-  h.vox_offset = std::floor(h.vox_offset);
+  SEGFLOW_RETURN_IF_ERROR(check_dims(file, h));
+  SEGFLOW_RETURN_IF_ERROR(check_type_and_spacing(file, h));
+  SEGFLOW_RETURN_IF_ERROR(check_vox_offset(file, h));
   return h;
 }
 

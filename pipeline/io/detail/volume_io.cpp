@@ -1,7 +1,9 @@
 #include "pipeline/io/detail/volume_io.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 namespace segflow::pipeline::detail {
@@ -101,6 +103,29 @@ Status StagingDir::commit() {
                       " failed: " + ec.message());
   }
   return Status::ok();
+}
+
+namespace {
+
+template <class U>
+void swap_words(unsigned char* p, std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i, p += sizeof(U)) {
+    U u;
+    std::memcpy(&u, p, sizeof u);
+    if constexpr (sizeof(U) == 2) u = __builtin_bswap16(u);
+    if constexpr (sizeof(U) == 4) u = __builtin_bswap32(u);
+    if constexpr (sizeof(U) == 8) u = __builtin_bswap64(u);
+    std::memcpy(p, &u, sizeof u);
+  }
+}
+
+}  // namespace
+
+void swap_bytes(unsigned char* p, std::int64_t count, int size) {
+  if (size == 2) return swap_words<std::uint16_t>(p, count);
+  if (size == 4) return swap_words<std::uint32_t>(p, count);
+  if (size == 8) return swap_words<std::uint64_t>(p, count);
+  for (std::int64_t i = 0; i < count; ++i, p += size) std::reverse(p, p + size);
 }
 
 }  // namespace segflow::pipeline::detail

@@ -5,6 +5,7 @@
 // every writer (NIfTI, NRRD, MetaImage) starts with.
 
 #include <array>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -26,6 +27,10 @@ Result<Geometry> geometry_from_steps(int ndims, const std::array<std::array<doub
 /// `image`'s voxels as a writer takes them, (C, Z, Y, X): (Z, Y, X) gains a channel axis. An
 /// undefined tensor or another number of dimensions is an error naming `file`.
 Result<at::Tensor> voxels_to_write(const Image& image, const std::string& file);
+
+/// Reverses the byte order of each of `count` elements of `size` bytes at `p`, in place
+/// (a big-endian file read on this little-endian host, or the other way round).
+void swap_bytes(unsigned char* p, std::int64_t count, int size);
 
 /// "(a,b,c)" with up to 17 significant digits (the first `n`), for error messages.
 std::string format_vector(const std::array<double, 3>& v, int n = 3);

@@ -120,11 +120,12 @@ at::Tensor resize_nearest(const at::Tensor& t, const std::vector<std::int64_t>& 
     const std::int64_t dim = static_cast<std::int64_t>(i) + 1;
     const std::int64_t n = t.size(dim), m = out[i];
     if (n == m) continue;
-    auto idx = ((torch::arange(m, torch::kFloat64) + 0.5) * (static_cast<double>(n) / static_cast<double>(m)))
+    // Made where t is: no host-to-device copy (a blocking one from pageable memory).
+    const auto opts = torch::TensorOptions(torch::kFloat64).device(t.device());
+    auto idx = ((torch::arange(m, opts) + 0.5) * (static_cast<double>(n) / static_cast<double>(m)))
                    .floor()
                    .clamp(0, n - 1)
-                   .to(torch::kLong)
-                   .to(t.device());
+                   .to(torch::kLong);
     r = r.index_select(dim, idx);
   }
   return r;

@@ -57,10 +57,9 @@ const StageRegistry& reg() {
   return r;
 }
 
-Pipeline build(const std::string& yaml) {
-  auto p = build_pipeline(YAML::Load(yaml), reg(), "test.yaml");
-  REQUIRE_MESSAGE(p.is_ok(), p.status().to_string());
-  return std::move(p).value();
+Pipeline pipeline_of(const std::string& yaml) {
+  REQUIRE_OK_AND_ASSIGN(auto p, build_pipeline(YAML::Load(yaml), reg(), "test.yaml"));
+  return p;
 }
 
 /// A small synthetic CT dataset (integer HU images, uint8 labels), made once per folder.
@@ -72,11 +71,10 @@ std::vector<CaseEntry> phantoms(const std::filesystem::path& root, int cases, in
   so.out = root;
   so.seed = 5;
   Status st = synthesize_dataset(so);
-  REQUIRE_MESSAGE(st.is_ok(), st.to_string());
-  auto idx = scan_dataset(root);
-  REQUIRE_MESSAGE(idx.is_ok(), idx.status().to_string());
-  REQUIRE(idx->cases.size() == static_cast<std::size_t>(cases));
-  return idx->cases;
+  REQUIRE_OK(st);
+  REQUIRE_OK_AND_ASSIGN(auto idx, scan_dataset(root));
+  REQUIRE(idx.cases.size() == static_cast<std::size_t>(cases));
+  return idx.cases;
 }
 
 LoaderOptions loader_options(const std::vector<CaseEntry>& cases, const Pipeline& p,
@@ -91,19 +89,17 @@ LoaderOptions loader_options(const std::vector<CaseEntry>& cases, const Pipeline
 }
 
 std::unique_ptr<SimpleLoader> loader(const LoaderOptions& o) {
-  auto l = SimpleLoader::make(o);
-  REQUIRE_MESSAGE(l.is_ok(), l.status().to_string());
-  return std::move(l).value();
+  REQUIRE_OK_AND_ASSIGN(auto l, SimpleLoader::make(o));
+  return l;
 }
 
 std::vector<Batch> epoch(SimpleLoader& l, std::int64_t e) {
-  REQUIRE(l.start_epoch(e).is_ok());
+  REQUIRE_OK(l.start_epoch(e));
   std::vector<Batch> out;
   while (true) {
-    auto b = l.next();
-    REQUIRE_MESSAGE(b.is_ok(), b.status().to_string());
-    if (!b.value()) break;
-    out.push_back(std::move(*b.value()));
+    REQUIRE_OK_AND_ASSIGN(auto b, l.next());
+    if (!b) break;
+    out.push_back(std::move(*b));
   }
   CHECK(l.take_failures().empty());
   return out;
@@ -148,14 +144,13 @@ TEST_CASE("a packed index set picks the same k-th index as the int64 list it was
       const at::Tensor mask = torch::rand({extent}) < p;
       const at::Tensor list = mask.nonzero().flatten();
       for (const at::Tensor& packed : {pack_index_mask(mask), pack_index_list(list, extent)}) {
-        auto set = PackedIndexSet::view(packed, "test");
-        REQUIRE_MESSAGE(set.is_ok(), set.status().to_string());
-        CHECK(set->size() == list.numel());
-        CHECK(set->extent() == extent);
-        CHECK(torch::equal(set->to_list(), list));
+        REQUIRE_OK_AND_ASSIGN(auto set, PackedIndexSet::view(packed, "test"));
+        CHECK(set.size() == list.numel());
+        CHECK(set.extent() == extent);
+        CHECK(torch::equal(set.to_list(), list));
         const auto* l = list.data_ptr<std::int64_t>();
         bool all = true;
-        for (std::int64_t k = 0; k < list.numel(); ++k) all = all && set->select(k) == l[k];
+        for (std::int64_t k = 0; k < list.numel(); ++k) all = all && set.select(k) == l[k];
         CHECK(all);
       }
     }
@@ -181,41 +176,38 @@ TEST_CASE("compact samples restore bit for bit: narrow integer casts, palettes a
   auto [fg, bg] = fg_bg_indices(s.at("label"), {}, 0.0, 0);
   s.tensors["fg_indices"] = fg;
   s.tensors["bg_indices"] = bg;
-  auto c = compact_sample(s, CacheDtype::exact);
-  REQUIRE_MESSAGE(c.is_ok(), c.status().to_string());
-  CHECK(is_compact(*c));
+  REQUIRE_OK_AND_ASSIGN(auto c, compact_sample(s, CacheDtype::exact));
+  CHECK(is_compact(c));
   CHECK_FALSE(is_compact(s));
-  CHECK((c->at("image").scalar_type() == torch::kInt16));
-  CHECK((c->at("window").scalar_type() == torch::kInt16));  // 501 values: int16 codes + table
-  CHECK(c->at("~t:window").numel() == 501);
-  CHECK((c->at("few").scalar_type() == torch::kUInt8));  // 7 values: uint8 codes
-  CHECK((c->at("label").scalar_type() == torch::kUInt8));
-  CHECK((c->at("noise").scalar_type() == torch::kFloat));
-  CHECK_FALSE(c->has("~c:noise"));
-  CHECK((c->at("negzero").scalar_type() == torch::kUInt8));  // a one-value palette keeps the sign
-  CHECK(is_packed_index_set(*c, "fg_indices"));
-  CHECK(is_packed_index_set(*c, "bg_indices"));
-  CHECK(sample_bytes(*c) < sample_bytes(s) / 2);
-  CHECK(sample_voxels(*c) == 20 * 30 * 40);
+  CHECK((c.at("image").scalar_type() == torch::kInt16));
+  CHECK((c.at("window").scalar_type() == torch::kInt16));  // 501 values: int16 codes + table
+  CHECK(c.at("~t:window").numel() == 501);
+  CHECK((c.at("few").scalar_type() == torch::kUInt8));  // 7 values: uint8 codes
+  CHECK((c.at("label").scalar_type() == torch::kUInt8));
+  CHECK((c.at("noise").scalar_type() == torch::kFloat));
+  CHECK_FALSE(c.has("~c:noise"));
+  CHECK((c.at("negzero").scalar_type() == torch::kUInt8));  // a one-value palette keeps the sign
+  CHECK(is_packed_index_set(c, "fg_indices"));
+  CHECK(is_packed_index_set(c, "bg_indices"));
+  CHECK(sample_bytes(c) < sample_bytes(s) / 2);
+  CHECK(sample_voxels(c) == 20 * 30 * 40);
 
-  auto e = expand_sample(*c);
-  REQUIRE_MESSAGE(e.is_ok(), e.status().to_string());
-  CHECK_FALSE(is_compact(*e));
-  REQUIRE(e->tensors.size() == s.tensors.size());
+  REQUIRE_OK_AND_ASSIGN(auto e, expand_sample(c));
+  CHECK_FALSE(is_compact(e));
+  REQUIRE(e.tensors.size() == s.tensors.size());
   for (const auto& [k, t] : s.tensors) {
     const std::string& key = k;  // clang 14 cannot capture a structured binding
     CAPTURE(key);
-    const at::Tensor& u = e->at(k);
+    const at::Tensor& u = e.at(k);
     CHECK((u.scalar_type() == t.scalar_type()));
     CHECK((u.sizes() == t.sizes()));
     CHECK(torch::equal(u, t));
   }
-  CHECK(torch::signbit(e->at("negzero")).all().item<bool>());
+  CHECK(torch::signbit(e.at("negzero")).all().item<bool>());
   // The float32/int64 path leaves a sample as it is.
-  auto n = compact_sample(s, CacheDtype::none);
-  REQUIRE(n.is_ok());
-  CHECK_FALSE(is_compact(*n));
-  CHECK(sample_bytes(*n) == sample_bytes(s));
+  REQUIRE_OK_AND_ASSIGN(auto n, compact_sample(s, CacheDtype::none));
+  CHECK_FALSE(is_compact(n));
+  CHECK(sample_bytes(n) == sample_bytes(s));
 }
 
 TEST_CASE(
@@ -231,18 +223,16 @@ TEST_CASE(
   // (bfloat16 would round "wide"; float16 keeps a tensor beyond its range whole.)
   for (CacheDtype d : {CacheDtype::exact, CacheDtype::float16}) {
     CAPTURE(std::string(cache_dtype_name(d)));
-    auto c = compact_sample(s, d);
-    REQUIRE_MESSAGE(c.is_ok(), c.status().to_string());
-    CHECK(sample_voxels(*c) == 2);
-    auto e = expand_sample(*c);
-    REQUIRE_MESSAGE(e.is_ok(), e.status().to_string());
-    REQUIRE(e->tensors.size() == s.tensors.size());
+    REQUIRE_OK_AND_ASSIGN(auto c, compact_sample(s, d));
+    CHECK(sample_voxels(c) == 2);
+    REQUIRE_OK_AND_ASSIGN(auto e, expand_sample(c));
+    REQUIRE(e.tensors.size() == s.tensors.size());
     for (const auto& [k, t] : s.tensors) {
       const std::string& key = k;  // clang 14 cannot capture a structured binding
       CAPTURE(key);
-      CHECK((e->at(k).scalar_type() == t.scalar_type()));
-      CHECK((e->at(k).sizes() == t.sizes()));
-      CHECK(torch::equal(e->at(k), t));
+      CHECK((e.at(k).scalar_type() == t.scalar_type()));
+      CHECK((e.at(k).sizes() == t.sizes()));
+      CHECK(torch::equal(e.at(k), t));
     }
   }
   // A cache of samples without spatial voxels counts none (no division by zero anywhere).
@@ -279,7 +269,7 @@ TEST_CASE("the compact cache gives the same crops as the float32/int64 path for 
   for (const Pair& pr :
        {Pair{window, window}, Pair{raw, raw}, Pair{packed_first_random, int64_first_random}}) {
     CAPTURE(pr.compact);
-    const Pipeline pc = build(pr.compact), pr_ = build(pr.reference);
+    const Pipeline pc = pipeline_of(pr.compact), pr_ = pipeline_of(pr.reference);
     auto ref = loader(loader_options(cases, pr_, "none"));
     auto cmp = loader(loader_options(cases, pc, "exact"));
     for (std::int64_t e : {0, 1}) {
@@ -293,10 +283,11 @@ TEST_CASE("the compact cache gives the same crops as the float32/int64 path for 
   }
 }
 
-TEST_CASE("bytes per cached voxel: at most 4 for the default compact cache, about 13 before") {
+TEST_CASE(
+    "the default compact cache (exact) holds at most 4 bytes per cached voxel, cache_dtype none about 13") {
   TempDir dir("segflow_compact");
   const auto cases = phantoms(dir / "data", 3, 40);
-  const Pipeline p = build("[{name: load}, {name: fg_bg_indices}" + std::string(kCropTail) + "]");
+  const Pipeline p = pipeline_of("[{name: load}, {name: fg_bg_indices}" + std::string(kCropTail) + "]");
   auto ref = loader(loader_options(cases, p, "none"));
   auto cmp = loader(loader_options(cases, p, "exact"));
   epoch(*ref, 0);
@@ -315,7 +306,7 @@ TEST_CASE("float16 and bfloat16 caches give crops within the documented toleranc
   const auto cases = phantoms(dir / "data", 3, 40);
   // Resampling makes a continuous image: the exact cache keeps it float32 (same crops), the
   // lossy ones round it.
-  const Pipeline p = build(
+  const Pipeline p = pipeline_of(
       "[{name: load}, {name: resample, options: {spacing: [1.7, 1.7, 1.9]}},"
       " {name: scale_intensity_range, options: {a_min: -57, a_max: 164, b_min: 0.0, b_max: 1.0, clip: true}},"
       " {name: fg_bg_indices}" +
@@ -356,7 +347,7 @@ TEST_CASE("float16 and bfloat16 caches give crops within the documented toleranc
 
 TEST_CASE("bad cache options are refused with the field named") {
   TempDir dir("segflow_compact");
-  const Pipeline p = build("[{name: load}, {name: fg_bg_indices}" + std::string(kCropTail) + "]");
+  const Pipeline p = pipeline_of("[{name: load}, {name: fg_bg_indices}" + std::string(kCropTail) + "]");
   std::vector<CaseEntry> cases{CaseEntry{"a", {dir / "a.nii"}, std::nullopt}};
   LoaderOptions o = loader_options(cases, p, "fp8");
   Status st = validate_loader_options(o);
@@ -429,17 +420,19 @@ int spill_child() {
 const segflow::testing::ChildEntry kSpillChild("compact_cache_spill", spill_child);
 
 nlohmann::json run_spill_child(const std::filesystem::path& root, std::int64_t budget, bool disk = true) {
-  const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
   // A fixed mmap threshold: glibc then returns every freed volume to the system at once,
   // so the resident set shows what is held, not what malloc keeps for later.
-  auto r = segflow::testing::run_command(
-      "SEGFLOW_TEST_CHILD=compact_cache_spill MALLOC_MMAP_THRESHOLD_=131072 SEGFLOW_SPILL_ROOT=" +
-      segflow::testing::shell_quote(root.string()) + " SEGFLOW_SPILL_BUDGET=" + std::to_string(budget) +
-      " SEGFLOW_SPILL_DISK=" + (disk ? "1" : "0") + " " + segflow::testing::shell_quote(exe));
-  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
-  const auto nl = r.out.rfind('{');
+  auto child = segflow::testing::start_child_entry(
+      "compact_cache_spill",
+      {"MALLOC_MMAP_THRESHOLD_=131072", "SEGFLOW_SPILL_ROOT=" + root.string(),
+       "SEGFLOW_SPILL_BUDGET=" + std::to_string(budget),
+       std::string("SEGFLOW_SPILL_DISK=") + (disk ? "1" : "0")},
+      segflow::testing::ChildOutput::pipe);
+  const std::string out = child.read_stdout();
+  REQUIRE_MESSAGE(child.wait_exit() == 0, out);
+  const auto nl = out.rfind('{');
   REQUIRE(nl != std::string::npos);
-  return nlohmann::json::parse(r.out.substr(nl));
+  return nlohmann::json::parse(out.substr(nl));
 }
 
 }  // namespace
@@ -461,8 +454,8 @@ TEST_CASE(
     img.geometry.spacing = lab.geometry.spacing = {1.0, 1.0, 2.0};
     char name[32];
     std::snprintf(name, sizeof name, "case_%03d", i);
-    REQUIRE(write_nifti(dir / "data" / "imagesTr" / (std::string(name) + "_0000.nii"), img).is_ok());
-    REQUIRE(write_nifti(dir / "data" / "labelsTr" / (std::string(name) + ".nii"), lab).is_ok());
+    REQUIRE_OK(write_nifti(dir / "data" / "imagesTr" / (std::string(name) + "_0000.nii"), img));
+    REQUIRE_OK(write_nifti(dir / "data" / "labelsTr" / (std::string(name) + ".nii"), lab));
   }
   {
     nlohmann::json ds = {{"name", "spill"},
@@ -523,7 +516,7 @@ TEST_CASE(
   if (!segflow::testing::cuda_or_skip()) return;
   TempDir dir("segflow_compact");
   const auto cases = phantoms(dir / "data", 3, 32);
-  const Pipeline p = build(
+  const Pipeline p = pipeline_of(
       "[{name: load}, {name: scale_intensity_range, options: {a_min: -200, a_max: 300, b_min: 0.0, b_max: "
       "1.0,"
       " clip: true}}, {name: fg_bg_indices}" +
@@ -542,10 +535,9 @@ TEST_CASE(
   CHECK(gpu->stats().memory_hits == 3);
 
   // The cache's tensors: image and label on the GPU, crop-centre sets and markers on the host.
-  auto d = decode_case(cases[0], p, nullptr, deterministic_spec(p), CacheDtype::exact);
-  REQUIRE(d.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto d, decode_case(cases[0], p, nullptr, deterministic_spec(p), CacheDtype::exact));
   MemoryCache m(1, std::int64_t{1} << 30, c10::Device("cuda:0"));
-  REQUIRE(m.offer(0, d->sample));
+  REQUIRE(m.offer(0, d.sample));
   const Sample& cached = *m.find(0);
   CHECK(cached.at("image").is_cuda());
   CHECK(cached.at("label").is_cuda());
@@ -562,7 +554,7 @@ TEST_CASE(
     crops = internal_error(e.what_without_backtrace());
   }
   c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-  REQUIRE_MESSAGE(crops.is_ok(), crops.status().to_string());
+  REQUIRE_OK(crops);
   CHECK(crops->size() == 3);
   CHECK(crops->front().at("image").is_cuda());
   CHECK((crops->front().at("image").scalar_type() == torch::kFloat));

@@ -54,12 +54,11 @@ void check_equal(const Sample& a, const Sample& b) {
 std::shared_ptr<DiskCache> open_cache(const std::filesystem::path& dir) {
   DiskCacheOptions o;
   o.dir = dir;
-  auto c = DiskCache::open(o);
-  REQUIRE_MESSAGE(c.is_ok(), c.status().to_string());
-  return c.value();
+  REQUIRE_OK_AND_ASSIGN(auto c, DiskCache::open(o));
+  return c;
 }
 
-std::vector<std::string> files_in(const std::filesystem::path& dir) {
+std::vector<std::string> file_names_in(const std::filesystem::path& dir) {
   std::vector<std::string> v;
   for (const auto& e : std::filesystem::directory_iterator(dir)) v.push_back(e.path().filename().string());
   return v;
@@ -84,12 +83,11 @@ TEST_CASE("a sample round-trips through the disk cache, its tensors mapped from 
   Sample loaded;
   {
     auto cache = open_cache(dir / "c");
-    REQUIRE(cache->store("k1", s).is_ok());
-    CHECK(files_in(dir / "c") == std::vector<std::string>{"k1.sfc"});  // no temporary left
-    auto r = cache->load("k1");
-    REQUIRE(r.is_ok());
-    REQUIRE(r.value().has_value());
-    loaded = std::move(*r.value());
+    REQUIRE_OK(cache->store("k1", s));
+    CHECK(file_names_in(dir / "c") == std::vector<std::string>{"k1.sfc"});  // no temporary left
+    REQUIRE_OK_AND_ASSIGN(auto r, cache->load("k1"));
+    REQUIRE(r.has_value());
+    loaded = std::move(*r);
     CHECK(cache->stats().hits == 1);
     CHECK(cache->stats().writes == 1);
   }
@@ -98,18 +96,16 @@ TEST_CASE("a sample round-trips through the disk cache, its tensors mapped from 
   CHECK(loaded.at("strided").is_contiguous());
   // Writing into a loaded tensor stays private to this process: the file is unchanged.
   loaded.at("image").fill_(0);
-  auto again = open_cache(dir / "c")->load("k1");
-  REQUIRE(again.is_ok());
-  REQUIRE(again.value().has_value());
-  check_equal(s, *again.value());
+  REQUIRE_OK_AND_ASSIGN(auto again, open_cache(dir / "c")->load("k1"));
+  REQUIRE(again.has_value());
+  check_equal(s, *again);
 }
 
 TEST_CASE("a missing entry is a miss and a dtype the cache cannot store is an error") {
   TempDir dir("segflow_cache");
   auto cache = open_cache(dir.path());
-  auto r = cache->load("nothing");
-  REQUIRE(r.is_ok());
-  CHECK(!r.value().has_value());
+  REQUIRE_OK_AND_ASSIGN(auto r, cache->load("nothing"));
+  CHECK(!r.has_value());
   CHECK(cache->stats().misses == 1);
   Sample s;
   s.id = "c";
@@ -117,7 +113,7 @@ TEST_CASE("a missing entry is a miss and a dtype the cache cannot store is an er
   const Status st = cache->store("c", s);
   CHECK(st.code() == ErrorCode::unsupported);
   CHECK(st.message().find("'z'") != std::string::npos);
-  CHECK(files_in(dir.path()).empty());
+  CHECK(file_names_in(dir.path()).empty());
 }
 
 TEST_CASE("a corrupt cache file is detected, removed and read as a miss") {
@@ -127,14 +123,13 @@ TEST_CASE("a corrupt cache file is detected, removed and read as a miss") {
   const auto path = cache->path_of("k");
   auto expect_miss = [&](const std::string& what, const std::function<void(std::string&)>& damage) {
     CAPTURE(what);
-    REQUIRE(cache->store("k", s).is_ok());
+    REQUIRE_OK(cache->store("k", s));
     std::string bytes = testing::read_file(path);
     damage(bytes);
     testing::write_file(path, bytes);
     const auto before = cache->stats().corrupt;
-    auto r = cache->load("k");
-    REQUIRE(r.is_ok());
-    CHECK(!r.value().has_value());
+    REQUIRE_OK_AND_ASSIGN(auto r, cache->load("k"));
+    CHECK(!r.has_value());
     CHECK(cache->stats().corrupt == before + 1);
     CHECK(!std::filesystem::exists(path));
   };
@@ -147,11 +142,10 @@ TEST_CASE("a corrupt cache file is detected, removed and read as a miss") {
   expect_miss("shorter than a header", [](std::string& b) { b = "SFCACHE1"; });
   expect_miss("empty", [](std::string& b) { b.clear(); });
   // And a good file after all that still loads.
-  REQUIRE(cache->store("k", s).is_ok());
-  auto r = cache->load("k");
-  REQUIRE(r.is_ok());
-  REQUIRE(r.value().has_value());
-  check_equal(s, *r.value());
+  REQUIRE_OK(cache->store("k", s));
+  REQUIRE_OK_AND_ASSIGN(auto r, cache->load("k"));
+  REQUIRE(r.has_value());
+  check_equal(s, *r);
 }
 
 TEST_CASE("the key follows the files' contents and times, the case and the deterministic spec") {
@@ -164,10 +158,9 @@ TEST_CASE("the key follows the files' contents and times, the case and the deter
   const CaseEntry e{"case_0", {img}, lab};
   const nlohmann::json spec = nlohmann::json::parse(R"([{"name": "load", "options": {}}])");
   auto key = [&](const CaseEntry& c, const nlohmann::json& sp) {
-    auto k = cache->key_for(c, sp);
-    REQUIRE_MESSAGE(k.is_ok(), k.status().to_string());
-    CHECK(k.value().size() == 32);
-    return k.value();
+    REQUIRE_OK_AND_ASSIGN(auto k, cache->key_for(c, sp));
+    CHECK(k.size() == 32);
+    return k;
   };
   const std::string k0 = key(e, spec);
   CHECK(key(e, spec) == k0);

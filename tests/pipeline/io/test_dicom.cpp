@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "dicom_test_data.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "test_util.hpp"
 
@@ -33,13 +34,10 @@ namespace st = segflow::testing;
 
 namespace {
 
-const fs::path kPydicomData = "/usr/lib/python3/dist-packages/pydicom/data/test_files";
-
-bool have_pydicom_data() {
-  if (fs::exists(kPydicomData / "MR_small.dcm")) return true;
-  MESSAGE("skipped: Debian's pydicom test files are not installed in " << kPydicomData.string());
-  return false;
-}
+using st::contains;
+using st::edit_dicom_file;
+using st::read_dicom_error;
+using st::read_dicom_ok;
 
 /// A (1, Z, Y, X) float volume of integer HU in [-1000, 2000] on an oblique grid: rotated
 /// about z by 20 degrees, anisotropic spacing, non-zero origin.
@@ -94,16 +92,6 @@ std::string meta_string(const fs::path& file, const DcmTagKey& tag) {
   OFString v;
   if (ff.getMetaInfo()->findAndGetOFString(tag, v).bad()) ff.getDataset()->findAndGetOFString(tag, v);
   return v.c_str();
-}
-
-/// Loads a file, lets `edit` change its dataset, saves it back in its own transfer syntax.
-template <class F>
-void edit_file(const fs::path& file, F edit) {
-  DcmFileFormat ff;
-  REQUIRE(ff.loadFile(file.c_str()).good());
-  REQUIRE(ff.loadAllDataIntoMemory().good());
-  edit(*ff.getDataset());
-  REQUIRE(ff.saveFile(file.c_str(), ff.getDataset()->getOriginalXfer()).good());
 }
 
 float voxel(const Image& img, std::int64_t c, std::int64_t z, std::int64_t y, std::int64_t x) {
@@ -162,21 +150,6 @@ void check_against_pydicom(const Image& img, const nlohmann::json& ref, double r
   }
 }
 
-Image read_ok(const fs::path& p) {
-  auto r = sp::read_dicom(p);
-  INFO(p.string() << ": " << r.status().to_string());
-  REQUIRE(r.is_ok());
-  return std::move(r).value();
-}
-
-std::string read_error(const fs::path& p) {
-  auto r = sp::read_dicom(p);
-  REQUIRE_FALSE(r.is_ok());
-  return r.status().message();
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
 }  // namespace
 
 TEST_CASE("a DICOM series written by segflow reads back with identical HU values and geometry") {
@@ -187,18 +160,17 @@ TEST_CASE("a DICOM series written by segflow reads back with identical HU values
     st::TempDir dir("dicom_rt");
     sp::DicomWriteOptions opt;
     opt.compression = c;
-    auto info = sp::write_dicom_series(dir.path(), img, opt);
-    REQUIRE_MESSAGE(info.is_ok(), info.status().to_string());
-    REQUIRE(info->files.size() == 6);
-    CHECK(info->files.front().filename() == "IM_0000.dcm");
-    CHECK(info->modality == "CT");
-    CHECK(info->sop_class_uid == "1.2.840.10008.5.1.4.1.1.2");
-    CHECK(meta_string(info->files.front(), DCM_TransferSyntaxUID) == expected_transfer_syntax(c));
-    CHECK(meta_string(info->files[3], DCM_SeriesInstanceUID) == info->series_uid);
+    REQUIRE_OK_AND_ASSIGN(auto info, sp::write_dicom_series(dir.path(), img, opt));
+    REQUIRE(info.files.size() == 6);
+    CHECK(info.files.front().filename() == "IM_0000.dcm");
+    CHECK(info.modality == "CT");
+    CHECK(info.sop_class_uid == "1.2.840.10008.5.1.4.1.1.2");
+    CHECK(meta_string(info.files.front(), DCM_TransferSyntaxUID) == expected_transfer_syntax(c));
+    CHECK(meta_string(info.files[3], DCM_SeriesInstanceUID) == info.series_uid);
     // Only the series files, no temporary leftovers.
     CHECK(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()) == 6);
 
-    Image back = read_ok(dir.path());
+    Image back = read_dicom_ok(dir.path());
     CHECK((back.voxels.scalar_type() == torch::kFloat32));
     CHECK(back.voxels.is_contiguous());
     REQUIRE((back.voxels.sizes() == img.voxels.sizes()));
@@ -213,39 +185,36 @@ TEST_CASE("HU values below -1024 survive a DICOM round trip through a lower Resc
   Image img = phantom(2, 8, 8);
   img.voxels.index_put_({0, 0, 1, 1}, -3024.0f);
   st::TempDir dir("dicom_low");
-  auto info = sp::write_dicom_series(dir.path(), img);
-  REQUIRE(info.is_ok());
-  Image back = read_ok(dir.path());
+  REQUIRE_OK(sp::write_dicom_series(dir.path(), img));
+  Image back = read_dicom_ok(dir.path());
   CHECK(torch::equal(back.voxels, img.voxels));
 }
 
 TEST_CASE("DICOM slices are ordered by position, not by file name or InstanceNumber") {
   const Image img = phantom(7, 16, 20);
   st::TempDir dir("dicom_order");
-  auto info = sp::write_dicom_series(dir.path(), img);
-  REQUIRE(info.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto info, sp::write_dicom_series(dir.path(), img));
   // Rename so that name order is a shuffle of slice order, and scramble InstanceNumber.
   std::vector<fs::path> renamed;
   std::mt19937 rng(7);
-  std::vector<int> perm(info->files.size());
+  std::vector<int> perm(info.files.size());
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
-  for (std::size_t i = 0; i < info->files.size(); ++i) {
-    edit_file(info->files[i], [&](DcmDataset& ds) {
+  for (std::size_t i = 0; i < info.files.size(); ++i) {
+    edit_dicom_file(info.files[i], [&](DcmDataset& ds) {
       ds.putAndInsertString(DCM_InstanceNumber, std::to_string(100 - perm[i]).c_str());
     });
     fs::path to = dir / ("slice_" + std::to_string(perm[i]) + ".dcm");
-    fs::rename(info->files[i], to);
+    fs::rename(info.files[i], to);
     renamed.push_back(to);
   }
-  Image back = read_ok(dir.path());
+  Image back = read_dicom_ok(dir.path());
   CHECK(torch::equal(back.voxels, img.voxels));
   CHECK(segflow::geometry_close(back.geometry, img.geometry, 1e-4));
 
   std::reverse(renamed.begin(), renamed.end());
-  auto direct = sp::read_dicom_series(renamed);
-  REQUIRE(direct.is_ok());
-  CHECK(torch::equal(direct->voxels, img.voxels));
+  REQUIRE_OK_AND_ASSIGN(auto direct, sp::read_dicom_series(renamed));
+  CHECK(torch::equal(direct.voxels, img.voxels));
 }
 
 TEST_CASE("a DICOM series written by segflow reads the same in SimpleITK") {
@@ -256,46 +225,46 @@ TEST_CASE("a DICOM series written by segflow reads the same in SimpleITK") {
     st::TempDir dir("dicom_sitk");
     sp::DicomWriteOptions opt;
     opt.compression = c;
-    REQUIRE(sp::write_dicom_series(dir.path(), img, opt).is_ok());
+    REQUIRE_OK(sp::write_dicom_series(dir.path(), img, opt));
     auto ref = st::reference_read("sitk", dir.path());
     check_against_reference(img, ref, /*geometry=*/true);
   }
 }
 
 TEST_CASE("pydicom's CT and MR DICOM test files read with the values pydicom reads") {
-  if (!have_pydicom_data()) return;
   std::vector<fs::path> files;
   for (const char* name : {"CT_small.dcm", "MR_small.dcm", "MR_small_implicit.dcm", "MR_small_bigendian.dcm",
                            "MR_small_expb.dcm", "MR_small_RLE.dcm", "MR_small_padded.dcm", "image_dfl.dcm"})
-    files.push_back(kPydicomData / name);
+    files.push_back(st::debian_pydicom_path(name));
   const auto refs = pydicom_read_all(files);
   for (const fs::path& f : files) {
     CAPTURE(f.string());
-    Image img = read_ok(f);
+    Image img = read_dicom_ok(f);
     CHECK((img.voxels.scalar_type() == torch::kFloat32));
     check_against_pydicom(img, refs[f.string()]);
   }
   // Geometry of a single CT slice, against SimpleITK.
-  Image ct = read_ok(kPydicomData / "CT_small.dcm");
-  check_against_reference(ct, st::reference_read("sitk", kPydicomData / "CT_small.dcm"), /*geometry=*/true);
+  Image ct = read_dicom_ok(st::debian_pydicom_path("CT_small.dcm"));
+  check_against_reference(ct, st::reference_read("sitk", st::debian_pydicom_path("CT_small.dcm")),
+                          /*geometry=*/true);
   CHECK(ct.modality == "CT");
   CHECK(ct.geometry.spacing[2] == doctest::Approx(5.0));  // SpacingBetweenSlices of a lone slice
 }
 
 TEST_CASE("JPEG and JPEG-LS compressed DICOM test files decode like their uncompressed twin and SimpleITK") {
-  if (!have_pydicom_data()) return;
-  const Image plain = read_ok(kPydicomData / "MR_small.dcm");
+  const Image plain = read_dicom_ok(st::debian_pydicom_path("MR_small.dcm"));
   for (const char* name : {"MR_small_jpeg_ls_lossless.dcm", "MR_small_RLE.dcm"}) {
     CAPTURE(std::string(name));
-    Image img = read_ok(kPydicomData / name);
+    Image img = read_dicom_ok(st::debian_pydicom_path(name));
     CHECK(torch::equal(img.voxels, plain.voxels));
     CHECK(segflow::geometry_close(img.geometry, plain.geometry, 1e-6));
   }
   // 12-bit JPEG extended (process 2 & 4), lossy: GDCM (through SimpleITK) as the reference.
   for (const char* name : {"JPGExtended.dcm", "JPEG-lossy.dcm"}) {
     CAPTURE(std::string(name));
-    Image img = read_ok(kPydicomData / name);
-    check_against_reference(img, st::reference_read("sitk", kPydicomData / name), /*geometry=*/true, 1.0);
+    Image img = read_dicom_ok(st::debian_pydicom_path(name));
+    check_against_reference(img, st::reference_read("sitk", st::debian_pydicom_path(name)), /*geometry=*/true,
+                            1.0);
   }
 }
 
@@ -366,7 +335,7 @@ TEST_CASE("a multi-frame DICOM file with functional groups orders its frames by 
   const fs::path file = dir / "enhanced.dcm";
   REQUIRE(ff.saveFile(file.c_str(), EXS_LittleEndianExplicit).good());
 
-  Image back = read_ok(file);
+  Image back = read_dicom_ok(file);
   CHECK(torch::equal(back.voxels, img.voxels));
   INFO(segflow::describe(back.geometry));
   CHECK(segflow::geometry_close(back.geometry, img.geometry, 1e-4));
@@ -374,33 +343,30 @@ TEST_CASE("a multi-frame DICOM file with functional groups orders its frames by 
 
 TEST_CASE("a DICOM slice of another size leaves its stack, and the gap it leaves is refused") {
   st::TempDir dir("dicom_size");
-  auto info = sp::write_dicom_series(dir.path(), phantom(4, 8, 8));
-  REQUIRE(info.is_ok());
-  edit_file(info->files[1], [](DcmDataset& ds) { ds.putAndInsertUint16(DCM_Columns, 10); });
-  const std::string m = read_error(dir.path());
-  CHECK(contains(m, info->files[2].string()));
-  CHECK(contains(m, info->files[0].string()));
+  REQUIRE_OK_AND_ASSIGN(auto info, sp::write_dicom_series(dir.path(), phantom(4, 8, 8)));
+  edit_dicom_file(info.files[1], [](DcmDataset& ds) { ds.putAndInsertUint16(DCM_Columns, 10); });
+  const std::string m = read_dicom_error(dir.path());
+  CHECK(contains(m, info.files[2].string()));
+  CHECK(contains(m, info.files[0].string()));
   CHECK(contains(m, "a slice is missing: gap in the series"));
   // An extra image of another size (a screen capture in the series) is skipped instead.
-  edit_file(info->files[1], [](DcmDataset& ds) { ds.putAndInsertUint16(DCM_Columns, 8); });
-  fs::copy_file(info->files[1], dir / "capture.dcm");
-  edit_file(dir / "capture.dcm", [](DcmDataset& ds) {
+  edit_dicom_file(info.files[1], [](DcmDataset& ds) { ds.putAndInsertUint16(DCM_Columns, 8); });
+  fs::copy_file(info.files[1], dir / "capture.dcm");
+  edit_dicom_file(dir / "capture.dcm", [](DcmDataset& ds) {
     ds.putAndInsertString(DCM_SOPInstanceUID, "1.2.3.4.5.6");
     ds.putAndInsertUint16(DCM_Rows, 4);
     ds.putAndInsertUint16(DCM_Columns, 4);
   });
   sp::DicomReadReport report;
-  auto r = sp::read_dicom(dir.path(), &report);
-  REQUIRE_MESSAGE(r.is_ok(), r.status().to_string());
-  CHECK(r->size() == segflow::Size3{8, 8, 4});
+  REQUIRE_OK_AND_ASSIGN(auto r, sp::read_dicom(dir.path(), &report));
+  CHECK(r.size() == segflow::Size3{8, 8, 4});
   REQUIRE(report.skipped_stacks.size() == 1);
   CHECK(report.skipped_stacks.front().files == std::vector<fs::path>{dir / "capture.dcm"});
   CHECK(contains(report.skipped_stacks.front().stack, "4 x 4"));
 }
 
 TEST_CASE("a single DICOM file without position tags gets identity geometry with its PixelSpacing") {
-  if (!have_pydicom_data()) return;
-  Image img = read_ok(kPydicomData / "JPGExtended.dcm");
+  Image img = read_dicom_ok(st::debian_pydicom_path("JPGExtended.dcm"));
   CHECK(img.size() == segflow::Size3{256, 1024, 1});
   CHECK(img.geometry.spacing[0] == doctest::Approx(2.26));
   CHECK(img.geometry.spacing[1] == doctest::Approx(2.26));
@@ -410,27 +376,25 @@ TEST_CASE("a single DICOM file without position tags gets identity geometry with
 }
 
 TEST_CASE("RGB DICOM files put colour in channels and frames in slices") {
-  if (!have_pydicom_data()) return;
   std::vector<fs::path> files;
   for (const char* name : {"SC_rgb_rle.dcm", "SC_rgb_rle_2frame.dcm", "SC_rgb_rle_16bit_2frame.dcm",
                            "SC_rgb_rle_32bit_2frame.dcm", "SC_rgb_small_odd.dcm"})
-    files.push_back(kPydicomData / name);
+    files.push_back(st::debian_pydicom_path(name));
   const auto refs = pydicom_read_all(files);
   for (const fs::path& f : files) {
     CAPTURE(f.string());
-    Image img = read_ok(f);
+    Image img = read_dicom_ok(f);
     CHECK(img.channels() == 3);
     // 32-bit samples do not fit float32 exactly: compare relative to the range.
     check_against_pydicom(img, refs[f.string()], 1e-6);
   }
-  Image two = read_ok(kPydicomData / "SC_rgb_rle_2frame.dcm");
+  Image two = read_dicom_ok(st::debian_pydicom_path("SC_rgb_rle_2frame.dcm"));
   CHECK((two.voxels.sizes() == torch::IntArrayRef({3, 2, 100, 100})));
 }
 
 TEST_CASE("a multi-frame RT dose DICOM file reads its frames as slices spaced by GridFrameOffsetVector") {
-  if (!have_pydicom_data()) return;
-  const fs::path f = kPydicomData / "rtdose.dcm";
-  Image img = read_ok(f);
+  const fs::path f = st::debian_pydicom_path("rtdose.dcm");
+  Image img = read_dicom_ok(f);
   CHECK(img.modality == "RTDOSE");
   check_against_pydicom(img, st::reference_read("pydicom_czyx", f));
   auto sitk = st::reference_read("sitk", f);
@@ -445,17 +409,16 @@ TEST_CASE("a multi-frame RT dose DICOM file reads its frames as slices spaced by
   // gdcmconv wrote its dataset implicit VR under an explicit RLE transfer syntax.)
   for (const char* twin : {"rtdose_expb.dcm"}) {
     CAPTURE(std::string(twin));
-    Image other = read_ok(kPydicomData / twin);
+    Image other = read_dicom_ok(st::debian_pydicom_path(twin));
     CHECK(torch::equal(other.voxels, img.voxels));
     CHECK(segflow::geometry_close(other.geometry, img.geometry, 1e-6));
   }
 }
 
 TEST_CASE("a real DICOM CT series is ordered along the slice normal like SimpleITK orders it") {
-  if (!have_pydicom_data()) return;
   // Five axial CT slices whose InstanceNumber runs against their position.
-  const fs::path dir = kPydicomData / "dicomdirtests/98892001/CT5N";
-  Image img = read_ok(dir);
+  const fs::path dir = st::debian_pydicom_path("dicomdirtests/98892001/CT5N");
+  Image img = read_dicom_ok(dir);
   CHECK(img.size() == segflow::Size3{16, 16, 5});
   check_against_reference(img, st::reference_read("sitk", dir), /*geometry=*/true);
 }
@@ -466,55 +429,52 @@ TEST_CASE("a truncated, empty or non-DICOM file gives an error naming the file")
   st::write_file(dir / "x.dcm", "this is a text file, not DICOM\n");
   for (const char* name : {"empty.dcm", "x.dcm"}) {
     CAPTURE(std::string(name));
-    const std::string m = read_error(dir / name);
+    const std::string m = read_dicom_error(dir / name);
     CHECK(contains(m, (dir / name).string()));
   }
-  CHECK(contains(read_error(dir / "empty.dcm"), "empty file"));
-  CHECK(contains(read_error(dir / "x.dcm"), "DICOM"));
-  if (have_pydicom_data()) {
-    const std::string m = read_error(kPydicomData / "MR_truncated.dcm");
+  CHECK(contains(read_dicom_error(dir / "empty.dcm"), "empty file"));
+  CHECK(contains(read_dicom_error(dir / "x.dcm"), "DICOM"));
+  {  // Debian's pydicom test files
+    const std::string m = read_dicom_error(st::debian_pydicom_path("MR_truncated.dcm"));
     CHECK(contains(m, "MR_truncated.dcm"));
     CHECK(contains(m, "truncated"));
   }
   // Pixel data cut short inside a file segflow wrote.
-  auto info = sp::write_dicom_series(dir / "series", phantom(1, 32, 32));
-  REQUIRE(info.is_ok());
-  std::string bytes = st::read_file(info->files[0]);
+  REQUIRE_OK_AND_ASSIGN(auto info, sp::write_dicom_series(dir / "series", phantom(1, 32, 32)));
+  std::string bytes = st::read_file(info.files[0]);
   st::write_file(dir / "cut.dcm", bytes.substr(0, bytes.size() - 700));
-  const std::string m = read_error(dir / "cut.dcm");
+  const std::string m = read_dicom_error(dir / "cut.dcm");
   CHECK(contains(m, "cut.dcm"));
   CHECK(contains(m, "truncated"));
 }
 
 TEST_CASE("a DICOM file without Rows is rejected naming the file and the tag") {
   st::TempDir dir("dicom_norows");
-  auto info = sp::write_dicom_series(dir.path(), phantom(3, 8, 8));
-  REQUIRE(info.is_ok());
-  edit_file(info->files[1], [](DcmDataset& ds) { REQUIRE(ds.findAndDeleteElement(DCM_Rows).good()); });
-  const std::string m = read_error(dir.path());
-  CHECK(contains(m, info->files[1].string()));
+  REQUIRE_OK_AND_ASSIGN(auto info, sp::write_dicom_series(dir.path(), phantom(3, 8, 8)));
+  edit_dicom_file(info.files[1], [](DcmDataset& ds) { REQUIRE(ds.findAndDeleteElement(DCM_Rows).good()); });
+  const std::string m = read_dicom_error(dir.path());
+  CHECK(contains(m, info.files[1].string()));
   CHECK(contains(m, "Rows (0028,0010)"));
   CHECK(contains(m, "missing"));
   // And one without ImagePositionPatient in a multi-slice series.
-  edit_file(info->files[1], [](DcmDataset& ds) { ds.putAndInsertUint16(DCM_Rows, 8); });
-  edit_file(info->files[2], [](DcmDataset& ds) { ds.findAndDeleteElement(DCM_ImagePositionPatient); });
-  const std::string m2 = read_error(dir.path());
-  CHECK(contains(m2, info->files[2].string()));
+  edit_dicom_file(info.files[1], [](DcmDataset& ds) { ds.putAndInsertUint16(DCM_Rows, 8); });
+  edit_dicom_file(info.files[2], [](DcmDataset& ds) { ds.findAndDeleteElement(DCM_ImagePositionPatient); });
+  const std::string m2 = read_dicom_error(dir.path());
+  CHECK(contains(m2, info.files[2].string()));
   CHECK(contains(m2, "ImagePositionPatient (0020,0032)"));
 }
 
 TEST_CASE("a DICOM series with a missing slice is rejected as a gap") {
   st::TempDir dir("dicom_gap");
-  auto info = sp::write_dicom_series(dir.path(), phantom(5, 8, 8));
-  REQUIRE(info.is_ok());
-  fs::remove(info->files[2]);
-  const std::string m = read_error(dir.path());
-  CHECK(contains(m, info->files[3].string()));
-  CHECK(contains(m, info->files[1].string()));
+  REQUIRE_OK_AND_ASSIGN(auto info, sp::write_dicom_series(dir.path(), phantom(5, 8, 8)));
+  fs::remove(info.files[2]);
+  const std::string m = read_dicom_error(dir.path());
+  CHECK(contains(m, info.files[3].string()));
+  CHECK(contains(m, info.files[1].string()));
   CHECK(contains(m, "gap"));
-  if (have_pydicom_data()) {
+  {  // Debian's pydicom test files
     // A real series: one slice 200 mm away from the other three.
-    const std::string real = read_error(kPydicomData / "dicomdirtests/77654033/CT2");
+    const std::string real = read_dicom_error(st::debian_pydicom_path("dicomdirtests/77654033/CT2"));
     CHECK(contains(real, "gap"));
     CHECK(contains(real, "17106"));
   }
@@ -522,11 +482,11 @@ TEST_CASE("a DICOM series with a missing slice is rejected as a gap") {
 
 TEST_CASE("DICOM slices with duplicate positions and nothing to tell them apart are rejected") {
   st::TempDir dir("dicom_dup");
-  auto info = sp::write_dicom_series(dir.path(), phantom(4, 8, 8));
-  REQUIRE(info.is_ok());
-  fs::copy_file(info->files[1], dir / "copy.dcm");
-  edit_file(dir / "copy.dcm", [](DcmDataset& ds) { ds.putAndInsertString(DCM_SOPInstanceUID, "1.2.3.4.5"); });
-  const std::string m = read_error(dir.path());
+  REQUIRE_OK_AND_ASSIGN(auto info, sp::write_dicom_series(dir.path(), phantom(4, 8, 8)));
+  fs::copy_file(info.files[1], dir / "copy.dcm");
+  edit_dicom_file(dir / "copy.dcm",
+                  [](DcmDataset& ds) { ds.putAndInsertString(DCM_SOPInstanceUID, "1.2.3.4.5"); });
+  const std::string m = read_dicom_error(dir.path());
   CHECK(contains(m, "duplicate"));
   CHECK(contains(m, "copy.dcm"));
   CHECK(contains(m, "IM_0001.dcm"));
@@ -535,17 +495,17 @@ TEST_CASE("DICOM slices with duplicate positions and nothing to tell them apart 
 
 TEST_CASE("a DICOM slice in another orientation leaves its stack, and the gap it leaves is refused") {
   st::TempDir dir("dicom_orient");
-  auto info = sp::write_dicom_series(dir.path(), phantom(4, 8, 8));
-  REQUIRE(info.is_ok());
-  edit_file(info->files[2],
-            [](DcmDataset& ds) { ds.putAndInsertString(DCM_ImageOrientationPatient, "1\\0\\0\\0\\0\\-1"); });
-  const std::string m = read_error(dir.path());
-  CHECK(contains(m, info->files[3].string()));
-  CHECK(contains(m, info->files[1].string()));
+  REQUIRE_OK_AND_ASSIGN(auto info, sp::write_dicom_series(dir.path(), phantom(4, 8, 8)));
+  edit_dicom_file(info.files[2], [](DcmDataset& ds) {
+    ds.putAndInsertString(DCM_ImageOrientationPatient, "1\\0\\0\\0\\0\\-1");
+  });
+  const std::string m = read_dicom_error(dir.path());
+  CHECK(contains(m, info.files[3].string()));
+  CHECK(contains(m, info.files[1].string()));
   CHECK(contains(m, "gap in the series"));
-  if (have_pydicom_data()) {
+  {  // Debian's pydicom test files
     // A real radial localizer series: seven slices, seven orientations, no stack to read.
-    const std::string real = read_error(kPydicomData / "dicomdirtests/98892003/MR700");
+    const std::string real = read_dicom_error(st::debian_pydicom_path("dicomdirtests/98892003/MR700"));
     CHECK(contains(real, "no stack of 2 or more parallel slices"));
     CHECK(contains(real, "7 single slices"));
   }
@@ -553,40 +513,36 @@ TEST_CASE("a DICOM slice in another orientation leaves its stack, and the gap it
 
 TEST_CASE("scanning a DICOM folder groups series and lists bad files without failing") {
   st::TempDir dir("dicom_scan");
-  auto a = sp::write_dicom_series(dir.path(), phantom(3, 8, 8));
-  REQUIRE(a.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto a, sp::write_dicom_series(dir.path(), phantom(3, 8, 8)));
   st::write_file(dir / "empty.dcm", "");
   st::write_file(dir / "x.dcm", "hello, not DICOM\n");
-  std::string bytes = st::read_file(a->files[0]);
+  std::string bytes = st::read_file(a.files[0]);
   st::write_file(dir / "trunc.dcm", bytes.substr(0, bytes.size() / 3));
 
   std::vector<sp::SkippedFile> skipped;
-  auto series = sp::scan_dicom_folder(dir.path(), &skipped);
-  REQUIRE(series.is_ok());
-  REQUIRE(series->size() == 1);
-  CHECK(series->front().series_uid == a->series_uid);
-  CHECK(series->front().modality == "CT");
-  CHECK(series->front().files.size() == 3);
+  REQUIRE_OK_AND_ASSIGN(auto series, sp::scan_dicom_folder(dir.path(), &skipped));
+  REQUIRE(series.size() == 1);
+  CHECK(series.front().series_uid == a.series_uid);
+  CHECK(series.front().modality == "CT");
+  CHECK(series.front().files.size() == 3);
   REQUIRE(skipped.size() == 3);
   for (const auto& s : skipped) {
     CAPTURE(s.reason);
     CHECK(contains(s.reason, s.path.string()));
   }
   // The good series still reads, bad files and all.
-  Image img = read_ok(dir.path());
+  Image img = read_dicom_ok(dir.path());
   CHECK(img.size() == segflow::Size3{8, 8, 3});
 
   // A second series: the larger one is read, the other is listed as skipped.
-  if (have_pydicom_data()) {
-    fs::copy_file(kPydicomData / "MR_small.dcm", dir / "mr.dcm");
-    auto two = sp::scan_dicom_folder(dir.path());
-    REQUIRE(two.is_ok());
-    CHECK(two->size() == 2);
+  {  // Debian's pydicom test files
+    fs::copy_file(st::debian_pydicom_path("MR_small.dcm"), dir / "mr.dcm");
+    REQUIRE_OK_AND_ASSIGN(auto two, sp::scan_dicom_folder(dir.path()));
+    CHECK(two.size() == 2);
     sp::DicomReadReport report;
-    auto r = sp::read_dicom(dir.path(), &report);
-    REQUIRE(r.is_ok());
-    CHECK(r->size() == segflow::Size3{8, 8, 3});
-    CHECK(report.series == a->series_uid);
+    REQUIRE_OK_AND_ASSIGN(auto r, sp::read_dicom(dir.path(), &report));
+    CHECK(r.size() == segflow::Size3{8, 8, 3});
+    CHECK(report.series == a.series_uid);
     REQUIRE(report.skipped_stacks.size() == 1);
     CHECK(contains(report.skipped_stacks.front().stack, meta_string(dir / "mr.dcm", DCM_SeriesInstanceUID)));
     CHECK(report.skipped_files.size() == 3);  // empty.dcm, x.dcm, trunc.dcm
@@ -595,14 +551,12 @@ TEST_CASE("scanning a DICOM folder groups series and lists bad files without fai
 }
 
 TEST_CASE("read_dicom on a folder ignores DICOM SEG files") {
-  if (!have_pydicom_data()) return;
   st::TempDir dir("dicom_segignore");
-  fs::copy_file(kPydicomData / "MR_small.dcm", dir / "mr.dcm");
-  fs::copy_file(kPydicomData / "liver_1frame.dcm", dir / "seg.dcm");
-  auto series = sp::scan_dicom_folder(dir.path());
-  REQUIRE(series.is_ok());
-  CHECK(series->size() == 2);
-  Image img = read_ok(dir.path());
+  fs::copy_file(st::debian_pydicom_path("MR_small.dcm"), dir / "mr.dcm");
+  fs::copy_file(st::debian_pydicom_path("liver_1frame.dcm"), dir / "seg.dcm");
+  REQUIRE_OK_AND_ASSIGN(auto series, sp::scan_dicom_folder(dir.path()));
+  CHECK(series.size() == 2);
+  Image img = read_dicom_ok(dir.path());
   CHECK(img.modality == "MR");
   CHECK(img.size() == segflow::Size3{64, 64, 1});
 }
@@ -616,10 +570,9 @@ TEST_CASE("looks_like_dicom accepts DICOM files with and without a preamble") {
   CHECK_FALSE(sp::looks_like_dicom(dir / "empty.dcm"));
   CHECK_FALSE(sp::looks_like_dicom(dir / "x.dcm"));
   CHECK_FALSE(sp::looks_like_dicom(dir / "missing.dcm"));
-  if (!have_pydicom_data()) return;
-  CHECK(sp::looks_like_dicom(kPydicomData / "MR_small.dcm"));
-  CHECK(sp::looks_like_dicom(kPydicomData / "ExplVR_BigEndNoMeta.dcm"));
-  CHECK(sp::looks_like_dicom(kPydicomData / "ExplVR_LitEndNoMeta.dcm"));
+  CHECK(sp::looks_like_dicom(st::debian_pydicom_path("MR_small.dcm")));
+  CHECK(sp::looks_like_dicom(st::debian_pydicom_path("ExplVR_BigEndNoMeta.dcm")));
+  CHECK(sp::looks_like_dicom(st::debian_pydicom_path("ExplVR_LitEndNoMeta.dcm")));
 }
 
 TEST_CASE("parse_dicom_compression accepts the four DICOM compression names and lists them on error") {
@@ -637,8 +590,7 @@ TEST_CASE("parse_dicom_compression accepts the four DICOM compression names and 
 TEST_CASE("a DICOM SEG written by segflow reads back as the same label map") {
   const Image img = phantom(5, 24, 28);
   st::TempDir dir("dicom_seg");
-  auto series = sp::write_dicom_series(dir / "ct", img);
-  REQUIRE(series.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto series, sp::write_dicom_series(dir / "ct", img));
 
   // Four labels, one of them (4) only on one slice; slice 0 empty.
   auto lab = torch::zeros({1, 5, 24, 28}, torch::kUInt8);
@@ -652,29 +604,26 @@ TEST_CASE("a DICOM SEG written by segflow reads back as the same label map") {
   labels.voxels = lab;
   labels.geometry = img.geometry;
   const fs::path seg_file = dir / "labels.seg.dcm";
-  auto written = sp::write_dicom_seg(seg_file, labels, *series);
-  REQUIRE_MESSAGE(written.is_ok(), written.to_string());
+  REQUIRE_OK(sp::write_dicom_seg(seg_file, labels, series));
 
-  Image ref = read_ok(dir / "ct");
-  auto back = sp::read_dicom_seg(seg_file, ref);
-  REQUIRE_MESSAGE(back.is_ok(), back.status().to_string());
-  CHECK((back->voxels.scalar_type() == torch::kUInt8));
-  CHECK(back->modality == "SEG");
-  CHECK(torch::equal(back->voxels, lab));
-  CHECK(segflow::geometry_close(back->geometry, ref.geometry, 1e-9));
+  Image ref = read_dicom_ok(dir / "ct");
+  REQUIRE_OK_AND_ASSIGN(auto back, sp::read_dicom_seg(seg_file, ref));
+  CHECK((back.voxels.scalar_type() == torch::kUInt8));
+  CHECK(back.modality == "SEG");
+  CHECK(torch::equal(back.voxels, lab));
+  CHECK(segflow::geometry_close(back.geometry, ref.geometry, 1e-9));
 
   // On its own (no source image): the grid of its frames, slices 1..4 (slice 0 has none).
-  auto own = sp::read_dicom(seg_file);
-  REQUIRE_MESSAGE(own.is_ok(), own.status().to_string());
-  CHECK(own->modality == "SEG");
-  CHECK(own->size() == segflow::Size3{28, 24, 4});
-  CHECK(torch::equal(own->voxels, lab.index({torch::indexing::Slice(), torch::indexing::Slice(1, 5)})));
+  REQUIRE_OK_AND_ASSIGN(auto own, sp::read_dicom(seg_file));
+  CHECK(own.modality == "SEG");
+  CHECK(own.size() == segflow::Size3{28, 24, 4});
+  CHECK(torch::equal(own.voxels, lab.index({torch::indexing::Slice(), torch::indexing::Slice(1, 5)})));
   segflow::Geometry shifted = ref.geometry;
   shifted.origin = segflow::index_to_physical(ref.geometry, {0.0, 0.0, 1.0});
-  INFO(segflow::describe(own->geometry));
-  CHECK(segflow::geometry_close(own->geometry, shifted, 1e-4));
+  INFO(segflow::describe(own.geometry));
+  CHECK(segflow::geometry_close(own.geometry, shifted, 1e-4));
   CHECK(sp::is_dicom_seg_file(seg_file));
-  CHECK_FALSE(sp::is_dicom_seg_file(series->files.front()));
+  CHECK_FALSE(sp::is_dicom_seg_file(series.files.front()));
 
   // pydicom, independently: segments, frames, positions, pixel counts, source images.
   auto js = st::reference_read("pydicom_seg", seg_file);
@@ -685,7 +634,7 @@ TEST_CASE("a DICOM SEG written by segflow reads back as the same label map") {
     CHECK(js["segments"][v - 1]["number"] == v);
     CHECK(js["segments"][v - 1]["label"] == "label_" + std::to_string(v));
   }
-  CHECK(js["referenced_series"][0] == series->series_uid);
+  CHECK(js["referenced_series"][0] == series.series_uid);
   std::size_t expected_frames = 0;
   for (int v = 1; v <= 4; ++v)
     for (int z = 0; z < 5; ++z) expected_frames += lab[0][z].eq(v).any().item<bool>() ? 1 : 0;
@@ -702,27 +651,24 @@ TEST_CASE("a DICOM SEG written by segflow reads back as the same label map") {
     REQUIRE(z < 5);
     CHECK(std::abs(k / g.spacing[2] - z) < 1e-6);
     CHECK(fr["count"].get<std::int64_t>() == lab[0][z].eq(v).sum().item<std::int64_t>());
-    CHECK(fr["source_sop"] == meta_string(series->files[static_cast<std::size_t>(z)], DCM_SOPInstanceUID));
+    CHECK(fr["source_sop"] == meta_string(series.files[static_cast<std::size_t>(z)], DCM_SOPInstanceUID));
   }
 }
 
 TEST_CASE("a DICOM SEG keeps segment number = label value for labels that are not 1..N") {
   const Image img = phantom(3, 10, 12);
   st::TempDir dir("dicom_seg_sparse");
-  auto series = sp::write_dicom_series(dir / "ct", img);
-  REQUIRE(series.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto series, sp::write_dicom_series(dir / "ct", img));
   auto lab = torch::zeros({1, 3, 10, 12}, torch::kInt64);
   lab.index_put_({0, 0, torch::indexing::Slice(0, 4), torch::indexing::Slice(0, 4)}, 2);
   lab.index_put_({0, 2, torch::indexing::Slice(5, 9), torch::indexing::Slice(6, 11)}, 7);
   Image labels;
   labels.voxels = lab;
   labels.geometry = img.geometry;
-  auto written = sp::write_dicom_seg(dir / "seg.dcm", labels, *series);
-  REQUIRE_MESSAGE(written.is_ok(), written.to_string());
-  Image ref = read_ok(dir / "ct");
-  auto back = sp::read_dicom_seg(dir / "seg.dcm", ref);
-  REQUIRE_MESSAGE(back.is_ok(), back.status().to_string());
-  CHECK(torch::equal(back->voxels, lab.to(torch::kUInt8)));
+  REQUIRE_OK(sp::write_dicom_seg(dir / "seg.dcm", labels, series));
+  Image ref = read_dicom_ok(dir / "ct");
+  REQUIRE_OK_AND_ASSIGN(auto back, sp::read_dicom_seg(dir / "seg.dcm", ref));
+  CHECK(torch::equal(back.voxels, lab.to(torch::kUInt8)));
   auto js = st::reference_read("pydicom_seg", dir / "seg.dcm");
   CHECK(js["segments"].size() == 7);
   // Two frames with voxels, one empty frame for each of the five unused values 1, 3..6.
@@ -735,17 +681,15 @@ TEST_CASE("a DICOM SEG keeps segment number = label value for labels that are no
 TEST_CASE("a DICOM SEG whose frames are off the reference grid is rejected") {
   const Image img = phantom(4, 12, 12);
   st::TempDir dir("dicom_seg_off");
-  auto series = sp::write_dicom_series(dir / "ct", img);
-  REQUIRE(series.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto series, sp::write_dicom_series(dir / "ct", img));
   auto lab = torch::zeros({1, 4, 12, 12}, torch::kUInt8);
   lab.index_put_({0, 1, torch::indexing::Slice(2, 6), torch::indexing::Slice(2, 6)}, 1);
   Image labels;
   labels.voxels = lab;
   labels.geometry = img.geometry;
   const fs::path seg_file = dir / "seg.dcm";
-  auto written = sp::write_dicom_seg(seg_file, labels, *series);
-  REQUIRE_MESSAGE(written.is_ok(), written.to_string());
-  Image ref = read_ok(dir / "ct");
+  REQUIRE_OK(sp::write_dicom_seg(seg_file, labels, series));
+  Image ref = read_dicom_ok(dir / "ct");
 
   Image shifted = ref;
   shifted.geometry.origin[2] += 0.5 * ref.geometry.spacing[2];
@@ -764,7 +708,7 @@ TEST_CASE("a DICOM SEG whose frames are off the reference grid is rejected") {
   // A label map whose grid does not match the series it references.
   Image moved = labels;
   moved.geometry.origin[0] += 3.0;
-  auto w = sp::write_dicom_seg(dir / "bad.dcm", moved, *series);
+  auto w = sp::write_dicom_seg(dir / "bad.dcm", moved, series);
   REQUIRE_FALSE(w.is_ok());
   CHECK(contains(w.message(), "ImagePositionPatient"));
 }

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "dicom_test_data.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/npy.hpp"
 #include "test_util.hpp"
@@ -31,16 +32,10 @@ using segflow::pipeline::Image;
 
 namespace {
 
-const fs::path kDebianData = "/usr/lib/python3/dist-packages/pydicom/data/test_files";
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-Image read_ok(const fs::path& p) {
-  auto r = sp::read_dicom(p);
-  INFO(p.string() << ": " << r.status().to_string());
-  REQUIRE(r.is_ok());
-  return std::move(r).value();
-}
+using st::contains;
+using st::copy_series;
+using st::files_in;
+using st::read_dicom_ok;
 
 /// Whole (C, Z, Y, X) float32 arrays of `files` as `reader` ("pydicom_czyx" or "sitk")
 /// decodes them, through tests/tools/reference.py arrays; one Python start-up for all.
@@ -61,9 +56,8 @@ std::map<std::string, at::Tensor> reference_arrays(const std::string& reader,
     const auto& e = j[f.string()];
     INFO(f.string() << ": " << e.dump());
     REQUIRE(e.contains("npy"));
-    auto t = sp::read_npy(e["npy"].get<std::string>());
-    REQUIRE(t.is_ok());
-    out[f.string()] = *t;
+    REQUIRE_OK_AND_ASSIGN(auto t, sp::read_npy(e["npy"].get<std::string>()));
+    out[f.string()] = t;
   }
   return out;
 }
@@ -86,25 +80,25 @@ std::string transfer_syntax(const fs::path& f) {
 TEST_CASE("lossless JPEG 2000 DICOM files decode to exactly the values pydicom's OpenJPEG decoder gives") {
   // Monochrome signed and unsigned (BitsStored 10 to 16, MONOCHROME1 and 2), a codestream
   // whose signedness contradicts PixelRepresentation, colour (YBR_RCT) and multi-frame.
-  std::vector<fs::path> files = {kDebianData / "MR_small_jp2klossless.dcm",
-                                 kDebianData / "J2K_pixelrep_mismatch.dcm",
-                                 kDebianData / "GDCMJ2K_TextGBR.dcm"};
+  std::vector<fs::path> files = {st::debian_pydicom_path("MR_small_jp2klossless.dcm"),
+                                 st::debian_pydicom_path("J2K_pixelrep_mismatch.dcm"),
+                                 st::debian_pydicom_path("GDCMJ2K_TextGBR.dcm")};
   for (const char* name : {"MR2_J2KR.dcm", "RG1_J2KR.dcm", "RG3_J2KR.dcm", "US1_J2KR.dcm", "693_J2KR.dcm",
                            "emri_small_jpeg_2k_lossless.dcm"})
-    files.push_back(st::testdata_path(std::string("pydicom-data/") + name));
+    files.push_back(st::pydicom_data_path(name));
   st::TempDir dir("j2k_lossless");
   const auto ref = reference_arrays("pydicom_czyx", files, dir);
   for (const fs::path& f : files) {
     CAPTURE(f.string());
     CHECK(transfer_syntax(f) == "1.2.840.10008.1.2.4.90");
-    Image img = read_ok(f);
+    Image img = read_dicom_ok(f);
     const at::Tensor& want = ref.at(f.string());
     REQUIRE((img.voxels.sizes() == want.sizes()));
     CHECK((img.voxels.scalar_type() == torch::kFloat32));
     CHECK(torch::equal(img.voxels, want));
   }
   // The multi-frame file is 10 frames of 64 x 64, read as 10 slices.
-  Image mf = read_ok(st::testdata_path("pydicom-data/emri_small_jpeg_2k_lossless.dcm"));
+  Image mf = read_dicom_ok(st::pydicom_data_path("emri_small_jpeg_2k_lossless.dcm"));
   CHECK(mf.size() == segflow::Size3{64, 64, 10});
 }
 
@@ -116,8 +110,8 @@ TEST_CASE("lossless JPEG 2000 DICOM files equal their uncompressed twins") {
                             {"emri_small_jpeg_2k_lossless.dcm", "emri_small.dcm"}}) {
     const std::string j2k = twins.first, plain = twins.second;
     CAPTURE(j2k);
-    Image a = read_ok(st::testdata_path(std::string("pydicom-data/") + j2k));
-    Image b = read_ok(st::testdata_path(std::string("pydicom-data/") + plain));
+    Image a = read_dicom_ok(st::pydicom_data_path(j2k));
+    Image b = read_dicom_ok(st::pydicom_data_path(plain));
     REQUIRE((a.voxels.sizes() == b.voxels.sizes()));
     CHECK(torch::equal(a.voxels, b.voxels));
     CHECK(segflow::geometry_close(a.geometry, b.geometry, 1e-6));
@@ -128,9 +122,10 @@ TEST_CASE("lossy JPEG 2000 DICOM files decode within one stored unit of pydicom'
   // Lossy (.91) decoding runs the 9/7 wavelet in floating point, so two builds of OpenJPEG
   // (Debian's here, the one in pylibjpeg-openjpeg's wheel) may round a sample differently;
   // the documented tolerance is one stored unit (times RescaleSlope).
-  std::vector<fs::path> files = {kDebianData / "JPEG2000.dcm", kDebianData / "693_J2KI.dcm"};
+  std::vector<fs::path> files = {st::debian_pydicom_path("JPEG2000.dcm"),
+                                 st::debian_pydicom_path("693_J2KI.dcm")};
   for (const char* name : {"MR2_J2KI.dcm", "RG1_J2KI.dcm", "RG3_J2KI.dcm", "US1_J2KI.dcm"})
-    files.push_back(st::testdata_path(std::string("pydicom-data/") + name));
+    files.push_back(st::pydicom_data_path(name));
   st::TempDir dir("j2k_lossy");
   const auto ref = reference_arrays("pydicom_czyx", files, dir);
   st::TempDir dir2("j2k_lossy_sitk");
@@ -138,7 +133,7 @@ TEST_CASE("lossy JPEG 2000 DICOM files decode within one stored unit of pydicom'
   for (const fs::path& f : files) {
     CAPTURE(f.string());
     CHECK(transfer_syntax(f) == "1.2.840.10008.1.2.4.91");
-    Image img = read_ok(f);
+    Image img = read_dicom_ok(f);
     DcmFileFormat ff;
     REQUIRE(ff.loadFile(f.c_str()).good());
     Float64 slope = 1.0;
@@ -168,7 +163,7 @@ TEST_CASE("lossy JPEG 2000 DICOM files decode within one stored unit of pydicom'
 TEST_CASE(
     "a corrupt JPEG 2000 stream is a one-line error naming the file, the frame and OpenJPEG's message") {
   st::TempDir dir("j2k_corrupt");
-  const fs::path src = st::testdata_path("pydicom-data/emri_small_jpeg_2k_lossless.dcm");
+  const fs::path src = st::pydicom_data_path("emri_small_jpeg_2k_lossless.dcm");
   const fs::path bad = dir / "cut_frame4.dcm";
   {
     // Cut the codestream of frame 4 (fragment 4) to a third of its length.
@@ -200,7 +195,7 @@ TEST_CASE(
   CHECK(m.find('\n') == std::string::npos);
 
   // The real truncated sibling (its pixel sequence ends early) names the file; so does GDCM.
-  const fs::path short_file = st::testdata_path("pydicom-data/emri_small_jpeg_2k_lossless_too_short.dcm");
+  const fs::path short_file = st::pydicom_data_path("emri_small_jpeg_2k_lossless_too_short.dcm");
   auto s = sp::read_dicom(short_file);
   REQUIRE_FALSE(s.is_ok());
   INFO(s.status().message());
@@ -213,7 +208,7 @@ TEST_CASE("JPEG 2000 transfer syntaxes segflow cannot decode are named in the er
   st::TempDir dir("j2k_part2");
   const fs::path f = dir / "part2.dcm";
   // The meta header's TransferSyntaxUID .90 becomes .92 (same length, bytes edited).
-  std::string bytes = st::read_file(kDebianData / "MR_small_jp2klossless.dcm");
+  std::string bytes = st::read_file(st::debian_pydicom_path("MR_small_jp2klossless.dcm"));
   const auto at = bytes.find("1.2.840.10008.1.2.4.90");
   REQUIRE(at != std::string::npos);
   bytes[at + 21] = '2';
@@ -232,8 +227,8 @@ TEST_CASE("JPEG 2000 frames split over several fragments decode with and without
   // emri_small_jpeg_2k_lossless.dcm holds one fragment a frame; rewrite it with each frame's
   // codestream cut into two fragments, once with the offset table and once with it empty
   // (frames are then found by the codestream markers).
-  const fs::path src = st::testdata_path("pydicom-data/emri_small_jpeg_2k_lossless.dcm");
-  const Image want = read_ok(src);
+  const fs::path src = st::pydicom_data_path("emri_small_jpeg_2k_lossless.dcm");
+  const Image want = read_dicom_ok(src);
   st::TempDir dir("j2k_fragments");
   for (bool with_table : {true, false}) {
     CAPTURE(with_table);
@@ -286,7 +281,7 @@ TEST_CASE("JPEG 2000 frames split over several fragments decode with and without
                   .good());
       CHECK(cs->card() == 21);  // the table and 20 fragments for 10 frames
     }
-    Image got = read_ok(out);
+    Image got = read_dicom_ok(out);
     REQUIRE((got.voxels.sizes() == want.voxels.sizes()));
     CHECK(torch::equal(got.voxels, want.voxels));
   }

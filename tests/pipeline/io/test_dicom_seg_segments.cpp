@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "dicom_test_data.hpp"
 #include "pipeline/io/dataset.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/dicom_seg_style.hpp"
@@ -35,31 +36,9 @@ using segflow::pipeline::Image;
 
 namespace {
 
-const fs::path kDebianData = "/usr/lib/python3/dist-packages/pydicom/data/test_files";
-/// Five axial 16 x 16 CT slices, 2.5 mm apart.
-const fs::path kCT5N = kDebianData / "dicomdirtests/98892001/CT5N";
-/// Seven MR localizer slices in three series and three orientations.
-const fs::path kMRScouts = kDebianData / "dicomdirtests/98892003/MR2";
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-std::vector<fs::path> files_in(const fs::path& dir) {
-  std::vector<fs::path> out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file()) out.push_back(e.path());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::vector<fs::path> copy_series(const fs::path& from, const fs::path& to, const std::string& prefix = "") {
-  fs::create_directories(to);
-  std::vector<fs::path> out;
-  for (const auto& f : files_in(from)) {
-    out.push_back(to / (prefix + f.filename().string()));
-    fs::copy_file(f, out.back());
-  }
-  return out;
-}
+using st::contains;
+using st::copy_series;
+using st::files_in;
 
 /// `seg_check.py segments FILES...`: pydicom's reading of each file's SegmentSequence.
 nlohmann::json pydicom_segments(const std::vector<fs::path>& files) {
@@ -74,12 +53,11 @@ nlohmann::json pydicom_segments(const std::vector<fs::path>& files) {
 /// Every field read_dicom_seg_segments returns equals pydicom's reading.
 void check_like_pydicom(const fs::path& file, const nlohmann::json& ref) {
   CAPTURE(file.string());
-  auto segs = sp::read_dicom_seg_segments(file);
-  REQUIRE_MESSAGE(segs.is_ok(), segs.status().message());
+  REQUIRE_OK_AND_ASSIGN(auto segs, sp::read_dicom_seg_segments(file));
   REQUIRE(ref.is_array());
-  REQUIRE(segs->size() == ref.size());
-  for (std::size_t i = 0; i < segs->size(); ++i) {
-    const sp::DicomSegment& s = (*segs)[i];
+  REQUIRE(segs.size() == ref.size());
+  for (std::size_t i = 0; i < segs.size(); ++i) {
+    const sp::DicomSegment& s = segs[i];
     const auto& r = ref[i];
     CHECK(s.number == r["number"].get<int>());
     CHECK(s.label == r["label"].get<std::string>());
@@ -136,66 +114,59 @@ std::vector<sp::SegmentStyle> styles_of(const std::vector<std::string>& names) {
 TEST_CASE("DICOM SEG segment descriptions read from the header agree with pydicom's SegmentSequence") {
   st::TempDir dir("seg_segments");
   // dcmqi's liver SEG (pydicom-data, explicit little and big endian) and Debian's one-frame copies.
-  std::vector<fs::path> files = {st::testdata_path("pydicom-data/liver.dcm"),
-                                 st::testdata_path("pydicom-data/liver_expb.dcm")};
+  std::vector<fs::path> files = {st::pydicom_data_path("liver.dcm"), st::pydicom_data_path("liver_expb.dcm")};
   for (const char* name : {"liver_1frame.dcm", "liver_expb_1frame.dcm"})
-    if (fs::exists(kDebianData / name)) files.push_back(kDebianData / name);
+    if (fs::exists(st::debian_pydicom_path(name))) files.push_back(st::debian_pydicom_path(name));
   // A SEG segflow writes with three named segments (values 1, 2, 5) on a real CT series.
   const fs::path ct = dir / "ct";
-  copy_series(kCT5N, ct);
-  auto src = sp::dicom_source_series(ct);
-  REQUIRE_MESSAGE(src.is_ok(), src.status().message());
-  auto img = sp::read_dicom(ct);
-  REQUIRE(img.is_ok());
+  copy_series(st::ct5n_series(), ct);
+  REQUIRE_OK_AND_ASSIGN(auto src, sp::dicom_source_series(ct));
+  REQUIRE_OK_AND_ASSIGN(auto img, sp::read_dicom(ct));
   const fs::path named = dir / "named.dcm";
-  auto w = sp::write_dicom_seg(named, block_labels(*img), *src,
-                               styles_of({"background", "spleen", "Left Kidney", "", "", "liver"}));
-  REQUIRE_MESSAGE(w.is_ok(), w.message());
+  REQUIRE_OK(sp::write_dicom_seg(named, block_labels(img), src,
+                                 styles_of({"background", "spleen", "Left Kidney", "", "", "liver"})));
   files.push_back(named);
 
   const nlohmann::json ref = pydicom_segments(files);
   for (const auto& f : files) check_like_pydicom(f, ref[f.string()]);
 
   // What the files hold, so that agreeing on nothing cannot pass.
-  auto liver = sp::read_dicom_seg_segments(files.front());
-  REQUIRE(liver.is_ok());
-  REQUIRE(liver->size() == 1);
-  CHECK(liver->front().number == 1);
-  CHECK(liver->front().label == "Liver");
-  CHECK(liver->front().algorithm_type == "SEMIAUTOMATIC");
-  CHECK(liver->front().category == "Tissue");
-  CHECK(liver->front().type == "Liver");
-  CHECK(sp::segment_class_names(*liver) == std::vector<std::string>{"background", "Liver"});
+  REQUIRE_OK_AND_ASSIGN(auto liver, sp::read_dicom_seg_segments(files.front()));
+  REQUIRE(liver.size() == 1);
+  CHECK(liver.front().number == 1);
+  CHECK(liver.front().label == "Liver");
+  CHECK(liver.front().algorithm_type == "SEMIAUTOMATIC");
+  CHECK(liver.front().category == "Tissue");
+  CHECK(liver.front().type == "Liver");
+  CHECK(sp::segment_class_names(liver) == std::vector<std::string>{"background", "Liver"});
 
-  auto ours = sp::read_dicom_seg_segments(named);
-  REQUIRE(ours.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto ours, sp::read_dicom_seg_segments(named));
   // One segment per value 1..5 (the writer's rule); 3 and 4, unnamed, keep the placeholder.
-  REQUIRE(ours->size() == 5);
-  CHECK((*ours)[0].number == 1);
-  CHECK((*ours)[1].label == "Left Kidney");
-  CHECK((*ours)[2].label == "label_3");
-  CHECK((*ours)[4].number == 5);
-  CHECK((*ours)[4].label == "liver");
-  CHECK(sp::segment_class_names(*ours) ==
+  REQUIRE(ours.size() == 5);
+  CHECK(ours[0].number == 1);
+  CHECK(ours[1].label == "Left Kidney");
+  CHECK(ours[2].label == "label_3");
+  CHECK(ours[4].number == 5);
+  CHECK(ours[4].label == "liver");
+  CHECK(sp::segment_class_names(ours) ==
         std::vector<std::string>{"background", "spleen", "Left Kidney", "", "", "liver"});
 
   // segflow's placeholder names ("label_<v>") name nothing.
   const fs::path plain = dir / "plain.dcm";
-  REQUIRE(sp::write_dicom_seg(plain, block_labels(*img), *src).is_ok());
-  auto placeholders = sp::read_dicom_seg_segments(plain);
-  REQUIRE(placeholders.is_ok());
-  REQUIRE(placeholders->size() == 5);
-  CHECK(placeholders->back().label == "label_5");
-  CHECK(sp::segment_class_names(*placeholders).empty());
+  REQUIRE_OK(sp::write_dicom_seg(plain, block_labels(img), src));
+  REQUIRE_OK_AND_ASSIGN(auto placeholders, sp::read_dicom_seg_segments(plain));
+  REQUIRE(placeholders.size() == 5);
+  CHECK(placeholders.back().label == "label_5");
+  CHECK(sp::segment_class_names(placeholders).empty());
 }
 
 TEST_CASE(
     "a SEG without segments, with a segment number missing, out of range or used twice is refused naming "
     "the file and the tag") {
   st::TempDir dir("seg_segments_bad");
-  const fs::path liver = st::testdata_path("pydicom-data/liver.dcm");
+  const fs::path liver = st::pydicom_data_path("liver.dcm");
 
-  const fs::path ct = kCT5N / files_in(kCT5N).front().filename();
+  const fs::path ct = st::ct5n_series() / files_in(st::ct5n_series()).front().filename();
   CHECK(segments_error(ct) == ct.string() +
                                   ": SOPClassUID (0008,0016): expected Segmentation Storage "
                                   "(1.2.840.10008.5.1.4.1.1.66.4), got \"1.2.840.10008.5.1.4.1.1.2\"");
@@ -248,38 +219,35 @@ TEST_CASE(
   st::TempDir dir("dicom_cases_scouts");
   const fs::path root = dir / "data";
   const fs::path case_a = root / "case_a";
-  copy_series(kCT5N, case_a);
-  copy_series(kMRScouts, case_a, "scout_");
+  copy_series(st::ct5n_series(), case_a);
+  copy_series(st::mr_scouts_series(), case_a, "scout_");
   // A case folder holding localizers only: nothing to read, skipped with read_dicom's reason.
-  copy_series(kMRScouts, root / "case_b");
+  copy_series(st::mr_scouts_series(), root / "case_b");
 
   // The SEG beside case_a: written on the stack read, referencing its five files only.
-  auto src = sp::dicom_source_series(case_a);
-  REQUIRE_MESSAGE(src.is_ok(), src.status().message());
-  REQUIRE(src->files.size() == 5);
-  for (const auto& f : src->files) CHECK(f.filename().string().rfind("scout_", 0) != 0);
-  CHECK(src->modality == "CT");
-  auto ct = sp::read_dicom(kCT5N);
-  REQUIRE(ct.is_ok());
-  const Image labels = block_labels(*ct);
+  REQUIRE_OK_AND_ASSIGN(auto src, sp::dicom_source_series(case_a));
+  REQUIRE(src.files.size() == 5);
+  for (const auto& f : src.files) CHECK(f.filename().string().rfind("scout_", 0) != 0);
+  CHECK(src.modality == "CT");
+  REQUIRE_OK_AND_ASSIGN(auto ct, sp::read_dicom(st::ct5n_series()));
+  const Image labels = block_labels(ct);
   const std::vector<std::string> names = {"background", "spleen", "Left Kidney", "", "", "liver"};
-  REQUIRE(sp::write_dicom_seg(case_a / "seg.dcm", labels, *src, styles_of(names)).is_ok());
+  REQUIRE_OK(sp::write_dicom_seg(case_a / "seg.dcm", labels, src, styles_of(names)));
 
-  auto idx = sp::scan_dataset(root);
-  REQUIRE_MESSAGE(idx.is_ok(), idx.status().message());
-  CHECK(idx->layout == sp::DatasetLayout::dicom);
-  REQUIRE(idx->cases.size() == 1);
-  const sp::CaseEntry& c = idx->cases.front();
+  REQUIRE_OK_AND_ASSIGN(auto idx, sp::scan_dataset(root));
+  CHECK(idx.layout == sp::DatasetLayout::dicom);
+  REQUIRE(idx.cases.size() == 1);
+  const sp::CaseEntry& c = idx.cases.front();
   CHECK(c.id == "case_a");
   CHECK(c.images == std::vector<fs::path>{case_a});
   REQUIRE(c.label.has_value());
   CHECK(*c.label == case_a / "seg.dcm");
-  CHECK(idx->label_names == names);
+  CHECK(idx.label_names == names);
   CHECK(sp::dataset_label_names(root) == names);
 
   // Seven localizer slices of case_a listed, each by its file; case_b skipped as a whole.
   std::size_t scouts = 0, case_b = 0;
-  for (const auto& s : idx->skipped) {
+  for (const auto& s : idx.skipped) {
     CAPTURE(s.path.string());
     CAPTURE(s.reason);
     if (s.path.parent_path() == case_a) {
@@ -297,29 +265,27 @@ TEST_CASE(
   CHECK(case_b == 1);
 
   // The case loads the CT stack (as SimpleITK reads the CT alone) with its label.
-  auto loaded = sp::load_case(c);
-  REQUIRE_MESSAGE(loaded.is_ok(), loaded.status().message());
-  CHECK(loaded->image.modality == "CT");
-  CHECK(torch::equal(loaded->image.voxels, ct->voxels));
-  const auto ref = st::reference_read("sitk", kCT5N);
+  REQUIRE_OK_AND_ASSIGN(auto loaded, sp::load_case(c));
+  CHECK(loaded.image.modality == "CT");
+  CHECK(torch::equal(loaded.image.voxels, ct.voxels));
+  const auto ref = st::reference_read("sitk", st::ct5n_series());
   for (int i = 0; i < 3; ++i) {
-    CHECK(loaded->image.size()[i] == ref["size"][i].get<std::int64_t>());
-    CHECK(std::abs(loaded->image.geometry.origin[i] - ref["origin"][i].get<double>()) < 1e-4);
+    CHECK(loaded.image.size()[i] == ref["size"][i].get<std::int64_t>());
+    CHECK(std::abs(loaded.image.geometry.origin[i] - ref["origin"][i].get<double>()) < 1e-4);
   }
-  REQUIRE(loaded->label.has_value());
-  CHECK(torch::equal(loaded->label->voxels.to(torch::kInt64), labels.voxels.to(torch::kInt64)));
+  REQUIRE(loaded.label.has_value());
+  CHECK(torch::equal(loaded.label->voxels.to(torch::kInt64), labels.voxels.to(torch::kInt64)));
 
   // A dataset whose first case has a NIfTI label: its labels are volumes, and the SEG of a
   // later case names nothing (nor are the other cases' headers read for it).
   const fs::path mixed = dir / "mixed";
-  copy_series(kCT5N, mixed / "a");
-  REQUIRE(sp::write_nifti(mixed / "a" / "label.nii.gz", labels).is_ok());
+  copy_series(st::ct5n_series(), mixed / "a");
+  REQUIRE_OK(sp::write_nifti(mixed / "a" / "label.nii.gz", labels));
   copy_series(case_a, mixed / "b");
-  auto mixed_idx = sp::scan_dataset(mixed);
-  REQUIRE_MESSAGE(mixed_idx.is_ok(), mixed_idx.status().message());
-  REQUIRE(mixed_idx->cases.size() == 2);
-  CHECK(mixed_idx->cases[1].label == mixed / "b" / "seg.dcm");
-  CHECK(mixed_idx->label_names.empty());
+  REQUIRE_OK_AND_ASSIGN(auto mixed_idx, sp::scan_dataset(mixed));
+  REQUIRE(mixed_idx.cases.size() == 2);
+  CHECK(mixed_idx.cases[1].label == mixed / "b" / "seg.dcm");
+  CHECK(mixed_idx.label_names.empty());
   CHECK(sp::dataset_label_names(mixed).empty());
 }
 
@@ -335,20 +301,17 @@ TEST_CASE(
   for (const auto& f : files_in(ts / "example_ct_dicom")) fs::copy_file(f, case_dir / f.filename());
   fs::copy_file(ts / "example_seg_dicom.nii.gz", case_dir / "label.nii.gz");
 
-  auto idx = sp::scan_dataset(dir / "data");
-  REQUIRE_MESSAGE(idx.is_ok(), idx.status().message());
-  REQUIRE(idx->cases.size() == 1);
-  REQUIRE(idx->cases.front().label.has_value());
-  CHECK(*idx->cases.front().label == case_dir / "label.nii.gz");
-  auto loaded = sp::load_case(idx->cases.front());
-  REQUIRE_MESSAGE(loaded.is_ok(), loaded.status().message());
-  REQUIRE(loaded->label.has_value());
-  CHECK(segflow::geometry_close(loaded->label->geometry, loaded->image.geometry, 1e-9));
+  REQUIRE_OK_AND_ASSIGN(auto idx, sp::scan_dataset(dir / "data"));
+  REQUIRE(idx.cases.size() == 1);
+  REQUIRE(idx.cases.front().label.has_value());
+  CHECK(*idx.cases.front().label == case_dir / "label.nii.gz");
+  REQUIRE_OK_AND_ASSIGN(auto loaded, sp::load_case(idx.cases.front()));
+  REQUIRE(loaded.label.has_value());
+  CHECK(segflow::geometry_close(loaded.label->geometry, loaded.image.geometry, 1e-9));
 
   // The label file is not on the series grid as stored (row axis flipped) ...
-  auto raw = sp::read_nifti(ts / "example_seg_dicom.nii.gz");
-  REQUIRE(raw.is_ok());
-  CHECK_FALSE(segflow::geometry_close(raw->geometry, loaded->image.geometry, 1e-3));
+  REQUIRE_OK_AND_ASSIGN(auto raw, sp::read_nifti(ts / "example_seg_dicom.nii.gz"));
+  CHECK_FALSE(segflow::geometry_close(raw.geometry, loaded.image.geometry, 1e-3));
   // ... and SimpleITK, resampling it onto the series through patient coordinates, gets the
   // same voxels (so the same count per class).
   const fs::path npy = dir / "onto.npy";
@@ -359,11 +322,10 @@ TEST_CASE(
                            st::shell_quote(npy.string()));
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   const auto j = nlohmann::json::parse(r.out);
-  auto sitk = sp::read_npy(npy);
-  REQUIRE(sitk.is_ok());
-  const at::Tensor ours = loaded->label->voxels.to(torch::kInt32);
-  REQUIRE((ours.sizes() == sitk->sizes()));
-  CHECK(torch::equal(ours, *sitk));
+  REQUIRE_OK_AND_ASSIGN(auto sitk, sp::read_npy(npy));
+  const at::Tensor ours = loaded.label->voxels.to(torch::kInt32);
+  REQUIRE((ours.sizes() == sitk.sizes()));
+  CHECK(torch::equal(ours, sitk));
   std::size_t classes = 0;
   for (const auto& [value, count] : j["counts"].items()) {
     const auto& label_value = value;  // clang 14 cannot capture a structured binding
@@ -381,9 +343,8 @@ TEST_CASE(
   // rescale in the shared PixelValueTransformationSequence. segflow keeps the frames along
   // the slice normal of the orientation (z decreasing here); SimpleITK orders them by
   // increasing z: the same lattice with the slice axis reversed.
-  const fs::path file = st::testdata_path("pydicom-data/eCT_Supplemental.dcm");
-  auto img = sp::read_dicom(file);
-  REQUIRE_MESSAGE(img.is_ok(), img.status().message());
+  const fs::path file = st::pydicom_data_path("eCT_Supplemental.dcm");
+  REQUIRE_OK_AND_ASSIGN(auto img, sp::read_dicom(file));
   st::TempDir dir("ect_sitk");
   st::write_file(dir / "list.txt", file.string() + "\n");
   auto r = st::run_command(st::shell_quote(st::python()) + " " +
@@ -394,14 +355,13 @@ TEST_CASE(
   const auto arr = nlohmann::json::parse(r.out)[file.string()];
   INFO(arr.dump());
   REQUIRE(arr.contains("npy"));
-  auto sitk = sp::read_npy(arr["npy"].get<std::string>());
-  REQUIRE(sitk.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto sitk, sp::read_npy(arr["npy"].get<std::string>()));
   const auto ref = st::reference_read("sitk", file);
 
-  const auto& g = img->geometry;
-  CHECK(img->size() == segflow::Size3{512, 512, 2});
+  const auto& g = img.geometry;
+  CHECK(img.size() == segflow::Size3{512, 512, 2});
   for (int i = 0; i < 3; ++i) {
-    CHECK(img->size()[i] == ref["size"][i].get<std::int64_t>());
+    CHECK(img.size()[i] == ref["size"][i].get<std::int64_t>());
     CHECK(g.spacing[i] == doctest::Approx(ref["spacing"][i].get<double>()).epsilon(1e-6));
   }
   // In-plane axes equal; the slice axis reversed; the last slice of ours is SimpleITK's first.
@@ -412,7 +372,7 @@ TEST_CASE(
   }
   const auto last = segflow::index_to_physical(g, {0.0, 0.0, 1.0});
   for (int k = 0; k < 3; ++k) CHECK(std::abs(last[k] - ref["origin"][k].get<double>()) < 1e-4);
-  REQUIRE((img->voxels.sizes() == sitk->sizes()));
-  CHECK(torch::equal(img->voxels.flip({1}), *sitk));
-  CHECK(img->voxels.min().item<double>() == -1024.0);  // the shared rescale applied
+  REQUIRE((img.voxels.sizes() == sitk.sizes()));
+  CHECK(torch::equal(img.voxels.flip({1}), sitk));
+  CHECK(img.voxels.min().item<double>() == -1024.0);  // the shared rescale applied
 }

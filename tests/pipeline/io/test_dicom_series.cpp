@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "dicom_test_data.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/npy.hpp"
 #include "test_util.hpp"
@@ -33,44 +34,12 @@ using segflow::pipeline::Image;
 
 namespace {
 
-const fs::path kDebianData = "/usr/lib/python3/dist-packages/pydicom/data/test_files";
-/// Five axial 16 x 16 CT slices, 2.5 mm apart (InstanceNumber runs against position).
-const fs::path kCT5N = kDebianData / "dicomdirtests/98892001/CT5N";
-/// Seven MR localizer slices in three series and three orientations.
-const fs::path kMRScouts = kDebianData / "dicomdirtests/98892003/MR2";
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-/// The files of a folder, sorted.
-std::vector<fs::path> files_in(const fs::path& dir) {
-  std::vector<fs::path> out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file()) out.push_back(e.path());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-/// Copies the files of `from` into `to` (created), keeping their names (with a prefix).
-std::vector<fs::path> copy_series(const fs::path& from, const fs::path& to, const std::string& prefix = "") {
-  fs::create_directories(to);
-  std::vector<fs::path> out;
-  for (const auto& f : files_in(from)) {
-    out.push_back(to / (prefix + f.filename().string()));
-    fs::copy_file(f, out.back());
-  }
-  return out;
-}
-
-/// Loads a file, lets `edit` change its dataset, saves it back in its own transfer syntax.
-template <class F>
-void edit_file(const fs::path& file, F edit, const fs::path& save_as = {}) {
-  DcmFileFormat ff;
-  REQUIRE(ff.loadFile(file.c_str()).good());
-  REQUIRE(ff.loadAllDataIntoMemory().good());
-  edit(*ff.getDataset(), *ff.getMetaInfo());
-  const fs::path out = save_as.empty() ? file : save_as;
-  REQUIRE(ff.saveFile(out.c_str(), ff.getDataset()->getOriginalXfer()).good());
-}
+using st::contains;
+using st::copy_series;
+using st::edit_dicom_file;
+using st::files_in;
+using st::read_dicom_error;
+using st::read_dicom_ok;
 
 std::array<double, 3> position(DcmDataset& ds) {
   std::array<double, 3> p{};
@@ -83,19 +52,6 @@ void set_position(DcmDataset& ds, const std::array<double, 3>& p) {
   char buf[96];
   std::snprintf(buf, sizeof buf, "%.6f\\%.6f\\%.6f", p[0], p[1], p[2]);
   REQUIRE(ds.putAndInsertString(DCM_ImagePositionPatient, buf).good());
-}
-
-Image read_ok(const fs::path& p, sp::DicomReadReport* report = nullptr) {
-  auto r = sp::read_dicom(p, report);
-  INFO(p.string() << ": " << r.status().to_string());
-  REQUIRE(r.is_ok());
-  return std::move(r).value();
-}
-
-std::string read_error(const fs::path& p) {
-  auto r = sp::read_dicom(p);
-  REQUIRE_FALSE(r.is_ok());
-  return r.status().message();
 }
 
 /// SimpleITK's ImageSeriesReader on a folder (or a file): geometry from `reference.py sitk`
@@ -115,9 +71,8 @@ SitkRead sitk_read(const fs::path& p) {
   auto j = nlohmann::json::parse(r.out)[p.string()];
   INFO(j.dump());
   REQUIRE(j.contains("npy"));
-  auto t = sp::read_npy(j["npy"].get<std::string>());
-  REQUIRE(t.is_ok());
-  return {st::reference_read("sitk", p), *t};
+  REQUIRE_OK_AND_ASSIGN(auto t, sp::read_npy(j["npy"].get<std::string>()));
+  return {st::reference_read("sitk", p), t};
 }
 
 /// Size, spacing, origin, direction and every voxel equal to SimpleITK's reading.
@@ -141,16 +96,16 @@ TEST_CASE("DICOM slice positions that jitter within the tolerance read with the 
   // A GE-like series: positions rounded so that steps wander by up to 0.09 mm (3.6 % of the
   // 2.5 mm step) along the normal and 0.01 mm across it.
   st::TempDir dir("dicom_jitter");
-  auto files = copy_series(kCT5N, dir.path());
+  auto files = copy_series(st::ct5n_series(), dir.path());
   const double dz[] = {0.04, -0.05, 0.03, -0.02, 0.0};
   const double dx[] = {0.0, 0.01, -0.01, 0.0, 0.01};
   for (std::size_t i = 0; i < files.size(); ++i)
-    edit_file(files[i], [&](DcmDataset& ds, DcmMetaInfo&) {
+    edit_dicom_file(files[i], [&](DcmDataset& ds, DcmMetaInfo&) {
       auto p = position(ds);
       set_position(ds, {p[0] + dx[i], p[1], p[2] + dz[i]});
     });
   sp::DicomReadReport report;
-  Image img = read_ok(dir.path(), &report);
+  Image img = read_dicom_ok(dir.path(), &report);
   const SitkRead ref = sitk_read(dir.path());
   INFO(ref.geometry.dump());
   check_like_sitk(img, ref, 1e-5);
@@ -167,25 +122,25 @@ TEST_CASE("DICOM slice positions that jitter within the tolerance read with the 
         doctest::Approx(report.slice_spacing_max_deviation_mm));
 
   // Beyond the tolerance: one step 0.4 mm (16 %) short is refused as uneven spacing.
-  edit_file(files[2], [&](DcmDataset& ds, DcmMetaInfo&) {
+  edit_dicom_file(files[2], [&](DcmDataset& ds, DcmMetaInfo&) {
     auto p = position(ds);
     set_position(ds, {p[0], p[1], p[2] + 0.4});
   });
-  const std::string m = read_error(dir.path());
+  const std::string m = read_dicom_error(dir.path());
   CHECK(contains(m, "uneven slice spacing"));
   CHECK(contains(m, "within 10 %"));
 }
 
 TEST_CASE("a jittered DICOM series with a missing slice is still refused as a gap") {
   st::TempDir dir("dicom_jitter_gap");
-  auto files = copy_series(kCT5N, dir.path());
+  auto files = copy_series(st::ct5n_series(), dir.path());
   for (std::size_t i = 0; i < files.size(); ++i)
-    edit_file(files[i], [&](DcmDataset& ds, DcmMetaInfo&) {
+    edit_dicom_file(files[i], [&](DcmDataset& ds, DcmMetaInfo&) {
       auto p = position(ds);
       set_position(ds, {p[0], p[1], p[2] + (i % 2 ? 0.03 : -0.03)});
     });
   fs::remove(files[2]);  // 2693: the middle slice
-  const std::string m = read_error(dir.path());
+  const std::string m = read_dicom_error(dir.path());
   CHECK(contains(m, "a slice is missing: gap in the series"));
   CHECK(contains(m, "2392"));
   CHECK(contains(m, "3023"));
@@ -193,14 +148,13 @@ TEST_CASE("a jittered DICOM series with a missing slice is still refused as a ga
 
 TEST_CASE("localizers and other series in a DICOM folder are skipped and the largest stack is read") {
   st::TempDir dir("dicom_scouts");
-  copy_series(kCT5N, dir.path());
-  copy_series(kMRScouts, dir.path(), "scout_");
-  auto series = sp::scan_dicom_folder(dir.path());
-  REQUIRE(series.is_ok());
-  CHECK(series->size() == 4);  // the CT and three MR localizer series
+  copy_series(st::ct5n_series(), dir.path());
+  copy_series(st::mr_scouts_series(), dir.path(), "scout_");
+  REQUIRE_OK_AND_ASSIGN(auto series, sp::scan_dicom_folder(dir.path()));
+  CHECK(series.size() == 4);  // the CT and three MR localizer series
   sp::DicomReadReport report;
-  Image img = read_ok(dir.path(), &report);
-  check_like_sitk(img, sitk_read(kCT5N));
+  Image img = read_dicom_ok(dir.path(), &report);
+  check_like_sitk(img, sitk_read(st::ct5n_series()));
   CHECK(img.modality == "CT");
   CHECK(report.slices == 5);
   REQUIRE(report.skipped_stacks.size() == 7);  // seven single localizer slices
@@ -215,20 +169,20 @@ TEST_CASE("localizers and other series in a DICOM folder are skipped and the lar
   CHECK(j["skipped_stacks"].size() == 7);
 
   // The localizers alone: single slices in three orientations, nothing to choose.
-  const std::string m = read_error(kMRScouts);
+  const std::string m = read_dicom_error(st::mr_scouts_series());
   CHECK(contains(m, "no stack of 2 or more parallel slices"));
   CHECK(contains(m, "localizers"));
 }
 
 TEST_CASE("DICOM slices repeated at each position are split by EchoNumbers and the first echo is read") {
   st::TempDir dir("dicom_echoes");
-  auto files = copy_series(kCT5N, dir.path());
+  auto files = copy_series(st::ct5n_series(), dir.path());
   std::map<std::string, std::string> uids;
   for (const auto& f : files) {
-    edit_file(
+    edit_dicom_file(
         f, [](DcmDataset& ds, DcmMetaInfo&) { REQUIRE(ds.putAndInsertString(DCM_EchoNumbers, "1").good()); });
     // Echo 2: same positions, other pixels, its own SOP instance.
-    edit_file(
+    edit_dicom_file(
         f,
         [&](DcmDataset& ds, DcmMetaInfo& meta) {
           char uid[100];
@@ -243,8 +197,8 @@ TEST_CASE("DICOM slices repeated at each position are split by EchoNumbers and t
         dir / ("echo2_" + f.filename().string()));
   }
   sp::DicomReadReport report;
-  Image img = read_ok(dir.path(), &report);
-  check_like_sitk(img, sitk_read(kCT5N));
+  Image img = read_dicom_ok(dir.path(), &report);
+  check_like_sitk(img, sitk_read(st::ct5n_series()));
   CHECK(report.split_tag == "EchoNumbers");
   CHECK(report.split_value == 1);
   REQUIRE(report.skipped_stacks.size() == 1);
@@ -257,8 +211,8 @@ TEST_CASE("DICOM slices repeated at each position are split by EchoNumbers and t
 
   // Repeats that no tag tells apart are refused, naming the tags tried.
   for (const auto& f : files_in(dir.path()))
-    edit_file(f, [](DcmDataset& ds, DcmMetaInfo&) { ds.putAndInsertString(DCM_EchoNumbers, "1"); });
-  const std::string m = read_error(dir.path());
+    edit_dicom_file(f, [](DcmDataset& ds, DcmMetaInfo&) { ds.putAndInsertString(DCM_EchoNumbers, "1"); });
+  const std::string m = read_dicom_error(dir.path());
   CHECK(contains(m, "duplicate slice position"));
   CHECK(contains(m,
                  "no tag tells the repeats apart (tried EchoNumbers, EffectiveEchoTime, EchoTime, "
@@ -267,9 +221,9 @@ TEST_CASE("DICOM slices repeated at each position are split by EchoNumbers and t
 
 TEST_CASE("DICOM slices repeated by acquisition are split by AcquisitionNumber") {
   st::TempDir dir("dicom_acq");
-  auto files = copy_series(kCT5N, dir.path());
+  auto files = copy_series(st::ct5n_series(), dir.path());
   for (const auto& f : files)
-    edit_file(
+    edit_dicom_file(
         f,
         [](DcmDataset& ds, DcmMetaInfo& meta) {
           char uid[100];
@@ -283,7 +237,7 @@ TEST_CASE("DICOM slices repeated by acquisition are split by AcquisitionNumber")
         },
         dir / ("acq0_" + f.filename().string()));
   sp::DicomReadReport report;
-  Image img = read_ok(dir.path(), &report);
+  Image img = read_dicom_ok(dir.path(), &report);
   CHECK(report.split_tag == "AcquisitionNumber");
   CHECK(report.split_value == 0);
   CHECK(img.voxels.min().item<float>() == img.voxels.max().item<float>());  // the acquisition-0 copies
@@ -292,10 +246,10 @@ TEST_CASE("DICOM slices repeated by acquisition are split by AcquisitionNumber")
 
 TEST_CASE("a DICOM series acquired with gantry tilt is refused naming the angle") {
   st::TempDir dir("dicom_tilt");
-  auto files = copy_series(kCT5N, dir.path());
+  auto files = copy_series(st::ct5n_series(), dir.path());
   const double t = std::tan(15.0 * std::numbers::pi / 180.0);
   for (const auto& f : files)
-    edit_file(f, [&](DcmDataset& ds, DcmMetaInfo&) {
+    edit_dicom_file(f, [&](DcmDataset& ds, DcmMetaInfo&) {
       auto p = position(ds);
       set_position(ds, {p[0], p[1] + t * p[2], p[2]});
       ds.putAndInsertString(DCM_GantryDetectorTilt, "15");
@@ -313,11 +267,11 @@ TEST_CASE("a DICOM series acquired with gantry tilt is refused naming the angle"
 
 TEST_CASE("copies of one DICOM instance in a folder are read once") {
   st::TempDir dir("dicom_copies");
-  auto files = copy_series(kCT5N, dir.path());
+  auto files = copy_series(st::ct5n_series(), dir.path());
   fs::copy_file(files[1], dir / "zz_copy_of_2392");
   sp::DicomReadReport report;
-  Image img = read_ok(dir.path(), &report);
-  check_like_sitk(img, sitk_read(kCT5N));
+  Image img = read_dicom_ok(dir.path(), &report);
+  check_like_sitk(img, sitk_read(st::ct5n_series()));
   REQUIRE(report.skipped_files.size() == 1);
   CHECK(report.skipped_files.front().path.filename() == "zz_copy_of_2392");
   CHECK(contains(report.skipped_files.front().reason, "same SOPInstanceUID"));
@@ -327,16 +281,15 @@ TEST_CASE("the real CT series with its UIDs only in the meta header reads like S
   // totalsegmentator's example_ct_dicom: Siemens CT, 20 slices of 512 x 512, lossless JPEG
   // 2000, SeriesInstanceUID, SOPInstanceUID and SOPClassUID empty in the dataset.
   const fs::path dir = st::testdata_path("totalsegmentator/example_ct_dicom");
-  auto series = sp::scan_dicom_folder(dir);
-  REQUIRE(series.is_ok());
-  REQUIRE(series->size() == 1);
-  CHECK(series->front().series_uid.empty());
-  CHECK(contains(series->front().identity,
+  REQUIRE_OK_AND_ASSIGN(auto series, sp::scan_dicom_folder(dir));
+  REQUIRE(series.size() == 1);
+  CHECK(series.front().series_uid.empty());
+  CHECK(contains(series.front().identity,
                  "FrameOfReferenceUID 1.3.12.2.1107.5.1.4.60064.30000022120807274275100000041"));
-  CHECK(series->front().sop_class_uid == "1.2.840.10008.5.1.4.1.1.2");  // from the meta header
-  CHECK(series->front().files.size() == 20);
+  CHECK(series.front().sop_class_uid == "1.2.840.10008.5.1.4.1.1.2");  // from the meta header
+  CHECK(series.front().files.size() == 20);
   sp::DicomReadReport report;
-  Image img = read_ok(dir, &report);
+  Image img = read_dicom_ok(dir, &report);
   check_like_sitk(img, sitk_read(dir));
   CHECK(img.size() == segflow::Size3{512, 512, 20});
   CHECK(report.identity == "FrameOfReferenceUID + orientation + geometry");
@@ -348,20 +301,19 @@ TEST_CASE("two DICOM series without SeriesInstanceUID are told apart by frame of
   st::TempDir dir("dicom_nouid");
   const fs::path ts = st::testdata_path("totalsegmentator/example_ct_dicom");
   auto big = copy_series(ts, dir.path());
-  for (const auto& f : copy_series(kCT5N, dir.path(), "ct5n_"))
-    edit_file(f, [](DcmDataset& ds, DcmMetaInfo&) {
+  for (const auto& f : copy_series(st::ct5n_series(), dir.path(), "ct5n_"))
+    edit_dicom_file(f, [](DcmDataset& ds, DcmMetaInfo&) {
       ds.putAndInsertString(DCM_SeriesInstanceUID, "");
       ds.putAndInsertString(DCM_StudyInstanceUID, "");
     });
-  auto series = sp::scan_dicom_folder(dir.path());
-  REQUIRE(series.is_ok());
-  REQUIRE(series->size() == 2);
-  for (const auto& s : *series) {
+  REQUIRE_OK_AND_ASSIGN(auto series, sp::scan_dicom_folder(dir.path()));
+  REQUIRE(series.size() == 2);
+  for (const auto& s : series) {
     CHECK(s.series_uid.empty());
     CHECK(s.files.size() == (s.files.front().filename().string().rfind("ct5n_", 0) == 0 ? 5u : 20u));
   }
   sp::DicomReadReport report;
-  Image img = read_ok(dir.path(), &report);
+  Image img = read_dicom_ok(dir.path(), &report);
   check_like_sitk(img, sitk_read(ts));
   REQUIRE(report.skipped_stacks.size() == 1);
   CHECK(report.skipped_stacks.front().slices == 5);

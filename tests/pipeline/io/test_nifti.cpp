@@ -61,13 +61,6 @@ at::Tensor random_voxels(at::ScalarType type, std::vector<std::int64_t> shape, s
   return t;
 }
 
-/// Same dtype, same shape, same bytes.
-bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  at::Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
-}
-
 template <class T>
 void patch(std::string& bytes, std::size_t offset, T value) {
   REQUIRE(offset + sizeof(T) <= bytes.size());
@@ -79,16 +72,6 @@ T peek(const std::string& bytes, std::size_t offset) {
   T v;
   std::memcpy(&v, bytes.data() + offset, sizeof(T));
   return v;
-}
-
-/// Runs a Python snippet with the venv interpreter; REQUIREs success and returns stdout.
-std::string run_python(const std::string& code, const std::vector<std::string>& args) {
-  std::string cmd = st::shell_quote(st::python()) + " -c " + st::shell_quote(code);
-  for (const auto& a : args) cmd.append(" ").append(st::shell_quote(a));
-  auto r = st::run_command(cmd + " 2>&1");
-  INFO(r.out);
-  REQUIRE(r.exit_code == 0);
-  return r.out;
 }
 
 /// reference.py many READER PATH...: one Python process for several files.
@@ -209,12 +192,12 @@ Image make_image(at::ScalarType type, std::int64_t channels, std::uint64_t seed)
 std::string valid_file_bytes(const st::TempDir& dir) {
   Image im = make_image(at::kShort, 1, 3);
   const auto p = dir / "valid.nii";
-  REQUIRE(write_nifti(p, im).is_ok());
+  REQUIRE_OK(write_nifti(p, im));
   return st::read_file(p);
 }
 
 /// Writes `bytes` to `name` in `dir`, reads it, and returns the error message (REQUIREs failure).
-std::string read_error(const st::TempDir& dir, const std::string& name, const std::string& bytes) {
+std::string nifti_read_error(const st::TempDir& dir, const std::string& name, const std::string& bytes) {
   const auto p = dir / name;
   st::write_file(p, bytes);
   auto r = read_nifti(p);
@@ -242,14 +225,13 @@ TEST_CASE(
         CAPTURE(name);
         Image im = make_image(type, channels, ++seed);
         const auto p = dir / name;
-        REQUIRE(write_nifti(p, im).is_ok());
+        REQUIRE_OK(write_nifti(p, im));
         CHECK_FALSE(segflow::testing::has_temporaries(dir.path()));
-        auto back = read_nifti(p);
-        REQUIRE_MESSAGE(back.is_ok(), back.status().to_string());
-        CHECK((back->voxels.scalar_type() == type));
-        CHECK(same_bytes(back->voxels, im.voxels));
-        CHECK(segflow::geometry_close(back->geometry, im.geometry, 1e-5));
-        CHECK(back->source == p);
+        REQUIRE_OK_AND_ASSIGN(auto back, read_nifti(p));
+        CHECK((back.voxels.scalar_type() == type));
+        CHECK(st::same_bytes(back.voxels, im.voxels));
+        CHECK(segflow::geometry_close(back.geometry, im.geometry, 1e-5));
+        CHECK(back.source == p);
         const std::string bytes = st::read_file(p);
         const bool gz = bytes.size() > 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
                         static_cast<unsigned char>(bytes[1]) == 0x8b;
@@ -276,7 +258,7 @@ TEST_CASE("NIfTI files written by segflow read the same in nibabel and SimpleITK
     Image im = make_image(f.type, f.channels, ++seed);
     if (f.type == at::kByte) im.voxels = im.voxels.remainder(5);  // a label map: 0..4
     const auto p = dir / f.name;
-    REQUIRE(write_nifti(p, im).is_ok());
+    REQUIRE_OK(write_nifti(p, im));
     paths.push_back(p);
     images.push_back(im);
   }
@@ -314,16 +296,15 @@ void check_nibabel_data(const std::string& reader) {
   const json ref = reference_many(reader, paths);
   for (const auto& p : paths) {
     const std::string name = p.filename().string();
-    auto im = read_nifti(p);
-    REQUIRE_MESSAGE(im.is_ok(), im.status().to_string());
+    REQUIRE_OK_AND_ASSIGN(auto im, read_nifti(p));
     Expect e;
     e.value_rel = 1e-5;
     if (name == "functional.nii") {
-      CHECK((im->voxels.scalar_type() == at::kFloat));  // scaled
+      CHECK((im.voxels.scalar_type() == at::kFloat));  // scaled
       e.dtype = false;
     }
     e.nan_as_zero = reader == "sitk";  // ITK's NIfTI reader turns NaN voxels into 0
-    check_reference(*im, ref[p.string()], reader + ": " + name, e);
+    check_reference(im, ref[p.string()], reader + ": " + name, e);
   }
 }
 
@@ -344,19 +325,18 @@ TEST_CASE("a CIFTI-2 NIfTI file (6 dimensions, no transform) reads its values as
   // ITK's rule for a missing transform (nibabel would centre the grid and flip x).
   st::TempDir dir("nifti_cifti");
   const auto p = nibabel_data_dir() / "row_major.dconn.nii";
-  run_python(
+  st::run_python(
       "import sys, numpy as np, nibabel as nib\n"
       "a = np.asanyarray(nib.Nifti2Image.from_filename(sys.argv[1]).dataobj)\n"
       "assert a.shape == (1, 1, 1, 1, 10, 10), a.shape\n"
       "a.reshape(-1, order='F').astype('<f4').tofile(sys.argv[2])\n",
       {p.string(), (dir / "cifti.raw").string()});
-  auto im = read_nifti(p);
-  REQUIRE_MESSAGE(im.is_ok(), im.status().to_string());
-  CHECK(im->voxels.sizes() == at::IntArrayRef({100, 1, 1, 1}));
+  REQUIRE_OK_AND_ASSIGN(auto im, read_nifti(p));
+  CHECK(im.voxels.sizes() == at::IntArrayRef({100, 1, 1, 1}));
   const std::string raw = st::read_file(dir / "cifti.raw");
   REQUIRE(raw.size() == 400);
-  CHECK(std::memcmp(im->voxels.data_ptr(), raw.data(), 400) == 0);
-  CHECK(segflow::geometry_close(im->geometry, Geometry{}, 1e-12));
+  CHECK(std::memcmp(im.voxels.data_ptr(), raw.data(), 400) == 0);
+  CHECK(segflow::geometry_close(im.geometry, Geometry{}, 1e-12));
 
   // nibabel's lone headers: a .hdr without its .img names the missing image file, and an
   // ANALYZE 7.5 header (no NIfTI magic) is refused.
@@ -400,7 +380,7 @@ for ver in (1, 2):
                 np.ascontiguousarray(zyx).astype(np.dtype(dt).newbyteorder('<')).tofile(os.path.join(out, name + '.raw'))
                 print(name)
 )PY";
-  std::istringstream names(run_python(gen, {dir.path().string()}));
+  std::istringstream names(st::run_python(gen, {dir.path().string()}));
   std::vector<fs::path> paths;
   for (std::string line; std::getline(names, line);)
     if (line.ends_with(".nii") || line.ends_with(".nii.gz")) paths.push_back(dir / line);
@@ -408,15 +388,14 @@ for ver in (1, 2):
   const json nib = reference_many("nibabel", paths);
   for (const auto& p : paths) {
     CAPTURE(p.filename().string());
-    auto im = read_nifti(p);
-    REQUIRE_MESSAGE(im.is_ok(), im.status().to_string());
+    REQUIRE_OK_AND_ASSIGN(auto im, read_nifti(p));
     const std::string raw = st::read_file(p.string() + ".raw");
-    REQUIRE(static_cast<std::size_t>(im->voxels.numel() * im->voxels.element_size()) == raw.size());
-    CHECK(std::memcmp(im->voxels.data_ptr(), raw.data(), raw.size()) == 0);
-    CHECK(segflow::geometry_close(im->geometry, oblique_geometry(), 1e-5));
+    REQUIRE(static_cast<std::size_t>(im.voxels.numel() * im.voxels.element_size()) == raw.size());
+    CHECK(std::memcmp(im.voxels.data_ptr(), raw.data(), raw.size()) == 0);
+    CHECK(segflow::geometry_close(im.geometry, oblique_geometry(), 1e-5));
     Expect e;
     e.value_rel = 1e-12;
-    check_reference(*im, nib[p.string()], "nibabel", e);
+    check_reference(im, nib[p.string()], "nibabel", e);
   }
 }
 
@@ -433,13 +412,12 @@ nib.save(nib.Nifti1Image(rgb, aff), os.path.join(out, 'rgb.nii.gz'))
 vol = (x + 7 * y + 42 * z).astype('>i2')
 nib.save(nib.Nifti1Pair(vol, aff), os.path.join(out, 'pair.img'))
 )PY";
-  run_python(gen, {dir.path().string()});
+  st::run_python(gen, {dir.path().string()});
 
-  auto rgb = read_nifti(dir / "rgb.nii.gz");
-  REQUIRE_MESSAGE(rgb.is_ok(), rgb.status().to_string());
-  REQUIRE(rgb->voxels.sizes() == at::IntArrayRef({3, 5, 6, 7}));
-  CHECK((rgb->voxels.scalar_type() == at::kByte));
-  auto acc = rgb->voxels.accessor<std::uint8_t, 4>();
+  REQUIRE_OK_AND_ASSIGN(auto rgb, read_nifti(dir / "rgb.nii.gz"));
+  REQUIRE(rgb.voxels.sizes() == at::IntArrayRef({3, 5, 6, 7}));
+  CHECK((rgb.voxels.scalar_type() == at::kByte));
+  auto acc = rgb.voxels.accessor<std::uint8_t, 4>();
   bool all_ok = true;
   for (int z = 0; z < 5; ++z)
     for (int y = 0; y < 6; ++y)
@@ -449,74 +427,68 @@ nib.save(nib.Nifti1Pair(vol, aff), os.path.join(out, 'pair.img'))
   Geometry g;
   g.spacing = {0.5, 0.6, 0.7};
   g.origin = {-1, -2, 3};
-  CHECK(segflow::geometry_close(rgb->geometry, g, 1e-6));
+  CHECK(segflow::geometry_close(rgb.geometry, g, 1e-6));
 
   REQUIRE(fs::exists(dir / "pair.hdr"));
-  auto pair = read_nifti(dir / "pair.hdr");
-  REQUIRE_MESSAGE(pair.is_ok(), pair.status().to_string());
-  CHECK((pair->voxels.scalar_type() == at::kShort));
+  REQUIRE_OK_AND_ASSIGN(auto pair, read_nifti(dir / "pair.hdr"));
+  CHECK((pair.voxels.scalar_type() == at::kShort));
   const json ref = reference_many("nibabel", {dir / "pair.hdr"});
-  check_reference(*pair, ref[(dir / "pair.hdr").string()], "nibabel: pair.hdr");
+  check_reference(pair, ref[(dir / "pair.hdr").string()], "nibabel: pair.hdr");
 }
 
 TEST_CASE("NIfTI scl_slope and scl_inter give float32 values; slope 0 or (1, 0) keeps the stored type") {
   st::TempDir dir("nifti_scl");
   Image im = make_image(at::kShort, 1, 9);
   const auto src = dir / "raw.nii";
-  REQUIRE(write_nifti(src, im).is_ok());
+  REQUIRE_OK(write_nifti(src, im));
   std::string bytes = st::read_file(src);
   CHECK(peek<float>(bytes, 112) == 0.0f);  // segflow writes no scaling
 
   patch<float>(bytes, 112, 0.5f);
   patch<float>(bytes, 116, -1024.0f);
   st::write_file(dir / "scaled.nii", bytes);
-  auto scaled = read_nifti(dir / "scaled.nii");
-  REQUIRE(scaled.is_ok());
-  CHECK((scaled->voxels.scalar_type() == at::kFloat));
-  CHECK(torch::allclose(scaled->voxels, im.voxels.to(at::kFloat) * 0.5 - 1024.0));
+  REQUIRE_OK_AND_ASSIGN(auto scaled, read_nifti(dir / "scaled.nii"));
+  CHECK((scaled.voxels.scalar_type() == at::kFloat));
+  CHECK(torch::allclose(scaled.voxels, im.voxels.to(at::kFloat) * 0.5 - 1024.0));
 
   patch<float>(bytes, 112, 1.0f);
   patch<float>(bytes, 116, 0.0f);
   st::write_file(dir / "unit.nii", bytes);
-  auto unit = read_nifti(dir / "unit.nii");
-  REQUIRE(unit.is_ok());
-  CHECK(same_bytes(unit->voxels, im.voxels));
+  REQUIRE_OK_AND_ASSIGN(auto unit, read_nifti(dir / "unit.nii"));
+  CHECK(st::same_bytes(unit.voxels, im.voxels));
 
   patch<float>(bytes, 112, 1.0f);
   patch<float>(bytes, 116, 5.0f);  // slope 1 with an intercept still rescales
   st::write_file(dir / "shift.nii", bytes);
-  auto shift = read_nifti(dir / "shift.nii");
-  REQUIRE(shift.is_ok());
-  CHECK((shift->voxels.scalar_type() == at::kFloat));
-  CHECK(torch::equal(shift->voxels, im.voxels.to(at::kFloat) + 5.0));
+  REQUIRE_OK_AND_ASSIGN(auto shift, read_nifti(dir / "shift.nii"));
+  CHECK((shift.voxels.scalar_type() == at::kFloat));
+  CHECK(torch::equal(shift.voxels, im.voxels.to(at::kFloat) + 5.0));
 
   patch<float>(bytes, 112, std::nanf(""));  // NaN slope: no scaling (as nibabel)
   st::write_file(dir / "nan.nii", bytes);
-  auto nan = read_nifti(dir / "nan.nii");
-  REQUIRE(nan.is_ok());
-  CHECK(same_bytes(nan->voxels, im.voxels));
+  REQUIRE_OK_AND_ASSIGN(auto nan, read_nifti(dir / "nan.nii"));
+  CHECK(st::same_bytes(nan.voxels, im.voxels));
 }
 
 TEST_CASE("NIfTI gzip is recognised by its magic bytes, not by the file name") {
   st::TempDir dir("nifti_gzname");
   Image im = make_image(at::kFloat, 2, 11);
-  REQUIRE(write_nifti(dir / "a.nii.gz", im).is_ok());
-  REQUIRE(write_nifti(dir / "b.nii", im).is_ok());
+  REQUIRE_OK(write_nifti(dir / "a.nii.gz", im));
+  REQUIRE_OK(write_nifti(dir / "b.nii", im));
   fs::rename(dir / "a.nii.gz", dir / "gzip_named_plain.nii");
   fs::rename(dir / "b.nii", dir / "plain_named_gzip.nii.gz");
   for (const char* name : {"gzip_named_plain.nii", "plain_named_gzip.nii.gz"}) {
     CAPTURE(name);
-    auto back = read_nifti(dir / name);
-    REQUIRE_MESSAGE(back.is_ok(), back.status().to_string());
-    CHECK(same_bytes(back->voxels, im.voxels));
-    CHECK(segflow::geometry_close(back->geometry, im.geometry, 1e-5));
+    REQUIRE_OK_AND_ASSIGN(auto back, read_nifti(dir / name));
+    CHECK(st::same_bytes(back.voxels, im.voxels));
+    CHECK(segflow::geometry_close(back.geometry, im.geometry, 1e-5));
   }
 }
 
 TEST_CASE("NIfTI vox_offset is honoured and header extensions are skipped") {
   st::TempDir dir("nifti_ext");
   Image im = make_image(at::kInt, 1, 12);
-  REQUIRE(write_nifti(dir / "plain.nii", im).is_ok());
+  REQUIRE_OK(write_nifti(dir / "plain.nii", im));
   const std::string bytes = st::read_file(dir / "plain.nii");
   // Insert one 64-byte extension (esize 64, ecode 6 = comment) before the voxels.
   std::string ext(64, 'x');
@@ -525,17 +497,16 @@ TEST_CASE("NIfTI vox_offset is honoured and header extensions are skipped") {
   std::string with_ext = bytes.substr(0, 348) + std::string("\x01\0\0\0", 4) + ext + bytes.substr(352);
   patch<float>(with_ext, 108, 352.0f + 64);
   st::write_file(dir / "ext.nii", with_ext);
-  auto back = read_nifti(dir / "ext.nii");
-  REQUIRE_MESSAGE(back.is_ok(), back.status().to_string());
-  CHECK(same_bytes(back->voxels, im.voxels));
+  REQUIRE_OK_AND_ASSIGN(auto back, read_nifti(dir / "ext.nii"));
+  CHECK(st::same_bytes(back.voxels, im.voxels));
   const json ref = reference_many("nibabel", {dir / "ext.nii"});
-  check_reference(*back, ref[(dir / "ext.nii").string()], "nibabel: ext.nii");
+  check_reference(back, ref[(dir / "ext.nii").string()], "nibabel: ext.nii");
 }
 
 TEST_CASE("NIfTI geometry from qform and pixdim follows SimpleITK when the sform is absent or unusable") {
   st::TempDir dir("nifti_geo");
   Image im = make_image(at::kShort, 1, 13);
-  REQUIRE(write_nifti(dir / "src.nii", im).is_ok());
+  REQUIRE_OK(write_nifti(dir / "src.nii", im));
   const std::string bytes = st::read_file(dir / "src.nii");
 
   // qform only: the quaternion alone gives the oblique geometry.
@@ -557,10 +528,9 @@ TEST_CASE("NIfTI geometry from qform and pixdim follows SimpleITK when the sform
                                        dir / "no_transform.nii"};
   const json itk = reference_many("sitk", paths);
   for (const auto& p : paths) {
-    auto back = read_nifti(p);
-    REQUIRE_MESSAGE(back.is_ok(), back.status().to_string());
-    CHECK(same_bytes(back->voxels, im.voxels));
-    check_reference(*back, itk[p.string()], "sitk: " + p.filename().string());
+    REQUIRE_OK_AND_ASSIGN(auto back, read_nifti(p));
+    CHECK(st::same_bytes(back.voxels, im.voxels));
+    check_reference(back, itk[p.string()], "sitk: " + p.filename().string());
   }
   CHECK(segflow::geometry_close(read_nifti(paths[0])->geometry, im.geometry, 1e-5));
   CHECK(segflow::geometry_close(read_nifti(paths[1])->geometry, im.geometry, 1e-5));
@@ -573,26 +543,25 @@ TEST_CASE("NIfTI geometry from qform and pixdim follows SimpleITK when the sform
   patch<std::int16_t>(sheared, 252, 0);
   patch<float>(sheared, 284, peek<float>(sheared, 284) + 0.3f);  // srow_x[1]
   st::write_file(dir / "sheared.nii", sheared);
-  auto sh = read_nifti(dir / "sheared.nii");
-  REQUIRE_MESSAGE(sh.is_ok(), sh.status().to_string());
-  CHECK(segflow::direction_is_orthonormal(sh->geometry.direction, 1e-9));
-  CHECK(std::abs(sh->geometry.spacing[0] - 0.7) < 1e-5);
-  CHECK(std::abs(sh->geometry.spacing[2] - 2.5) < 1e-5);
+  REQUIRE_OK_AND_ASSIGN(auto sh, read_nifti(dir / "sheared.nii"));
+  CHECK(segflow::direction_is_orthonormal(sh.geometry.direction, 1e-9));
+  CHECK(std::abs(sh.geometry.spacing[0] - 0.7) < 1e-5);
+  CHECK(std::abs(sh.geometry.spacing[2] - 2.5) < 1e-5);
 }
 
 TEST_CASE("a truncated or empty NIfTI file is an error naming the file") {
   st::TempDir dir("nifti_trunc");
   const std::string bytes = valid_file_bytes(dir);
-  CHECK(read_error(dir, "empty.nii", "").find("empty") != std::string::npos);
-  CHECK(read_error(dir, "cut_data.nii", bytes.substr(0, bytes.size() - 100)).find("truncated") !=
+  CHECK(nifti_read_error(dir, "empty.nii", "").find("empty") != std::string::npos);
+  CHECK(nifti_read_error(dir, "cut_data.nii", bytes.substr(0, bytes.size() - 100)).find("truncated") !=
         std::string::npos);
-  CHECK(read_error(dir, "cut_header.nii", bytes.substr(0, 200)).find("truncated") != std::string::npos);
-  CHECK(read_error(dir, "three_bytes.nii", bytes.substr(0, 3)).find("sizeof_hdr") != std::string::npos);
+  CHECK(nifti_read_error(dir, "cut_header.nii", bytes.substr(0, 200)).find("truncated") != std::string::npos);
+  CHECK(nifti_read_error(dir, "three_bytes.nii", bytes.substr(0, 3)).find("sizeof_hdr") != std::string::npos);
 
   Image im = make_image(at::kShort, 1, 3);
-  REQUIRE(write_nifti(dir / "full.nii.gz", im).is_ok());
+  REQUIRE_OK(write_nifti(dir / "full.nii.gz", im));
   const std::string gz = st::read_file(dir / "full.nii.gz");
-  const std::string msg = read_error(dir, "cut.nii.gz", gz.substr(0, gz.size() / 2));
+  const std::string msg = nifti_read_error(dir, "cut.nii.gz", gz.substr(0, gz.size() / 2));
   CHECK((msg.find("truncated") != std::string::npos || msg.find("gzip") != std::string::npos));
 
   auto missing = read_nifti(dir / "missing.nii");
@@ -622,19 +591,19 @@ TEST_CASE("a NIfTI header claiming more voxels than its file can hold fails befo
   // 32767^3 int16 voxels: 70 TB, far past memory, so an allocation attempt would fail as
   // "out of memory" instead of naming the truncation.
   for (std::size_t off : {42, 44, 46}) patch<std::int16_t>(b, off, 32767);
-  const std::string plain = read_error(dir, "huge.nii", b);
+  const std::string plain = nifti_read_error(dir, "huge.nii", b);
   CHECK(plain.find("truncated: expected 70362301923678") != std::string::npos);
   CHECK(plain.find("out of memory") == std::string::npos);
 
   // Compressed, the file bounds the data too: deflate expands at most 1032:1.
-  const std::string gz = read_error(dir, "huge.nii.gz", gzip_stored(b.substr(0, 352)));
+  const std::string gz = nifti_read_error(dir, "huge.nii.gz", gzip_stored(b.substr(0, 352)));
   CHECK(gz.find("can hold at most") != std::string::npos);
   CHECK(gz.find("out of memory") == std::string::npos);
 
   // Just under the bound it is an honest truncation found while reading.
   for (std::size_t off : {44, 46}) patch<std::int16_t>(b, off, 1);
   patch<std::int16_t>(b, 42, 1000);  // 2000 bytes of voxels from a 380-byte gzip file
-  const std::string small = read_error(dir, "short.nii.gz", gzip_stored(b.substr(0, 352)));
+  const std::string small = nifti_read_error(dir, "short.nii.gz", gzip_stored(b.substr(0, 352)));
   CHECK(small.find("truncated") != std::string::npos);
   CHECK(small.find("can hold at most") == std::string::npos);
 }
@@ -671,7 +640,7 @@ TEST_CASE("impossible NIfTI headers are errors naming the file and the field") {
     CAPTURE(c.name);
     std::string b = bytes;
     c.edit(b);
-    const std::string msg = read_error(dir, c.name, b);
+    const std::string msg = nifti_read_error(dir, c.name, b);
     CHECK(msg.find(c.field) != std::string::npos);
   }
   // The same checks hold for a big-endian header (byte order read from sizeof_hdr).
@@ -679,7 +648,7 @@ TEST_CASE("impossible NIfTI headers are errors naming the file and the field") {
   std::string b = st::read_file(be);
   b[40] = 0;
   b[41] = 9;  // dim[0] = 9, big endian
-  CHECK(read_error(dir, "be_dim0.nii", b).find("dim[0]: expected 1..7, got 9") != std::string::npos);
+  CHECK(nifti_read_error(dir, "be_dim0.nii", b).find("dim[0]: expected 1..7, got 9") != std::string::npos);
 }
 
 TEST_CASE("complex NIfTI data and corrupt NIfTI gzip streams are clear errors") {
@@ -695,10 +664,10 @@ TEST_CASE("complex NIfTI data and corrupt NIfTI gzip streams are clear errors") 
   CHECK(c.status().message().find("datatype") != std::string::npos);
 
   Image im = make_image(at::kShort, 4, 21);
-  REQUIRE(write_nifti(dir / "good.nii.gz", im).is_ok());
+  REQUIRE_OK(write_nifti(dir / "good.nii.gz", im));
   std::string gz = st::read_file(dir / "good.nii.gz");
   for (std::size_t i = gz.size() / 2; i < gz.size() / 2 + 16; ++i) gz[i] = static_cast<char>(gz[i] ^ 0x5a);
-  const std::string msg = read_error(dir, "corrupt.nii.gz", gz);
+  const std::string msg = nifti_read_error(dir, "corrupt.nii.gz", gz);
   CHECK(msg.find("gzip") != std::string::npos);
 }
 
@@ -721,11 +690,10 @@ TEST_CASE("write_nifti rejects images NIfTI cannot hold and leaves no temporary 
   // Bool masks are stored as uint8.
   Image mask = im;
   mask.voxels = im.voxels > 0;
-  REQUIRE(write_nifti(dir / "mask.nii.gz", mask).is_ok());
-  auto back = read_nifti(dir / "mask.nii.gz");
-  REQUIRE(back.is_ok());
-  CHECK((back->voxels.scalar_type() == at::kByte));
-  CHECK(torch::equal(back->voxels, mask.voxels.to(at::kByte)));
+  REQUIRE_OK(write_nifti(dir / "mask.nii.gz", mask));
+  REQUIRE_OK_AND_ASSIGN(auto back, read_nifti(dir / "mask.nii.gz"));
+  CHECK((back.voxels.scalar_type() == at::kByte));
+  CHECK(torch::equal(back.voxels, mask.voxels.to(at::kByte)));
 }
 
 TEST_CASE("is_nifti_path recognises NIfTI names ending in .nii and .nii.gz") {

@@ -46,21 +46,6 @@ at::Tensor random_tensor(at::ScalarType type, const std::vector<std::int64_t>& s
   return t;
 }
 
-bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  at::Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()) == 0;
-}
-
-std::string run_python(const std::string& code, const std::vector<std::string>& args) {
-  std::string cmd = st::shell_quote(st::python()) + " -c " + st::shell_quote(code);
-  for (const auto& a : args) cmd.append(" ").append(st::shell_quote(a));
-  auto r = st::run_command(cmd + " 2>&1");
-  INFO(r.out);
-  REQUIRE(r.exit_code == 0);
-  return r.out;
-}
-
 /// An .npy file from parts: version, the dict text (padded as given) and the data bytes.
 std::string npy_bytes(const std::string& dict, const std::string& data, int major = 1) {
   std::string out("\x93NUMPY", 6);
@@ -77,7 +62,7 @@ std::string npy_bytes(const std::string& dict, const std::string& data, int majo
   return out + h + data;
 }
 
-std::string read_error(const st::TempDir& dir, const std::string& name, const std::string& bytes) {
+std::string npy_read_error(const st::TempDir& dir, const std::string& name, const std::string& bytes) {
   const auto p = dir / name;
   st::write_file(p, bytes);
   auto r = read_npy(p);
@@ -98,12 +83,11 @@ TEST_CASE("npy round trips keep every dtype and shapes from () to 5-D") {
       at::Tensor t = random_tensor(type, shape, ++seed);
       const auto p = dir / std::string("a").append(std::to_string(seed)).append(".npy");
       CAPTURE(p.filename().string());
-      REQUIRE(write_npy(p, t).is_ok());
+      REQUIRE_OK(write_npy(p, t));
       CHECK_FALSE(st::has_temporaries(dir.path()));
-      auto back = read_npy(p);
-      REQUIRE_MESSAGE(back.is_ok(), back.status().to_string());
-      CHECK(same_bytes(*back, t));
-      CHECK(back->is_contiguous());
+      REQUIRE_OK_AND_ASSIGN(auto back, read_npy(p));
+      CHECK(st::same_bytes(back, t));
+      CHECK(back.is_contiguous());
       const std::string bytes = st::read_file(p);
       CHECK(bytes[6] == 1);  // version 1.0
       const std::size_t header_len =
@@ -113,10 +97,9 @@ TEST_CASE("npy round trips keep every dtype and shapes from () to 5-D") {
   // A non-contiguous view is written in C order.
   at::Tensor base = random_tensor(at::kFloat, {4, 5, 6}, 99);
   at::Tensor view = base.permute({2, 0, 1});
-  REQUIRE(write_npy(dir / "view.npy", view).is_ok());
-  auto back = read_npy(dir / "view.npy");
-  REQUIRE(back.is_ok());
-  CHECK(same_bytes(*back, view.contiguous()));
+  REQUIRE_OK(write_npy(dir / "view.npy", view));
+  REQUIRE_OK_AND_ASSIGN(auto back, read_npy(dir / "view.npy"));
+  CHECK(st::same_bytes(back, view.contiguous()));
   // bfloat16 and complex have no descriptor segflow writes.
   CHECK((write_npy(dir / "bf16.npy", torch::zeros({2}, torch::TensorOptions().dtype(at::kBFloat16))).code() ==
          segflow::ErrorCode::unsupported));
@@ -159,7 +142,7 @@ assert fortran > 50, fortran
 np.save(os.path.join(out, 'complex.npy'), np.zeros(3, np.complex64))
 np.save(os.path.join(out, 'object.npy'), np.array([None, 1], dtype=object), allow_pickle=True)
 )PY";
-  std::istringstream lines(run_python(gen, {dir.path().string()}));
+  std::istringstream lines(st::run_python(gen, {dir.path().string()}));
   int files = 0;
   for (std::string line; std::getline(lines, line);) {
     std::istringstream ls(line);
@@ -169,13 +152,12 @@ np.save(os.path.join(out, 'object.npy'), np.array([None, 1], dtype=object), allo
     std::vector<std::int64_t> shape;
     for (std::int64_t d; ls >> d;) shape.push_back(d);
     CAPTURE(name);
-    auto t = read_npy(dir / name);
-    REQUIRE_MESSAGE(t.is_ok(), t.status().to_string());
-    CHECK(t->sizes().vec() == shape);
-    CHECK(t->is_contiguous());
+    REQUIRE_OK_AND_ASSIGN(auto t, read_npy(dir / name));
+    CHECK(t.sizes().vec() == shape);
+    CHECK(t.is_contiguous());
     const std::string raw = st::read_file(dir / (name + ".raw"));
-    REQUIRE(static_cast<std::size_t>(t->numel() * t->element_size()) == raw.size());
-    CHECK(std::memcmp(t->data_ptr(), raw.data(), raw.size()) == 0);
+    REQUIRE(static_cast<std::size_t>(t.numel() * t.element_size()) == raw.size());
+    CHECK(std::memcmp(t.data_ptr(), raw.data(), raw.size()) == 0);
     ++files;
   }
   CHECK(files == 21 * 6 * 2);
@@ -197,7 +179,7 @@ TEST_CASE("npy files segflow writes load in numpy with the same dtype, shape and
                     at::kDouble}) {
     at::Tensor t = random_tensor(type, {3, 4, 5}, ++seed);
     const auto p = dir / std::string("t").append(std::to_string(seed)).append(".npy");
-    REQUIRE(write_npy(p, t).is_ok());
+    REQUIRE_OK(write_npy(p, t));
     paths.push_back(p);
     tensors.push_back(t);
   }
@@ -234,47 +216,46 @@ TEST_CASE("bad npy files are errors naming the file and the problem") {
   const std::string data(24, '\0');
   // The helper's output is a valid file.
   st::write_file(dir / "good.npy", npy_bytes(ok_dict, data));
-  REQUIRE(read_npy(dir / "good.npy").is_ok());
+  REQUIRE_OK(read_npy(dir / "good.npy"));
 
-  CHECK(read_error(dir, "empty.npy", "").find("empty") != std::string::npos);
-  CHECK(read_error(dir, "magic.npy", "PK\x03\x04 not npy at all").find("magic") != std::string::npos);
+  CHECK(npy_read_error(dir, "empty.npy", "").find("empty") != std::string::npos);
+  CHECK(npy_read_error(dir, "magic.npy", "PK\x03\x04 not npy at all").find("magic") != std::string::npos);
   std::string good = npy_bytes(ok_dict, data);
-  CHECK(read_error(dir, "preamble.npy", good.substr(0, 8)).find("truncated") != std::string::npos);
-  CHECK(read_error(dir, "header.npy", good.substr(0, 30)).find("header: truncated") != std::string::npos);
-  CHECK(read_error(dir, "data.npy", good.substr(0, good.size() - 4)).find("data: expected 24 bytes") !=
+  CHECK(npy_read_error(dir, "preamble.npy", good.substr(0, 8)).find("truncated") != std::string::npos);
+  CHECK(npy_read_error(dir, "header.npy", good.substr(0, 30)).find("header: truncated") != std::string::npos);
+  CHECK(npy_read_error(dir, "data.npy", good.substr(0, good.size() - 4)).find("data: expected 24 bytes") !=
         std::string::npos);
   std::string v4 = good;
   v4[6] = 4;
-  CHECK(read_error(dir, "v4.npy", v4).find("version") != std::string::npos);
-  CHECK(read_error(
+  CHECK(npy_read_error(dir, "v4.npy", v4).find("version") != std::string::npos);
+  CHECK(npy_read_error(
             dir, "c8.npy",
             npy_bytes("{'descr': '<c8', 'fortran_order': False, 'shape': (3,), }", std::string(24, '\0')))
             .find("'<c8'") != std::string::npos);
-  CHECK(
-      read_error(dir, "obj.npy",
-                 npy_bytes("{'descr': '|O', 'fortran_order': False, 'shape': (3,), }", std::string(24, '\0')))
-          .find("'|O'") != std::string::npos);
-  CHECK(read_error(dir, "struct.npy",
-                   npy_bytes("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (3,), }",
-                             std::string(12, '\0')))
+  CHECK(npy_read_error(
+            dir, "obj.npy",
+            npy_bytes("{'descr': '|O', 'fortran_order': False, 'shape': (3,), }", std::string(24, '\0')))
+            .find("'|O'") != std::string::npos);
+  CHECK(npy_read_error(dir, "struct.npy",
+                       npy_bytes("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (3,), }",
+                                 std::string(12, '\0')))
             .find("structured") != std::string::npos);
-  CHECK(read_error(dir, "noshape.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, }", data))
+  CHECK(npy_read_error(dir, "noshape.npy", npy_bytes("{'descr': '<f4', 'fortran_order': False, }", data))
             .find("shape") != std::string::npos);
-  CHECK(read_error(dir, "badshape.npy",
-                   npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3), }", data))
+  CHECK(npy_read_error(dir, "badshape.npy",
+                       npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3), }", data))
             .find("shape") != std::string::npos);
-  CHECK(read_error(dir, "badbool.npy",
-                   npy_bytes("{'descr': '<f4', 'fortran_order': maybe, 'shape': (2, 3), }", data))
+  CHECK(npy_read_error(dir, "badbool.npy",
+                       npy_bytes("{'descr': '<f4', 'fortran_order': maybe, 'shape': (2, 3), }", data))
             .find("fortran_order") != std::string::npos);
-  CHECK(read_error(dir, "extra.npy",
-                   npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}", data))
+  CHECK(npy_read_error(dir, "extra.npy",
+                       npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}", data))
             .find("unexpected key") != std::string::npos);
   // Version 2.0 and 3.0 headers, double quotes and Python 2 long integers are accepted.
   st::write_file(dir / "v2.npy",
                  npy_bytes("{\"descr\": \"<f4\", \"fortran_order\": False, \"shape\": (2L, 3L)}", data, 2));
-  auto v2 = read_npy(dir / "v2.npy");
-  REQUIRE_MESSAGE(v2.is_ok(), v2.status().to_string());
-  CHECK(v2->sizes() == at::IntArrayRef({2, 3}));
+  REQUIRE_OK_AND_ASSIGN(auto v2, read_npy(dir / "v2.npy"));
+  CHECK(v2.sizes() == at::IntArrayRef({2, 3}));
   auto missing = read_npy(dir / "missing.npy");
   REQUIRE_FALSE(missing.is_ok());
   CHECK((missing.status().code() == segflow::ErrorCode::not_found));
@@ -286,28 +267,24 @@ TEST_CASE("read_npy_image maps npy shapes (H, W), (H, W, 3), (Z, Y, X) and (C, Z
   at::Tensor rgb = random_tensor(at::kByte, {4, 5, 3}, 2);
   at::Tensor zyx = random_tensor(at::kShort, {3, 4, 5}, 3);
   at::Tensor czyx = random_tensor(at::kFloat, {2, 3, 4, 5}, 4);
-  REQUIRE(write_npy(dir / "hw.npy", hw).is_ok());
-  REQUIRE(write_npy(dir / "rgb.npy", rgb).is_ok());
-  REQUIRE(write_npy(dir / "zyx.npy", zyx).is_ok());
-  REQUIRE(write_npy(dir / "czyx.npy", czyx).is_ok());
-  REQUIRE(write_npy(dir / "line.npy", hw.flatten()).is_ok());
+  REQUIRE_OK(write_npy(dir / "hw.npy", hw));
+  REQUIRE_OK(write_npy(dir / "rgb.npy", rgb));
+  REQUIRE_OK(write_npy(dir / "zyx.npy", zyx));
+  REQUIRE_OK(write_npy(dir / "czyx.npy", czyx));
+  REQUIRE_OK(write_npy(dir / "line.npy", hw.flatten()));
 
-  auto a = read_npy_image(dir / "hw.npy");
-  REQUIRE(a.is_ok());
-  CHECK(same_bytes(a->voxels, hw.reshape({1, 1, 4, 5})));
-  auto b = read_npy_image(dir / "rgb.npy");
-  REQUIRE(b.is_ok());
-  CHECK(same_bytes(b->voxels, rgb.permute({2, 0, 1}).unsqueeze(1).contiguous()));
-  CHECK(b->channels() == 3);
-  auto c = read_npy_image(dir / "zyx.npy");
-  REQUIRE(c.is_ok());
-  CHECK(same_bytes(c->voxels, zyx.unsqueeze(0)));
-  auto d = read_npy_image(dir / "czyx.npy");
-  REQUIRE(d.is_ok());
-  CHECK(same_bytes(d->voxels, czyx));
-  CHECK(d->size() == segflow::Size3{5, 4, 3});
-  CHECK(segflow::geometry_close(d->geometry, segflow::Geometry{}, 0.0));
-  CHECK(d->source == dir / "czyx.npy");
+  REQUIRE_OK_AND_ASSIGN(auto a, read_npy_image(dir / "hw.npy"));
+  CHECK(st::same_bytes(a.voxels, hw.reshape({1, 1, 4, 5})));
+  REQUIRE_OK_AND_ASSIGN(auto b, read_npy_image(dir / "rgb.npy"));
+  CHECK(st::same_bytes(b.voxels, rgb.permute({2, 0, 1}).unsqueeze(1).contiguous()));
+  CHECK(b.channels() == 3);
+  REQUIRE_OK_AND_ASSIGN(auto c, read_npy_image(dir / "zyx.npy"));
+  CHECK(st::same_bytes(c.voxels, zyx.unsqueeze(0)));
+  REQUIRE_OK_AND_ASSIGN(auto d, read_npy_image(dir / "czyx.npy"));
+  CHECK(st::same_bytes(d.voxels, czyx));
+  CHECK(d.size() == segflow::Size3{5, 4, 3});
+  CHECK(segflow::geometry_close(d.geometry, segflow::Geometry{}, 0.0));
+  CHECK(d.source == dir / "czyx.npy");
   auto e = read_npy_image(dir / "line.npy");
   REQUIRE_FALSE(e.is_ok());
   CHECK(e.status().message().find("shape") != std::string::npos);

@@ -57,9 +57,8 @@ void check_against_sitk(const Image& img, const json& ref, const std::string& fi
   }
   for (int i = 0; i < 9; ++i)
     CHECK(img.geometry.direction[i] == doctest::Approx(ref["direction"][i].get<double>()).epsilon(1e-9));
-  auto npy = sp::read_npy(ref["npy"].get<std::string>());
-  REQUIRE_MESSAGE(npy.is_ok(), npy.status().message());
-  at::Tensor expected = *npy;
+  REQUIRE_OK_AND_ASSIGN(auto npy, sp::read_npy(ref["npy"].get<std::string>()));
+  at::Tensor expected = npy;
   if (expected.dim() == 3) expected = expected.unsqueeze(0);
   CHECK(dtype_of(img.voxels) == ref["dtype"].get<std::string>());
   REQUIRE(img.voxels.sizes() == expected.sizes());
@@ -99,22 +98,20 @@ TEST_CASE(
   REQUIRE(ref.size() == 11);
   for (const auto& [name, r] : ref.items()) {
     const fs::path p = dir.path() / name;
-    auto img = sp::read_image(p);
-    REQUIRE_MESSAGE(img.is_ok(), img.status().message());
-    check_against_sitk(*img, r, name);
-    CHECK(img->channels() == 1);
+    REQUIRE_OK_AND_ASSIGN(auto img, sp::read_image(p));
+    check_against_sitk(img, r, name);
+    CHECK(img.channels() == 1);
     // The oblique direction is really there (not the NIfTI's axis-aligned one).
-    CHECK(std::abs(img->geometry.direction[1]) > 0.3);
+    CHECK(std::abs(img.geometry.direction[1]) > 0.3);
   }
   // The converted spaces (RAS, LAS) and the ascii encoding describe the same grid as the LPS file.
   for (const char* name : {"ct_ras.nrrd", "ct_las.nrrd", "ct_ascii.nrrd"}) {
-    auto img = sp::read_image(dir.path() / name);
-    REQUIRE(img.is_ok());
+    REQUIRE_OK_AND_ASSIGN(auto img, sp::read_image(dir.path() / name));
     const json& e = ref[name]["expected"];
     for (int i = 0; i < 3; ++i)
-      CHECK(img->geometry.origin[i] == doctest::Approx(e["origin"][i].get<double>()));
+      CHECK(img.geometry.origin[i] == doctest::Approx(e["origin"][i].get<double>()));
     for (int i = 0; i < 9; ++i)
-      CHECK(img->geometry.direction[i] == doctest::Approx(e["direction"][i].get<double>()).epsilon(1e-9));
+      CHECK(img.geometry.direction[i] == doctest::Approx(e["direction"][i].get<double>()).epsilon(1e-9));
   }
   CHECK(sp::detect_format(dir.path() / "ct.nhdr") == sp::ImageFormat::nrrd);
   CHECK(sp::detect_format(dir.path() / "ct.mhd") == sp::ImageFormat::metaimage);
@@ -126,15 +123,13 @@ TEST_CASE(
   st::TempDir dir("nrrd_mha_seg");
   const json ref = sitk_write(seg_nifti(), dir.path(), "seg", "");
   const json ct = sitk_write(ct_nifti(), dir.path(), "ct", "");
-  auto nifti_label = sp::read_nifti(seg_nifti());
-  REQUIRE(nifti_label.is_ok());
-  const auto distinct = std::get<0>(at::_unique(nifti_label->voxels.flatten().to(torch::kLong), true));
+  REQUIRE_OK_AND_ASSIGN(auto nifti_label, sp::read_nifti(seg_nifti()));
+  const auto distinct = std::get<0>(at::_unique(nifti_label.voxels.flatten().to(torch::kLong), true));
   CHECK(distinct.numel() > 40);  // a real multi-organ map: dozens of TotalSegmentator classes
   for (const auto& [name, r] : ref.items()) {
-    auto img = sp::read_image(dir.path() / name);
-    REQUIRE_MESSAGE(img.is_ok(), img.status().message());
-    check_against_sitk(*img, r, name);
-    CHECK(torch::equal(img->voxels, nifti_label->voxels));
+    REQUIRE_OK_AND_ASSIGN(auto img, sp::read_image(dir.path() / name));
+    check_against_sitk(img, r, name);
+    CHECK(torch::equal(img.voxels, nifti_label.voxels));
   }
   // As a dataset case: image and label in the same format; the label stays integer on the image grid.
   for (const char* ext : {".nrrd", ".nhdr", ".mha", ".mhd"}) {
@@ -142,20 +137,18 @@ TEST_CASE(
     c.id = "real";
     c.images.push_back(dir.path() / (std::string("ct") + ext));
     c.label = dir.path() / (std::string("seg") + ext);
-    auto loaded = sp::load_case(c);
-    REQUIRE_MESSAGE(loaded.is_ok(), loaded.status().message());
-    REQUIRE(loaded->label);
-    CHECK(dtype_of(loaded->label->voxels) == "uint8");
-    CHECK(torch::equal(loaded->label->voxels, nifti_label->voxels));
+    REQUIRE_OK_AND_ASSIGN(auto loaded, sp::load_case(c));
+    REQUIRE(loaded.label);
+    CHECK(dtype_of(loaded.label->voxels) == "uint8");
+    CHECK(torch::equal(loaded.label->voxels, nifti_label.voxels));
   }
 }
 
 TEST_CASE("NRRD and MetaImage files segflow writes are read by SimpleITK with the same grid and voxels") {
   st::TempDir dir("nrrd_mha_write");
-  auto ct = sp::read_nifti(ct_nifti());
-  REQUIRE(ct.is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto ct, sp::read_nifti(ct_nifti()));
   // An oblique geometry, so direction and origin handling are exercised in both directions.
-  Image img = *ct;
+  Image img = ct;
   const double c = std::cos(0.4), s = std::sin(0.4);
   img.geometry.direction = {c, -s, 0, s * 0.8, c * 0.8, -0.6, s * 0.6, c * 0.6, 0.8};
   REQUIRE(segflow::direction_is_orthonormal(img.geometry.direction, 1e-12));
@@ -176,7 +169,7 @@ TEST_CASE("NRRD and MetaImage files segflow writes are read by SimpleITK with th
     const fs::path p = dir.path() / o.name;
     segflow::Status w = sp::is_nrrd_path(p) ? sp::write_nrrd(p, *o.image, {.compress = o.compress})
                                             : sp::write_metaimage(p, *o.image, {.compress = o.compress});
-    REQUIRE_MESSAGE(w.is_ok(), w.message());
+    REQUIRE_OK(w);
     args += " " + st::shell_quote(p.string());
   }
   CHECK(fs::exists(dir.path() / "w.raw.gz"));  // detached data beside the .nhdr
@@ -190,10 +183,9 @@ TEST_CASE("NRRD and MetaImage files segflow writes are read by SimpleITK with th
     CHECK(r["components"] == o.image->channels());
     check_against_sitk(*o.image, r, o.name);
     // And segflow reads its own file back unchanged.
-    auto back = sp::read_image(p);
-    REQUIRE_MESSAGE(back.is_ok(), back.status().message());
-    CHECK(torch::equal(back->voxels, o.image->voxels));
-    CHECK(segflow::geometry_close(back->geometry, o.image->geometry, 1e-9));
+    REQUIRE_OK_AND_ASSIGN(auto back, sp::read_image(p));
+    CHECK(torch::equal(back.voxels, o.image->voxels));
+    CHECK(segflow::geometry_close(back.geometry, o.image->geometry, 1e-9));
   }
   // Compression did something (noisy int16 CT: SimpleITK's own files shrink to about 65%).
   CHECK(fs::file_size(dir.path() / "w.nrrd") * 10 < fs::file_size(dir.path() / "w_raw.nrrd") * 8);
@@ -207,8 +199,8 @@ TEST_CASE("an nnU-Net dataset with file_ending .nrrd or .mha is indexed and load
   st::TempDir dir("nrrd_mha_dataset");
   auto ct = sp::read_nifti(ct_nifti());
   auto seg = sp::read_nifti(seg_nifti());
-  REQUIRE(ct.is_ok());
-  REQUIRE(seg.is_ok());
+  REQUIRE_OK(ct);
+  REQUIRE_OK(seg);
   for (const std::string ending : {".nrrd", ".nhdr", ".mha", ".mhd"}) {
     INFO("file_ending " << ending);
     const fs::path root = dir.path() / ("ds" + ending.substr(1));
@@ -217,33 +209,29 @@ TEST_CASE("an nnU-Net dataset with file_ending .nrrd or .mha is indexed and load
     for (const char* id : {"case_a", "case_b"}) {
       const fs::path image = root / "imagesTr" / (std::string(id) + "_0000" + ending);
       const fs::path label = root / "labelsTr" / (std::string(id) + ending);
-      REQUIRE(sp::is_nrrd_path(image) ? sp::write_nrrd(image, *ct).is_ok()
-                                      : sp::write_metaimage(image, *ct).is_ok());
-      REQUIRE(sp::is_nrrd_path(label) ? sp::write_nrrd(label, *seg).is_ok()
-                                      : sp::write_metaimage(label, *seg).is_ok());
+      REQUIRE_OK(sp::is_nrrd_path(image) ? sp::write_nrrd(image, *ct) : sp::write_metaimage(image, *ct));
+      REQUIRE_OK(sp::is_nrrd_path(label) ? sp::write_nrrd(label, *seg) : sp::write_metaimage(label, *seg));
     }
     // A NIfTI file that does not match file_ending is skipped, with the reason.
-    REQUIRE(sp::write_nifti(root / "imagesTr" / "stray_0000.nii.gz", *ct).is_ok());
+    REQUIRE_OK(sp::write_nifti(root / "imagesTr" / "stray_0000.nii.gz", *ct));
     st::write_file(root / "dataset.json",
                    json{{"labels", {{"background", 0}, {"spleen", 1}, {"kidney_right", 2}}},
                         {"channel_names", {{"0", "CT"}}},
                         {"file_ending", ending}}
                        .dump());
-    auto idx = sp::scan_dataset(root);
-    REQUIRE_MESSAGE(idx.is_ok(), idx.status().message());
-    CHECK(idx->layout == sp::DatasetLayout::msd);
-    CHECK(idx->file_ending == ending);
-    REQUIRE(idx->cases.size() == 2);
-    CHECK(idx->cases[0].id == "case_a");
-    REQUIRE(idx->cases[0].label);
-    CHECK(idx->label_names.at(1) == "spleen");
-    REQUIRE(idx->skipped.size() == 1);
-    CHECK(idx->skipped[0].reason.find("file_ending") != std::string::npos);
-    auto loaded = sp::load_case(idx->cases[1]);
-    REQUIRE_MESSAGE(loaded.is_ok(), loaded.status().message());
-    CHECK(torch::equal(loaded->image.voxels, ct->voxels.to(torch::kFloat)));
-    CHECK(torch::equal(loaded->label->voxels, seg->voxels));
-    CHECK(segflow::geometry_close(loaded->image.geometry, ct->geometry, 1e-9));
+    REQUIRE_OK_AND_ASSIGN(auto idx, sp::scan_dataset(root));
+    CHECK(idx.layout == sp::DatasetLayout::msd);
+    CHECK(idx.file_ending == ending);
+    REQUIRE(idx.cases.size() == 2);
+    CHECK(idx.cases[0].id == "case_a");
+    REQUIRE(idx.cases[0].label);
+    CHECK(idx.label_names.at(1) == "spleen");
+    REQUIRE(idx.skipped.size() == 1);
+    CHECK(idx.skipped[0].reason.find("file_ending") != std::string::npos);
+    REQUIRE_OK_AND_ASSIGN(auto loaded, sp::load_case(idx.cases[1]));
+    CHECK(torch::equal(loaded.image.voxels, ct->voxels.to(torch::kFloat)));
+    CHECK(torch::equal(loaded.label->voxels, seg->voxels));
+    CHECK(segflow::geometry_close(loaded.image.geometry, ct->geometry, 1e-9));
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "pipeline/pipeline_spec.hpp"
 #include "pipeline/stage_registry.hpp"
+#include "test_util.hpp"
 
 namespace segflow::testing {
 
@@ -23,17 +24,16 @@ inline const pipeline::StageRegistry& registry() {
 /// Makes one stage with options (CHECKs that the options are valid).
 inline std::unique_ptr<pipeline::Stage> make_stage(const std::string& name,
                                                    const nlohmann::json& options = {}) {
-  auto r = registry().make(name, options.is_null() ? nlohmann::json::object() : options, "test");
-  REQUIRE_MESSAGE(r.is_ok(), r.status().message());
-  return std::move(r).value();
+  REQUIRE_OK_AND_ASSIGN(
+      auto r, registry().make(name, options.is_null() ? nlohmann::json::object() : options, "test"));
+  return r;
 }
 
 /// Runs one 1 -> 1 stage.
 inline Sample run1(const pipeline::Stage& st, Sample s, std::uint64_t seed = 0) {
   pipeline::Rng rng(seed);
-  auto r = pipeline::apply_one(st, std::move(s), rng);
-  REQUIRE_MESSAGE(r.is_ok(), r.status().message());
-  return std::move(r).value();
+  REQUIRE_OK_AND_ASSIGN(auto r, pipeline::apply_one(st, std::move(s), rng));
+  return r;
 }
 
 /// The error message of a stage run that must fail.

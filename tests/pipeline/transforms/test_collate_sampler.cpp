@@ -16,12 +16,11 @@ TEST_CASE("collate stacks every key and names the key and shapes when they diffe
     s.tensors["fg_indices"] = torch::arange(i + 1);
     v.push_back(s);
   }
-  auto b = collate(v);
-  REQUIRE_MESSAGE(b.is_ok(), b.status().message());
-  CHECK(b->ids == std::vector<std::string>{"s0", "s1", "s2"});
-  CHECK(b->tensors.size() == 2);
-  CHECK(b->tensors.at("image").sizes() == torch::IntArrayRef({3, 1, 4, 5, 6}));
-  CHECK(b->tensors.at("label")[2].max().item<int>() == 2);
+  REQUIRE_OK_AND_ASSIGN(auto b, collate(v));
+  CHECK(b.ids == std::vector<std::string>{"s0", "s1", "s2"});
+  CHECK(b.tensors.size() == 2);
+  CHECK(b.tensors.at("image").sizes() == torch::IntArrayRef({3, 1, 4, 5, 6}));
+  CHECK(b.tensors.at("label")[2].max().item<int>() == 2);
   v[1].at("image") = torch::zeros({1, 4, 5, 7});
   auto e = collate(v);
   REQUIRE_FALSE(e.is_ok());
@@ -42,12 +41,11 @@ TEST_CASE("sampler shards are disjoint, cover the dataset and are deterministic 
       std::vector<std::int64_t> all;
       std::int64_t count = -1;
       for (std::int64_t r = 0; r < w; ++r) {
-        auto s = EpochSampler::make({n, r, w, 42});
-        REQUIRE(s.is_ok());
-        auto idx = s->indices(3);
+        REQUIRE_OK_AND_ASSIGN(auto s, EpochSampler::make({n, r, w, 42}));
+        auto idx = s.indices(3);
         if (count < 0) count = std::int64_t(idx.size());
         CHECK(std::int64_t(idx.size()) == count);  // same count on every rank
-        CHECK(std::int64_t(idx.size()) == s->num_samples());
+        CHECK(std::int64_t(idx.size()) == s.num_samples());
         all.insert(all.end(), idx.begin(), idx.end());
       }
       std::set<std::int64_t> seen(all.begin(), all.end());

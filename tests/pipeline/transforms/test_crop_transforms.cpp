@@ -18,7 +18,7 @@ std::vector<Sample> crops(const Stage& st, Sample s, std::uint64_t seed) {
   Rng rng(seed);
   std::vector<Sample> v{std::move(s)};
   Status e = st.apply(v, rng);
-  REQUIRE_MESSAGE(e.is_ok(), e.message());
+  REQUIRE_OK(e);
   return v;
 }
 }  // namespace

@@ -79,7 +79,7 @@ std::size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
-std::string build_error(const json& options) {
+std::string map_labels_error(const json& options) {
   auto r = testing::registry().make("map_labels", options, "job.yaml: stages[1].options");
   REQUIRE_FALSE(r.is_ok());
   return r.status().message();
@@ -117,9 +117,9 @@ TEST_CASE("map_labels with keep renumbers the kept labels 1..n in the listed ord
 TEST_CASE("map_labels keeps spleen, liver and kidneys of TotalSegmentator's real 117-class label map") {
   // TotalSegmentator v2 "total" class map (totalsegmentator==2.18.0, map_to_binary.py):
   // 1 spleen, 2 kidney_right, 3 kidney_left, 5 liver.
-  auto seg = pipeline::read_nifti(testing::testdata_path("totalsegmentator/example_seg.nii.gz"));
-  REQUIRE(seg.is_ok());
-  const at::Tensor labels = seg->voxels;
+  REQUIRE_OK_AND_ASSIGN(auto seg,
+                        pipeline::read_nifti(testing::testdata_path("totalsegmentator/example_seg.nii.gz")));
+  const at::Tensor labels = seg.voxels;
   REQUIRE(testing::values_of(labels).size() > 40);
   auto st = make_stage("map_labels", {{"keep", {1, 5, 2, 3}}});
   Sample out = run1(*st, make_sample(torch::zeros({1, 1, 1, 1}), labels));
@@ -170,30 +170,29 @@ TEST_CASE("a source label that never occurs is reported once per label for the l
   }
   // The kernel says which sources are absent.
   std::vector<std::int64_t> absent;
-  auto r = pipeline::map_label_values(b, {{1, 1}, {7, 2}, {9, 3}}, &absent);
-  REQUIRE(r.is_ok());
+  REQUIRE_OK(pipeline::map_label_values(b, {{1, 1}, {7, 2}, {9, 3}}, &absent));
   CHECK(absent == std::vector<std::int64_t>{7});
 }
 
 TEST_CASE("map_labels options are validated when the pipeline is built, naming the option") {
   const std::string at = "job.yaml: stages[1].options.";
-  CHECK(build_error({{"keep", {1, 2}}, {"kep", 3}}).find(at + "kep: unknown option for stage 'map_labels'") ==
-        0);
-  CHECK(build_error({{"keep", {1, 5, 1}}}) ==
+  CHECK(map_labels_error({{"keep", {1, 2}}, {"kep", 3}})
+            .find(at + "kep: unknown option for stage 'map_labels'") == 0);
+  CHECK(map_labels_error({{"keep", {1, 5, 1}}}) ==
         at + "keep: expected a list of distinct non-negative integers, got [1, 5, 1]");
-  CHECK(build_error({{"mapping", {{"1", 2}, {"01", 3}}}}) ==
+  CHECK(map_labels_error({{"mapping", {{"1", 2}, {"01", 3}}}}) ==
         at + "mapping: expected each source label once, got source 1 twice (as \"01\" and \"1\")");
-  CHECK(build_error({{"mapping", {{"1", 2}}}, {"keep", {1}}})
+  CHECK(map_labels_error({{"mapping", {{"1", 2}}}, {"keep", {1}}})
             .find(at + "keep: expected either mapping or keep, got both") == 0);
-  CHECK(build_error({{"names", {"a", "b"}}})
+  CHECK(map_labels_error({{"names", {"a", "b"}}})
             .find(at + "names: expected names only with a mapping or a keep list") == 0);
-  CHECK(build_error({{"mapping", {{"spleen", 1}}}})
+  CHECK(map_labels_error({{"mapping", {{"spleen", 1}}}})
             .find(at + "mapping: expected a map {source: target} of label values") == 0);
-  CHECK(build_error({{"mapping", {{"3", -1}}}}).find(at + "mapping: expected a map") == 0);
-  CHECK(build_error({{"mapping", json::array({1, 2})}}).find(at + "mapping: expected a map") == 0);
-  CHECK(build_error({{"keep", {1, 2}}, {"names", {"background", "spleen"}}}) ==
+  CHECK(map_labels_error({{"mapping", {{"3", -1}}}}).find(at + "mapping: expected a map") == 0);
+  CHECK(map_labels_error({{"mapping", json::array({1, 2})}}).find(at + "mapping: expected a map") == 0);
+  CHECK(map_labels_error({{"keep", {1, 2}}, {"names", {"background", "spleen"}}}) ==
         at + "names: expected 3 names (classes 0..2, background first), got 2");
-  CHECK(build_error({{"mapping", {{"4", 0}}}}) ==
+  CHECK(map_labels_error({{"mapping", {{"4", 0}}}}) ==
         at + "mapping: expected at least one target label > 0, got none");
   // Without mapping and keep (the defaults) the labels pass unchanged.
   auto none = make_stage("map_labels");
@@ -206,15 +205,15 @@ TEST_CASE("map_labels options are validated when the pipeline is built, naming t
 }
 
 TEST_CASE("map_labels class names come from its names option or from the sources' names") {
-  auto o = pipeline::parse_map_labels_options({{"mapping", {{"1", 1}, {"5", 2}, {"2", 3}, {"3", 3}}}}, "x");
-  REQUIRE(o.is_ok());
-  CHECK(pipeline::map_labels_num_classes(*o) == 4);
+  REQUIRE_OK_AND_ASSIGN(auto o, pipeline::parse_map_labels_options(
+                                    {{"mapping", {{"1", 1}, {"5", 2}, {"2", 3}, {"3", 3}}}}, "x"));
+  CHECK(pipeline::map_labels_num_classes(o) == 4);
   const std::vector<std::string> total = {"background", "spleen", "kidney_right", "kidney_left", "", "liver"};
-  CHECK(pipeline::map_labels_class_names(*o, total) ==
+  CHECK(pipeline::map_labels_class_names(o, total) ==
         std::vector<std::string>{"background", "spleen", "liver", "kidney_right+kidney_left"});
-  CHECK(pipeline::map_labels_class_names(*o, {}).empty());
+  CHECK(pipeline::map_labels_class_names(o, {}).empty());
   auto named =
       pipeline::parse_map_labels_options({{"keep", {1, 5}}, {"names", {"bg", "Spleen", "Liver"}}}, "x");
-  REQUIRE(named.is_ok());
+  REQUIRE_OK(named);
   CHECK(pipeline::map_labels_class_names(*named, total) == std::vector<std::string>{"bg", "Spleen", "Liver"});
 }

@@ -13,9 +13,8 @@ using namespace segflow::testing;
 
 namespace {
 Pipeline build(const std::string& yaml) {
-  auto p = build_pipeline(YAML::Load(yaml), registry(), "job.yaml");
-  REQUIRE_MESSAGE(p.is_ok(), p.status().message());
-  return std::move(p).value();
+  REQUIRE_OK_AND_ASSIGN(auto p, build_pipeline(YAML::Load(yaml), registry(), "job.yaml"));
+  return p;
 }
 const char* kTrain = R"(
 - load
@@ -41,15 +40,14 @@ TEST_CASE("the load stage reads a NIfTI case and the pipeline runs its determini
   lab.voxels.index_put_(
       {0, torch::indexing::Slice(6, 14), torch::indexing::Slice(8, 16), torch::indexing::Slice(9, 19)}, 2);
   lab.geometry = img.geometry;
-  REQUIRE(write_nifti(dir / "img.nii.gz", img).is_ok());
-  REQUIRE(write_nifti(dir / "lab.nii.gz", lab).is_ok());
+  REQUIRE_OK(write_nifti(dir / "img.nii.gz", img));
+  REQUIRE_OK(write_nifti(dir / "lab.nii.gz", lab));
   CaseEntry entry{"case_007", {dir / "img.nii.gz"}, dir / "lab.nii.gz"};
 
   Pipeline p = build(kTrain);
   CHECK(p.cache_boundary() == 6);
-  auto cached = p.run_deterministic(entry);
-  REQUIRE_MESSAGE(cached.is_ok(), cached.status().message());
-  const Sample& c = *cached;
+  REQUIRE_OK_AND_ASSIGN(auto cached, p.run_deterministic(entry));
+  const Sample& c = cached;
   CHECK(c.id == "case_007");
   CHECK((c.at("image").scalar_type() == torch::kFloat32));
   CHECK((c.at("label").scalar_type() == torch::kUInt8));
@@ -65,7 +63,7 @@ TEST_CASE("the load stage reads a NIfTI case and the pipeline runs its determini
     std::vector<Sample> v{c};
     Rng rng = Rng::for_sample(seed, 0, epoch, 7);
     Status st = p.run_random(v, rng);
-    REQUIRE_MESSAGE(st.is_ok(), st.message());
+    REQUIRE_OK(st);
     return v;
   };
   auto a = run(1, 0), b = run(1, 0), d = run(2, 0), e = run(1, 1);
@@ -82,10 +80,9 @@ TEST_CASE("the load stage reads a NIfTI case and the pipeline runs its determini
   }
   CHECK(differ_seed);
   CHECK(differ_epoch);
-  auto batch = collate(a);
-  REQUIRE(batch.is_ok());
-  CHECK(batch->tensors.at("image").sizes() == torch::IntArrayRef({3, 1, 6, 8, 8}));
-  CHECK(batch->tensors.count("fg_indices") == 0);
+  REQUIRE_OK_AND_ASSIGN(auto batch, collate(a));
+  CHECK(batch.tensors.at("image").sizes() == torch::IntArrayRef({3, 1, 6, 8, 8}));
+  CHECK(batch.tensors.count("fg_indices") == 0);
 }
 
 TEST_CASE("random stages give the same results whatever the thread order") {
@@ -95,9 +92,8 @@ TEST_CASE("random stages give the same results whatever the thread order") {
     Sample s = blob_sample(12, 16, 20);
     s.id = "c0";
     s.id.back() = static_cast<char>('0' + i);
-    auto r = p.run_deterministic(s);
-    REQUIRE_MESSAGE(r.is_ok(), r.status().message());
-    cached.push_back(std::move(r).value());
+    REQUIRE_OK_AND_ASSIGN(auto r, p.run_deterministic(s));
+    cached.push_back(std::move(r));
   }
   // Sample i always uses Rng::for_sample(seed, rank, epoch, i): run them in order, then
   // all at once on threads (in whatever order the scheduler picks), and compare.
@@ -107,13 +103,13 @@ TEST_CASE("random stages give the same results whatever the thread order") {
     return p.run_random(out, rng);
   };
   std::vector<std::vector<Sample>> sequential(4), threaded(4);
-  for (int i = 0; i < 4; ++i) REQUIRE(one(i, sequential[i]).is_ok());
+  for (int i = 0; i < 4; ++i) REQUIRE_OK(one(i, sequential[i]));
   std::vector<Status> st(4);
   std::vector<std::thread> threads;
   for (int i = 3; i >= 0; --i) threads.emplace_back([&, i] { st[i] = one(i, threaded[i]); });
   for (auto& t : threads) t.join();
   for (int i = 0; i < 4; ++i) {
-    REQUIRE(st[i].is_ok());
+    REQUIRE_OK(st[i]);
     REQUIRE(threaded[i].size() == sequential[i].size());
     for (std::size_t k = 0; k < sequential[i].size(); ++k) {
       CHECK(torch::equal(sequential[i][k].at("image"), threaded[i][k].at("image")));
@@ -130,7 +126,7 @@ TEST_CASE("every shipped config's stage list builds with the built-in stages") {
     if (!doc["stages"]) continue;
     INFO(e.path().string());
     auto p = build_pipeline(doc["stages"], registry(), e.path().string());
-    CHECK_MESSAGE(p.is_ok(), p.status().message());
+    CHECK_OK(p);
     ++n;
   }
   CHECK(n > 0);
@@ -151,16 +147,15 @@ TEST_CASE("a stage error during a run names the stage index, the stage and the s
 TEST_CASE("random transforms run on CUDA tensors when a GPU is present") {
   if (!segflow::testing::cuda_or_skip()) return;
   Pipeline p = build(kTrain);
-  auto cached = p.run_deterministic(blob_sample(12, 16, 20));
-  REQUIRE(cached.is_ok());
-  Sample cpu = *cached;
+  REQUIRE_OK_AND_ASSIGN(auto cached, p.run_deterministic(blob_sample(12, 16, 20)));
+  Sample cpu = cached;
   Sample gpu = cpu;
   for (auto& [k, t] : gpu.tensors) t = t.to(torch::kCUDA);
   std::vector<Sample> vc{cpu}, vg{gpu};
   Rng r1(5), r2(5);
-  REQUIRE(p.run_random(vc, r1).is_ok());
+  REQUIRE_OK(p.run_random(vc, r1));
   Status st = p.run_random(vg, r2);
-  REQUIRE_MESSAGE(st.is_ok(), st.message());
+  REQUIRE_OK(st);
   REQUIRE(vc.size() == vg.size());
   for (std::size_t i = 0; i < vc.size(); ++i) {
     CHECK(vg[i].at("image").is_cuda());
@@ -182,7 +177,7 @@ TEST_CASE("random transforms run on CUDA tensors when a GPU is present") {
     std::vector<Sample> v{gpu};
     Rng rng(3);
     Status e = st2->apply(v, rng);
-    REQUIRE_MESSAGE(e.is_ok(), e.message());
+    REQUIRE_OK(e);
     CHECK(v.front().at("image").is_cuda());
   }
 }

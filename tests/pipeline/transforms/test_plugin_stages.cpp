@@ -15,10 +15,9 @@ const std::filesystem::path kPlugins = SEGFLOW_TEST_PLUGIN_DIR;
 
 TEST_CASE("a plugin loaded from a folder adds a stage usable in a pipeline spec") {
   StageRegistry r = builtin_registry();
-  auto loaded = load_plugins(kPlugins / "good", r);
-  REQUIRE_MESSAGE(loaded.is_ok(), loaded.status().message());
-  REQUIRE(loaded->size() == 1);
-  CHECK(loaded->front().stages == std::vector<std::string>{"test_invert"});
+  REQUIRE_OK_AND_ASSIGN(auto loaded, load_plugins(kPlugins / "good", r));
+  REQUIRE(loaded.size() == 1);
+  CHECK(loaded.front().stages == std::vector<std::string>{"test_invert"});
   REQUIRE(r.contains("test_invert"));
   CHECK(r.info("test_invert")->origin == (kPlugins / "good" / "test_invert_plugin.so").string());
   // Described like a built-in.
@@ -31,11 +30,11 @@ TEST_CASE("a plugin loaded from a folder adds a stage usable in a pipeline spec"
 
   auto p =
       build_pipeline(YAML::Load("[{name: test_invert, options: {pivot: 10}}, rand_flip]"), r, "job.yaml");
-  REQUIRE_MESSAGE(p.is_ok(), p.status().message());
+  REQUIRE_OK(p);
   CHECK(p->cache_boundary() == 1);
-  auto out = p->run_deterministic(make_sample(torch::tensor({1.0f, 2.5f, -3.0f}).reshape({1, 1, 1, 3})));
-  REQUIRE_MESSAGE(out.is_ok(), out.status().message());
-  CHECK(torch::equal(out->at("image").flatten(), torch::tensor({9.0f, 7.5f, 13.0f})));
+  REQUIRE_OK_AND_ASSIGN(
+      auto out, p->run_deterministic(make_sample(torch::tensor({1.0f, 2.5f, -3.0f}).reshape({1, 1, 1, 3}))));
+  CHECK(torch::equal(out.at("image").flatten(), torch::tensor({9.0f, 7.5f, 13.0f})));
   // Its options are validated like a built-in's.
   auto bad = build_pipeline(YAML::Load("[{name: test_invert, options: {pivot: high}}]"), r, "job.yaml");
   REQUIRE_FALSE(bad.is_ok());
@@ -75,7 +74,6 @@ TEST_CASE("plugin loading errors name the file and what is wrong") {
   CHECK(load_plugins(dir / "missing", r).status().message() ==
         (dir / "missing").string() + ": no such plugin folder");
   std::filesystem::remove(dir / "broken.so");
-  auto empty = load_plugins(dir.path(), r);
-  REQUIRE(empty.is_ok());
-  CHECK(empty->empty());
+  REQUIRE_OK_AND_ASSIGN(auto empty, load_plugins(dir.path(), r));
+  CHECK(empty.empty());
 }

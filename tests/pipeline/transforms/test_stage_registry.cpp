@@ -72,11 +72,10 @@ TEST_CASE("every built-in stage builds with its default options and describes th
       CHECK(!o["doc"].get<std::string>().empty());
       CHECK(o.contains("default"));
     }
-    auto st = registry().make(s["name"], nlohmann::json::object(), "");
-    REQUIRE_MESSAGE(st.is_ok(), st.status().message());
-    CHECK((*st)->deterministic() == s["deterministic"].get<bool>());
+    REQUIRE_OK_AND_ASSIGN(auto st, registry().make(s["name"], nlohmann::json::object(), ""));
+    CHECK(st->deterministic() == s["deterministic"].get<bool>());
     // Resolved options: every described option is present with its default.
-    for (const auto& o : s["options"]) CHECK((*st)->options()[o["name"].get<std::string>()] == o["default"]);
+    for (const auto& o : s["options"]) CHECK(st->options()[o["name"].get<std::string>()] == o["default"]);
   }
   const std::string text = format_stages(registry());
   for (const auto& n : kBuiltins) CHECK(text.find(n + "  (") != std::string::npos);
@@ -123,18 +122,16 @@ stages:
   - normalize_intensity
   - rand_flip
 )");
-  auto spec = parse_pipeline_spec(y["stages"], "configs/job.yaml");
-  REQUIRE(spec.is_ok());
-  REQUIRE(spec->stages.size() == 6);
-  CHECK(spec->stages[1].options["spacing"] == nlohmann::json({1.0, 1.0, 2.0}));
-  CHECK(spec->stages[2].options["a_min"] == -57);
-  CHECK(spec->stages[2].options["clip"] == true);
-  auto p = build_pipeline(*spec, registry());
-  REQUIRE_MESSAGE(p.is_ok(), p.status().message());
-  CHECK(p->cache_boundary() == 3);
-  CHECK(p->to_json()[1]["options"]["mode"] == "nearest");
-  CHECK(p->to_json()[3]["options"]["spatial_size"] == nlohmann::json({8, 8, 8}));
-  CHECK(p->check_device(c10::Device("cuda:0")).is_ok());
+  REQUIRE_OK_AND_ASSIGN(auto spec, parse_pipeline_spec(y["stages"], "configs/job.yaml"));
+  REQUIRE(spec.stages.size() == 6);
+  CHECK(spec.stages[1].options["spacing"] == nlohmann::json({1.0, 1.0, 2.0}));
+  CHECK(spec.stages[2].options["a_min"] == -57);
+  CHECK(spec.stages[2].options["clip"] == true);
+  REQUIRE_OK_AND_ASSIGN(auto p, build_pipeline(spec, registry()));
+  CHECK(p.cache_boundary() == 3);
+  CHECK(p.to_json()[1]["options"]["mode"] == "nearest");
+  CHECK(p.to_json()[3]["options"]["spatial_size"] == nlohmann::json({8, 8, 8}));
+  CHECK_OK(p.check_device(c10::Device("cuda:0")));
   CHECK(yaml_to_json(YAML::Load("[\"12\", 12, 1.5, true, ~, abc]")) ==
         nlohmann::json::parse(R"(["12", 12, 1.5, true, null, "abc"])"));
 }

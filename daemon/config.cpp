@@ -1,0 +1,242 @@
+#include "daemon/config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "pipeline/options.hpp"
+#include "pipeline/pipeline_spec.hpp"
+
+namespace segflow::daemon {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+using pipeline::OptionParser;
+using pipeline::Range;
+
+/// A folder path: a non-empty string.
+void folder(OptionParser& p, const char* key, std::filesystem::path& field, const char* doc) {
+  std::string s = field.string();
+  p.string(key, s, doc);
+  if (p.ok() && s.empty()) p.fail(key, "expected a folder path, got \"\"");
+  field = s;
+}
+
+/// A key file of `curve`: a non-empty string.
+void key_file(OptionParser& p, const char* key, std::filesystem::path& field, const char* doc) {
+  std::string s = field.string();
+  p.string(key, s, doc);
+  if (p.ok() && p.given(key) && s.empty()) p.fail(key, "expected a path, got \"\"");
+  field = s;
+}
+
+}  // namespace
+
+void CurveSettings::bind(OptionParser& p) {
+  key_file(p, "server_secret_key_file", server_secret_key_file, "the server's secret key (mode 0600)");
+  key_file(p, "server_public_key_file", server_public_key_file, "optional: checked against the secret key");
+  key_file(p, "authorized_clients_dir", authorized_clients_dir, "one client public key per file");
+  if (!p.ok()) return;
+  if (!server_secret_key_file.empty() && authorized_clients_dir.empty())
+    p.fail("authorized_clients_dir", "required with server_secret_key_file");
+  else if (server_secret_key_file.empty() &&
+           (!authorized_clients_dir.empty() || !server_public_key_file.empty()))
+    p.fail("server_secret_key_file", "required when curve is configured");
+}
+
+void AutoInferRule::bind(OptionParser& p) {
+  for (const char* k : {"dataset", "checkpoint"})
+    if (!p.given(k)) return p.fail(k, "missing (auto_infer entries need dataset and checkpoint)");
+  p.string("dataset", dataset, "dataset folder under data_root whose new cases are inferred");
+  if (p.ok() && (dataset.empty() || dataset[0] == '.' || dataset.find('/') != std::string::npos))
+    return p.fail(
+        "dataset",
+        "expected a folder name under data_root (no '/', not starting with '.'), got \"" + dataset + "\"");
+  std::string s = checkpoint.string();
+  p.string("checkpoint", s, "best.pt / last.pt of a run; must exist when the daemon starts");
+  if (p.ok() && s.empty()) return p.fail("checkpoint", "expected a checkpoint path, got \"\"");
+  checkpoint = s;
+  s = output.string();
+  p.string("output", s, "folder of the label maps <case>.nii.gz; \"\" = <state_dir>/inferred/<dataset>");
+  output = s;
+  p.choice("tta", tta, {"none", "mirror", "mirror-all"}, "test-time augmentation");
+  p.string("device", device, "device of the jobs: auto, cpu, cuda:N");
+  if (p.ok() && device.empty()) p.fail("device", "expected auto, cpu or cuda:N, got \"\"");
+}
+
+void DaemonConfig::bind(OptionParser& p) {
+  folder(p, "data_root", data_root, "watched folder; each top-level folder is a dataset");
+  folder(p, "state_dir", state_dir, "state.db, runs/, control.sock, events.sock");
+  folder(p, "plugin_dir", plugin_dir, "stage plugins (*.so); a missing folder means none");
+  p.string_list("devices", devices, true, "one running job per device: auto, cpu, cuda:N");
+  if (p.ok())
+    for (const auto& d : devices)
+      if (d.empty()) {
+        p.fail("devices", "expected a non-empty list of device names (auto, cpu, cuda:N), got an empty name");
+        break;
+      }
+  p.string("control", control,
+           "REP endpoint: ipc://PATH or tcp://HOST:PORT; \"\" = ipc://<state_dir>/control.sock");
+  p.string("events", events,
+           "PUB endpoint: ipc://PATH or tcp://HOST:PORT; \"\" = ipc://<state_dir>/events.sock");
+  p.integer("max_request_bytes", max_request_bytes, Range::closed(256, double(std::int64_t{1} << 30)),
+            "bytes", "larger requests get an error reply");
+  p.number("rescan_interval_s", rescan_interval_s, Range::positive(), "s", "period of the full rescan");
+  p.number("settle_s", settle_s, Range::positive(), "s", "a file whose size stays put this long is complete");
+  p.choice("log_level", log_level, {"trace", "debug", "info", "warn", "error", "off"}, "log verbosity");
+  p.integer("malloc_arena_max", malloc_arena_max, Range::closed(0, 1024), "arenas",
+            "glibc malloc arenas; 0 = glibc's default; MALLOC_ARENA_MAX in the environment wins");
+  p.section("curve", curve, "ZeroMQ CURVE keys of the server", "key");
+  p.section("dicom", dicom, "DICOM storage node and result sender (daemon/dicom/config.hpp)", "key");
+  json rules = json::array();
+  p.json_value("auto_infer", rules, "list of mappings",
+               "models run on each new case of a dataset: [{dataset, checkpoint, output, tta, device}]");
+  if (!p.ok()) return;
+  if (!rules.is_array())
+    return p.fail("auto_infer", "expected a list of mappings, got " + pipeline::format_value(rules));
+  auto_infer.clear();
+  for (std::size_t i = 0; i < rules.size(); ++i) {
+    const std::string key = "auto_infer[" + std::to_string(i) + "]";
+    if (!rules[i].is_object())
+      return p.fail(key, "expected a mapping {dataset, checkpoint, output, tta, device}, got " +
+                             pipeline::format_value(rules[i]));
+    OptionParser nested(rules[i], p.path_of(key));
+    nested.name_keys("key");
+    AutoInferRule rule;
+    rule.bind(nested);
+    p.add_error(nested.finish());
+    if (!p.ok()) return;
+    for (const auto& other : auto_infer)
+      if (other.dataset == rule.dataset)
+        return p.fail(key + ".dataset", "dataset \"" + rule.dataset + "\" already has an auto_infer entry");
+    auto_infer.push_back(std::move(rule));
+  }
+}
+
+Result<DaemonConfig> parse_daemon_config(const std::string& text, const std::string& file) {
+  json j;
+  try {
+    YAML::Node root = YAML::Load(text);
+    j = pipeline::yaml_to_json(root);
+  } catch (const YAML::Exception& e) {
+    return invalid_config(file + ": line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+  DaemonConfig c;
+  c.file = file;
+  if (j.is_null()) return c;  // an empty file: all defaults
+  if (!j.is_object())
+    return invalid_config(file + ": expected a mapping of daemon settings, got " + pipeline::format_value(j));
+  OptionParser p(j, file + ": ");
+  p.name_keys("key");
+  c.bind(p);
+  SEGFLOW_RETURN_IF_ERROR(p.finish());
+  return c;
+}
+
+Result<DaemonConfig> load_daemon_config(const fs::path& file) {
+  std::ifstream f(file);
+  if (!f) return not_found(file.string() + ": cannot open the daemon config");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_daemon_config(ss.str(), file.string());
+}
+
+std::string default_control_endpoint(const fs::path& state_dir) {
+  return "ipc://" + (state_dir / "control.sock").string();
+}
+std::string default_events_endpoint(const fs::path& state_dir) {
+  return "ipc://" + (state_dir / "events.sock").string();
+}
+
+namespace {
+
+/// Host part of "tcp://HOST:PORT" ("" when not tcp).
+std::string tcp_host(const std::string& ep) {
+  if (ep.rfind("tcp://", 0) != 0) return "";
+  std::string rest = ep.substr(6);
+  if (!rest.empty() && rest[0] == '[') {
+    auto close = rest.find(']');
+    return close == std::string::npos ? rest : rest.substr(1, close - 1);
+  }
+  auto colon = rest.rfind(':');
+  return colon == std::string::npos ? rest : rest.substr(0, colon);
+}
+
+}  // namespace
+
+Status check_endpoint(const std::string& ep, const std::string& what) {
+  if (ep.rfind("ipc://", 0) == 0) {
+    const std::string path = ep.substr(6);
+    if (path.empty() || path == "*")
+      return invalid_config(what + ": ipc endpoint needs a path, got '" + ep + "'");
+    if (path.size() > 100)  // sockaddr_un.sun_path holds 108 bytes
+      return invalid_config(what + ": ipc socket path is too long (" + std::to_string(path.size()) +
+                            " bytes, at most 100): " + path);
+    return Status::ok();
+  }
+  if (ep.rfind("tcp://", 0) == 0) {
+    const std::string rest = ep.substr(6);
+    auto colon = rest.rfind(':');
+    if (colon == std::string::npos || colon + 1 >= rest.size())
+      return invalid_config(what + ": expected tcp://HOST:PORT, got '" + ep + "'");
+    const std::string port = rest.substr(colon + 1);
+    for (char ch : port)
+      if (ch < '0' || ch > '9') return invalid_config(what + ": port must be a number, got '" + ep + "'");
+    if (tcp_host(ep).empty()) return invalid_config(what + ": expected tcp://HOST:PORT, got '" + ep + "'");
+    return Status::ok();
+  }
+  return invalid_config(what + ": expected ipc://PATH or tcp://HOST:PORT, got '" + ep + "'");
+}
+
+bool is_local_endpoint(const std::string& ep) {
+  if (ep.rfind("ipc://", 0) == 0) return true;
+  const std::string h = tcp_host(ep);
+  return h == "localhost" || h == "::1" || h.rfind("127.", 0) == 0;
+}
+
+Status finalize_daemon_config(DaemonConfig& c) {
+  std::error_code ec;
+  auto abs = [&](fs::path& p) {
+    if (!p.empty()) p = fs::absolute(p, ec).lexically_normal();
+  };
+  abs(c.data_root);
+  abs(c.state_dir);
+  abs(c.plugin_dir);
+  abs(c.curve.server_secret_key_file);
+  abs(c.curve.server_public_key_file);
+  abs(c.curve.authorized_clients_dir);
+  if (c.control.empty()) c.control = default_control_endpoint(c.state_dir);
+  if (c.events.empty()) c.events = default_events_endpoint(c.state_dir);
+  const std::string where = c.file.empty() ? std::string("segflowd") : c.file.string();
+  for (std::size_t i = 0; i < c.auto_infer.size(); ++i) {
+    AutoInferRule& r = c.auto_infer[i];
+    const std::string key = where + ": auto_infer[" + std::to_string(i) + "]";
+    abs(r.checkpoint);
+    if (r.output.empty()) r.output = c.state_dir / "inferred" / r.dataset;
+    abs(r.output);
+    if (!fs::is_regular_file(r.checkpoint, ec))
+      return invalid_config(key + ".checkpoint: " + r.checkpoint.string() + ": no such file");
+    if (fs::exists(r.output, ec) && !fs::is_directory(r.output, ec))
+      return invalid_config(key + ".output: " + r.output.string() + ": expected a folder, got a file");
+  }
+  SEGFLOW_RETURN_IF_ERROR(check_endpoint(c.control, where + ": control"));
+  SEGFLOW_RETURN_IF_ERROR(check_endpoint(c.events, where + ": events"));
+  if (c.control == c.events)
+    return invalid_config(where + ": control and events must be different endpoints");
+  for (const auto* ep : {&c.control, &c.events}) {
+    if (!is_local_endpoint(*ep) && !c.curve.enabled())
+      return invalid_config(
+          where + ": " + (ep == &c.control ? "control" : "events") + " endpoint " + *ep +
+          " is not loopback or ipc: binding it needs CURVE keys (curve.server_secret_key_file, "
+          "curve.authorized_clients_dir; make them with `segflow ctl keygen --out DIR`)");
+  }
+  return Status::ok();
+}
+
+}  // namespace segflow::daemon

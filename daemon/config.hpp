@@ -1,0 +1,106 @@
+#pragma once
+// segflowd's configuration (configs/daemon.yaml): where the data and the state live, the
+// devices jobs run on, the control and event endpoints and their security. Every key is
+// optional; the defaults give a daemon on ipc sockets in ./state watching ./data.
+//
+//   data_root: data                # watched; each top-level folder is a dataset
+//   state_dir: state               # state.db (SQLite, WAL), runs/, control.sock, events.sock
+//   plugin_dir: plugins            # stage plugins (*.so); a missing folder means none
+//   devices: [auto]                # one running job per device; auto = cuda:0 or cpu
+//   control: ipc://state/control.sock   # REP; or tcp://127.0.0.1:PORT
+//   events: ipc://state/events.sock     # PUB
+//   max_request_bytes: 1048576
+//   rescan_interval_s: 10          # periodic full rescan (inotify fallback)
+//   settle_s: 1                    # a file whose size stays put this long is complete
+//   log_level: info
+//   malloc_arena_max: 2            # glibc malloc arenas; 0 = glibc's default (8 per core)
+//   curve: {server_secret_key_file, server_public_key_file, authorized_clients_dir}
+//   dicom: {port, ae_title, dataset, allowed_calling_aes, ...}   # daemon/dicom/config.hpp
+//   auto_infer:                    # models run on each new case of a dataset (auto_infer.hpp)
+//     - {dataset: NAME, checkpoint: PATH, output: DIR, tta: none|mirror|mirror-all, device: auto}
+//
+// Relative paths are relative to the daemon's working folder; finalize_daemon_config makes
+// them absolute. A tcp endpoint on a non-loopback address is refused without CURVE keys.
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "daemon/dicom/config.hpp"
+#include "messages/status.hpp"
+
+namespace segflow::pipeline {
+class OptionParser;
+}
+
+namespace segflow::daemon {
+
+/// ZeroMQ CURVE keys of the server (Z85 text files written by `segflow ctl keygen`).
+struct CurveSettings {
+  std::filesystem::path server_secret_key_file;  ///< the server's secret key (mode 0600)
+  std::filesystem::path server_public_key_file;  ///< optional: checked against the secret key
+  std::filesystem::path authorized_clients_dir;  ///< one client public key per file
+  /// True when CURVE is configured (a secret key file is named).
+  bool enabled() const { return !server_secret_key_file.empty(); }
+  /// Reads the `curve` section (pipeline/options.hpp).
+  void bind(pipeline::OptionParser& p);
+};
+
+/// One `auto_infer` entry: run a checkpoint on every new case of a dataset of data_root.
+struct AutoInferRule {
+  std::string dataset;               ///< folder name under data_root
+  std::filesystem::path checkpoint;  ///< best.pt / last.pt of a run; must exist at start
+  std::filesystem::path output;      ///< label maps go here; "" = <state_dir>/inferred/<dataset>
+  std::string tta = "none";          ///< none | mirror | mirror-all
+  std::string device = "auto";       ///< a device of the pool (cpu, cuda:N) or auto
+  /// Reads one entry (pipeline/options.hpp): dataset and checkpoint are required.
+  void bind(pipeline::OptionParser& p);
+};
+
+/// The whole daemon configuration.
+struct DaemonConfig {
+  std::filesystem::path file;                    ///< where it came from ("" = defaults)
+  std::filesystem::path data_root = "data";      ///< watched data folder
+  std::filesystem::path state_dir = "state";     ///< database, run folders, ipc sockets
+  std::filesystem::path plugin_dir = "plugins";  ///< stage plugins; missing = none
+  std::vector<std::string> devices = {"auto"};   ///< device pool for jobs with device auto
+  std::string control;                           ///< REP endpoint; "" = ipc://<state_dir>/control.sock
+  std::string events;                            ///< PUB endpoint; "" = ipc://<state_dir>/events.sock
+  std::int64_t max_request_bytes = 1 << 20;      ///< larger requests get an error reply, >= 256
+  double rescan_interval_s = 10.0;               ///< full rescan period in seconds, > 0
+  double settle_s = 1.0;                         ///< seconds between size-stability checks, > 0
+  std::string log_level = "info";                ///< trace|debug|info|warn|error|off
+  /// glibc malloc arenas (mallopt M_ARENA_MAX) set before the daemon's threads start; 0 keeps
+  /// glibc's default. The MALLOC_ARENA_MAX environment variable, when set, wins.
+  std::int64_t malloc_arena_max = 2;
+  CurveSettings curve;
+  dicom::DicomSettings dicom;             ///< DICOM storage node and result sender; off by default
+  std::vector<AutoInferRule> auto_infer;  ///< models run on new cases; at most one per dataset
+
+  /// Reads every key but `file` (pipeline/options.hpp): unknown keys and bad values are
+  /// errors naming the file and the key.
+  void bind(pipeline::OptionParser& p);
+};
+
+/// Reads a daemon config from a YAML file. Unknown keys and bad values are errors naming
+/// the file and the key ("daemon.yaml: devices: expected a list of device names").
+Result<DaemonConfig> load_daemon_config(const std::filesystem::path& file);
+/// The same from YAML text (`file` names it in messages).
+Result<DaemonConfig> parse_daemon_config(const std::string& yaml_text, const std::string& file);
+
+/// Makes paths absolute, fills the default endpoints and checks them: ipc or tcp only; a
+/// tcp endpoint on an address other than loopback needs CURVE keys. Each auto_infer
+/// checkpoint must be an existing file; a missing output becomes <state_dir>/inferred/<dataset>.
+Status finalize_daemon_config(DaemonConfig& cfg);
+
+/// "ipc://<state_dir>/control.sock" (absolute when state_dir is).
+std::string default_control_endpoint(const std::filesystem::path& state_dir);
+/// "ipc://<state_dir>/events.sock".
+std::string default_events_endpoint(const std::filesystem::path& state_dir);
+/// True for ipc endpoints and tcp endpoints on 127.0.0.0/8, localhost or ::1.
+bool is_local_endpoint(const std::string& endpoint);
+/// Checks the form of an endpoint (ipc://PATH or tcp://HOST:PORT); `what` names it.
+Status check_endpoint(const std::string& endpoint, const std::string& what);
+
+}  // namespace segflow::daemon

@@ -1,0 +1,74 @@
+#pragma once
+// The `dicom` section of segflowd's config: the DICOM storage node (C-ECHO / C-STORE SCP
+// feeding a dataset under data_root) and the destination results are sent to (C-STORE SCU).
+// Port 0 (the default) or no section: no listener. Every key is checked when the config is
+// read; errors name the key ("daemon.yaml: dicom.bind: ...").
+//
+//   dicom:
+//     port: 11112                  # TCP port of the listener; 0 = off
+//     ae_title: SEGFLOW            # our AE title: the called AE peers must use
+//     dataset: incoming            # folder under data_root the received series go to
+//     allowed_calling_aes: []      # calling AE titles admitted; [] = any (loopback only)
+//     max_associations: 4          # associations served at once; more are rejected
+//     bind: 127.0.0.1              # IPv4 address to listen on; another than loopback
+//                                  # requires a non-empty allowed_calling_aes
+//     max_association_bytes: 4294967296   # data set bytes one association may send
+//     idle_timeout_s: 30           # ACSE/DIMSE timeout: a peer silent this long is cut off
+//     send_to:                     # where `segflow ctl dicom send` delivers results
+//       ae_title: PACS
+//       host: 127.0.0.1
+//       port: 104
+//       retry_initial_s: 5         # first retry delay; doubles per failed attempt
+//       retry_max_s: 600           # longest delay between attempts
+//       max_attempts: 20           # then the send is marked failed
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace segflow::pipeline {
+class OptionParser;
+}
+
+namespace segflow::daemon::dicom {
+
+/// The C-STORE destination of results (dicom.send_to).
+struct DicomDestination {
+  std::string ae_title;            ///< the peer's AE title (1-16 characters)
+  std::string host;                ///< host name or address
+  std::int64_t port = 0;           ///< TCP port, 1-65535
+  double retry_initial_s = 5.0;    ///< delay after the first failure, s (> 0)
+  double retry_max_s = 600.0;      ///< the longest delay, s (>= retry_initial_s)
+  std::int64_t max_attempts = 20;  ///< attempts before the send is marked failed (>= 1)
+  /// True when a destination is configured.
+  bool enabled() const { return !host.empty(); }
+  /// Reads dicom.send_to (pipeline/options.hpp); ae_title, host and port are required.
+  void bind(pipeline::OptionParser& p);
+};
+
+/// The DICOM node settings (dicom).
+struct DicomSettings {
+  std::int64_t port = 0;                         ///< listener port; 0 = no listener
+  std::string ae_title = "SEGFLOW";              ///< our AE title (called by peers, calling when sending)
+  std::string dataset = "incoming";              ///< dataset folder under data_root
+  std::vector<std::string> allowed_calling_aes;  ///< admitted calling AE titles; empty = any
+  std::int64_t max_associations = 4;             ///< associations at once (1-64)
+  std::string bind_address = "127.0.0.1";        ///< IPv4 address listened on
+  std::int64_t max_association_bytes = std::int64_t{4} << 30;  ///< per association, >= 4096
+  std::int64_t idle_timeout_s = 30;                            ///< ACSE and DIMSE timeout, s (1-3600)
+  DicomDestination send_to;                                    ///< results go here (optional)
+
+  /// True when the listener is on (port > 0).
+  bool listening() const { return port > 0; }
+  /// Reads the `dicom` section and checks the keys against each other (bind vs. the allow list).
+  void bind(pipeline::OptionParser& p);
+};
+
+/// True for a valid AE title: 1-16 characters, printable ASCII without backslash, not only
+/// spaces (leading and trailing spaces are not significant).
+bool is_valid_ae_title(const std::string& ae);
+
+/// True when `address` is an IPv4 loopback address (127.0.0.0/8).
+bool is_loopback_ipv4(const std::string& address);
+
+}  // namespace segflow::daemon::dicom

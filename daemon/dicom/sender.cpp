@@ -1,0 +1,307 @@
+#include "daemon/dicom/sender.hpp"
+#include "messages/file_util.hpp"
+
+#include <dcmtk/config/osconfig.h>
+#include <dcmtk/dcmdata/dcdeftag.h>
+#include <dcmtk/dcmdata/dcfilefo.h>
+#include <dcmtk/dcmdata/dcmetinf.h>
+#include <dcmtk/dcmdata/dcuid.h>
+#include <dcmtk/dcmdata/dcxfer.h>
+#include <dcmtk/dcmnet/diutil.h>
+#include <dcmtk/dcmnet/scu.h>
+#include <dcmtk/oflog/oflog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "daemon/dicom/tags.hpp"
+#include "messages/log.hpp"
+#include "pipeline/io/dicom.hpp"
+
+namespace segflow::daemon::dicom {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::int64_t kPerAssociation = 16;
+
+/// The UIDs a send needs from a file's header.
+struct FileHeader {
+  std::string sop_class, sop_instance, transfer_syntax;
+};
+
+Result<FileHeader> read_header(const fs::path& file) {
+  DcmFileFormat ff;
+  OFCondition c = ff.loadFile(OFFilename(file.c_str()), EXS_Unknown, EGL_noChange, 256);
+  if (c.bad()) return corrupt_data(file.string() + ": not a readable DICOM file: " + c.text());
+  FileHeader h;
+  h.sop_class = tag_text(*ff.getDataset(), DCM_SOPClassUID);
+  h.sop_instance = tag_text(*ff.getDataset(), DCM_SOPInstanceUID);
+  h.transfer_syntax = tag_text(*ff.getMetaInfo(), DCM_TransferSyntaxUID);
+  if (h.sop_class.empty()) return corrupt_data(file.string() + ": SOPClassUID (0008,0016): missing");
+  if (h.sop_instance.empty()) return corrupt_data(file.string() + ": SOPInstanceUID (0008,0018): missing");
+  if (h.transfer_syntax.empty())
+    return corrupt_data(
+        file.string() +
+        ": TransferSyntaxUID (0002,0010): missing (expected a DICOM Part 10 file with a meta header)");
+  return h;
+}
+
+std::string destination_text(const DicomDestination& d) {
+  return d.ae_title + "@" + d.host + ":" + std::to_string(d.port);
+}
+
+}  // namespace
+
+double retry_delay_s(const DicomDestination& d, std::int64_t attempts) {
+  const double n = static_cast<double>(std::max<std::int64_t>(attempts, 1) - 1);
+  return std::min(d.retry_max_s, d.retry_initial_s * std::pow(2.0, std::min(n, 60.0)));
+}
+
+struct DicomSender::Impl {
+  DicomSettings s;
+  fs::path outbox;
+  StateDb& db;
+  std::thread thread;
+  std::atomic<bool> stopping{false};
+  std::mutex mu;
+  std::condition_variable wake;
+  std::uint64_t counter = 0;
+
+  Impl(DicomSettings settings, const fs::path& state_dir, StateDb& d)
+      : s(std::move(settings)), outbox(state_dir / "dicom-outbox"), db(d) {}
+
+  /// One failed attempt: back off, or give up after max_attempts.
+  void failed(DicomSendRecord& r, const std::string& why) {
+    const DicomDestination& d = s.send_to;
+    r.attempts += 1;
+    r.last_error = why;
+    r.destination = destination_text(d);
+    if (r.attempts >= d.max_attempts) {
+      r.state = "failed";
+      log::error("dicom: send " + std::to_string(r.id) + " of " + r.source + " to " + r.destination +
+                 " failed for good after " + std::to_string(r.attempts) + " attempts: " + why);
+    } else {
+      const double delay = retry_delay_s(d, r.attempts);
+      r.next_attempt = StateDb::now() + delay;
+      log::warn("dicom: send " + std::to_string(r.id) + " to " + r.destination + " failed (attempt " +
+                std::to_string(r.attempts) + "): " + why + "; next attempt in " + std::to_string(delay) +
+                " s");
+    }
+    if (Status st = db.update_dicom_send(r); !st.is_ok()) log::error("dicom: " + st.message());
+  }
+
+  void sent(DicomSendRecord& r) {
+    r.attempts += 1;
+    r.state = "sent";
+    r.last_error.clear();
+    r.destination = destination_text(s.send_to);
+    if (Status st = db.update_dicom_send(r); !st.is_ok()) log::error("dicom: " + st.message());
+    std::error_code ec;
+    fs::remove(r.file, ec);
+    log::info("dicom: sent " + r.source + " (" + r.sop_instance_uid + ") to " + r.destination);
+  }
+
+  /// Sends a batch of due records over one association.
+  void send(std::vector<DicomSendRecord>& batch) {
+    const DicomDestination& d = s.send_to;
+    std::vector<FileHeader> headers(batch.size());
+    std::vector<bool> ready(batch.size(), false);
+    DcmSCU scu;
+    scu.setAETitle(s.ae_title.c_str());
+    scu.setPeerHostName(d.host.c_str());
+    scu.setPeerPort(static_cast<Uint16>(d.port));
+    scu.setPeerAETitle(d.ae_title.c_str());
+    scu.setMaxReceivePDULength(65536);
+    scu.setACSETimeout(static_cast<Uint32>(s.idle_timeout_s));
+    scu.setDIMSEBlockingMode(DIMSE_NONBLOCKING);
+    scu.setDIMSETimeout(static_cast<Uint32>(s.idle_timeout_s));
+    scu.setConnectionTimeout(static_cast<Sint32>(s.idle_timeout_s));
+    std::set<std::pair<std::string, std::string>> contexts;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      auto h = read_header(batch[i].file);
+      if (!h.is_ok()) {
+        failed(batch[i], h.status().message());
+        continue;
+      }
+      headers[i] = *h;
+      ready[i] = true;
+      if (!contexts.insert({h->sop_class, h->transfer_syntax}).second) continue;
+      OFList<OFString> ts;
+      ts.push_back(h->transfer_syntax.c_str());
+      if (DcmXfer(h->transfer_syntax.c_str()).isNotEncapsulated())
+        for (const char* u : {UID_LittleEndianExplicitTransferSyntax, UID_LittleEndianImplicitTransferSyntax})
+          if (h->transfer_syntax != u) ts.push_back(u);
+      scu.addPresentationContext(h->sop_class.c_str(), ts);
+    }
+    if (contexts.empty()) return;
+    OFCondition c = scu.initNetwork();
+    if (c.good()) c = scu.negotiateAssociation();
+    if (c.bad()) {
+      const std::string why = "association with " + destination_text(d) + ": " + c.text();
+      for (std::size_t i = 0; i < batch.size(); ++i)
+        if (ready[i]) failed(batch[i], why);
+      return;
+    }
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      if (!ready[i]) continue;
+      if (stopping.load()) break;  // still queued: sent after the restart
+      if (!scu.isConnected()) {
+        failed(batch[i], "the association ended before this file was sent");
+        continue;
+      }
+      T_ASC_PresentationContextID pc =
+          scu.findPresentationContextID(headers[i].sop_class.c_str(), headers[i].transfer_syntax.c_str());
+      if (pc == 0) pc = scu.findAnyPresentationContextID(headers[i].sop_class.c_str(), "");
+      if (pc == 0) {
+        failed(batch[i], destination_text(d) + " accepted no presentation context for SOP class " +
+                             headers[i].sop_class + " in " + headers[i].transfer_syntax);
+        continue;
+      }
+      Uint16 status = 0;
+      c = scu.sendSTORERequest(pc, OFFilename(batch[i].file.c_str()), nullptr, status);
+      if (c.bad()) {
+        failed(batch[i], std::string("C-STORE: ") + c.text());
+      } else if (status == 0 || (status & 0xF000) == 0xB000) {
+        sent(batch[i]);
+      } else {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "%04x", status);
+        failed(batch[i], std::string("C-STORE status 0x") + hex + " (" + DU_cstoreStatusString(status) + ")");
+      }
+    }
+    if (scu.isConnected()) (void)scu.releaseAssociation();
+  }
+
+  void run() {
+    while (!stopping.load()) {
+      try {
+        auto due = db.due_dicom_sends(StateDb::now(), kPerAssociation);
+        if (!due.is_ok()) {
+          log::error("dicom: " + due.status().message());
+        } else if (!due->empty()) {
+          send(*due);
+          continue;
+        }
+      } catch (const std::exception& e) {
+        log::error(std::string("dicom: sender: ") + e.what());
+      }
+      std::unique_lock<std::mutex> lock(mu);
+      wake.wait_for(lock, std::chrono::milliseconds(250), [&] { return stopping.load(); });
+    }
+  }
+};
+
+DicomSender::DicomSender(DicomSettings settings, fs::path state_dir, StateDb& db)
+    : impl_(std::make_unique<Impl>(std::move(settings), state_dir, db)) {}
+
+DicomSender::~DicomSender() { stop(); }
+
+Status DicomSender::start() {
+  Impl& m = *impl_;
+  if (!m.s.send_to.enabled()) return Status::ok();
+  if (!std::getenv("SEGFLOW_DCMTK_LOG")) OFLog::getLogger("dcmtk").setLogLevel(OFLogger::FATAL_LOG_LEVEL);
+  pipeline::register_dicom_codecs();  // a peer that only takes another transfer syntax gets a transcoded copy
+  std::error_code ec;
+  fs::create_directories(m.outbox, ec);
+  if (!fs::is_directory(m.outbox, ec))
+    return io_error(m.outbox.string() + ": cannot create the DICOM outbox");
+  m.stopping.store(false);
+  m.thread = std::thread([&m] { m.run(); });
+  log::info("dicom: results go to " + destination_text(m.s.send_to));
+  return Status::ok();
+}
+
+void DicomSender::stop() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.stopping.store(true);
+  }
+  m.wake.notify_all();
+  if (m.thread.joinable()) m.thread.join();
+}
+
+Status DicomSender::check(const fs::path& file) const {
+  if (!impl_->s.send_to.enabled())
+    return invalid_argument("dicom.send_to: not configured (segflowd has nowhere to send " + file.string() +
+                            ")");
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return not_found(file.string() + ": no such file");
+  return read_header(file).status();
+}
+
+Result<DicomSendRecord> DicomSender::enqueue(const fs::path& file) {
+  Impl& m = *impl_;
+  SEGFLOW_RETURN_IF_ERROR(check(file));
+  std::error_code ec;
+  SEGFLOW_ASSIGN_OR_RETURN(FileHeader h, read_header(file));
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    name =
+        std::to_string(static_cast<std::int64_t>(StateDb::now() * 1000)) + "-" + std::to_string(++m.counter);
+  }
+  const fs::path copy = m.outbox / (name + ".dcm");
+  SEGFLOW_RETURN_IF_ERROR(replace_file_atomically(copy, [&](const fs::path& tmp) -> Status {
+    std::error_code cec;
+    fs::copy_file(file, tmp, fs::copy_options::overwrite_existing, cec);
+    if (cec)
+      return io_error("cannot copy " + file.string() + " into " + m.outbox.string() + ": " + cec.message());
+    return Status::ok();
+  }));
+  DicomSendRecord r;
+  r.file = copy.string();
+  r.source = fs::absolute(file, ec).lexically_normal().string();
+  r.sop_class_uid = h.sop_class;
+  r.sop_instance_uid = h.sop_instance;
+  r.next_attempt = StateDb::now();
+  r.destination = destination_text(m.s.send_to);
+  auto id = m.db.insert_dicom_send(r);
+  if (!id.is_ok()) {
+    fs::remove(copy, ec);
+    return id.status();
+  }
+  r.id = *id;
+  m.wake.notify_all();
+  log::info("dicom: queued " + r.source + " (" + r.sop_instance_uid + ") for " + r.destination + " as send " +
+            std::to_string(r.id));
+  return r;
+}
+
+Result<json> DicomSender::stats() const {
+  const Impl& m = *impl_;
+  json out = {{"destination", m.s.send_to.enabled() ? json(destination_text(m.s.send_to)) : json()},
+              {"queued", 0},
+              {"sent", 0},
+              {"failed", 0}};
+  SEGFLOW_ASSIGN_OR_RETURN(auto counts, m.db.dicom_send_counts());
+  for (const auto& [state, n] : counts) out[state] = n;
+  SEGFLOW_ASSIGN_OR_RETURN(auto sends, m.db.dicom_sends(50));
+  json list = json::array();
+  for (const auto& r : sends)
+    list.push_back({{"id", r.id},
+                    {"source", r.source},
+                    {"sop_class_uid", r.sop_class_uid},
+                    {"sop_instance_uid", r.sop_instance_uid},
+                    {"state", r.state},
+                    {"attempts", r.attempts},
+                    {"next_attempt", r.next_attempt},
+                    {"last_error", r.last_error},
+                    {"destination", r.destination},
+                    {"created", r.created},
+                    {"updated", r.updated}});
+  out["sends"] = list;
+  return out;
+}
+
+}  // namespace segflow::daemon::dicom

@@ -1,0 +1,62 @@
+#pragma once
+// Results back to the hospital: a persistent queue of C-STORE sends to dicom.send_to
+// (DCMTK's DcmSCU), kept in the state database so that a restart loses nothing.
+//
+// enqueue() copies the file into state_dir/dicom-outbox/ (the caller may delete its own)
+// and records it as queued. The sender thread sends what is due, several files per
+// association, and retries failures with exponential back-off: retry_initial_s after the
+// first failed attempt, doubling up to retry_max_s; after max_attempts the send is marked
+// failed. A send is done when the peer answers success (0x0000) or a warning (0xBxxx); the
+// outbox copy is then removed. Sends go to the destination configured now, so fixing a
+// wrong dicom.send_to and restarting delivers what is still queued.
+//
+// Threads (no CAF): one sender thread; enqueue() and stats() are safe from any thread.
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <memory>
+
+#include "daemon/dicom/config.hpp"
+#include "daemon/state_db.hpp"
+#include "messages/status.hpp"
+
+namespace segflow::daemon::dicom {
+
+class DicomSender {
+ public:
+  /// `state_dir` absolute; `db` outlives the sender.
+  DicomSender(DicomSettings settings, std::filesystem::path state_dir, StateDb& db);
+  ~DicomSender();
+  DicomSender(const DicomSender&) = delete;
+  DicomSender& operator=(const DicomSender&) = delete;
+
+  /// Creates the outbox and starts the sender thread (nothing runs without dicom.send_to).
+  Status start();
+  /// Stops and joins the thread; an association in progress ends first (bounded by
+  /// dicom.idle_timeout_s). What is queued stays queued. Idempotent.
+  void stop();
+
+  /// Whether enqueue(file) would accept the file (a destination is configured, the file is
+  /// a DICOM Part 10 file with SOP class and instance UIDs); the error names the file.
+  Status check(const std::filesystem::path& file) const;
+  /// Queues a DICOM file (a SEG written by `segflow infer`, or any stored instance with a
+  /// SOP class and instance UID). Errors name the file and what is wrong with it.
+  Result<DicomSendRecord> enqueue(const std::filesystem::path& file);
+
+  /// {destination, queued, sent, failed, sends: [{id, source, sop_class_uid,
+  /// sop_instance_uid, state, attempts, next_attempt, last_error, destination, created,
+  /// updated}]} (newest first, at most 50).
+  Result<nlohmann::json> stats() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The delay before attempt `attempts + 1` after `attempts` failed ones: retry_initial_s *
+/// 2^(attempts - 1), at most retry_max_s.
+double retry_delay_s(const DicomDestination& d, std::int64_t attempts);
+
+}  // namespace segflow::daemon::dicom

@@ -1,0 +1,57 @@
+#pragma once
+// The daemon's DICOM side in one object: the storage node (dicom_node.hpp) when dicom.port
+// is set and the result sender (dicom_sender.hpp) when dicom.send_to is, plus the `dicom`
+// control command:
+//
+//   dicom   send ([FILE, ...], optional: queue these files for dicom.send_to)
+//           -> node: {listening, address, ..., recent: [...]} (dicom_node.hpp),
+//              sender: {destination, queued, sent, failed, sends: [...]},
+//              queued: [send ids of the files just queued]
+//
+// Threading: start() and stop() from the daemon's main thread; command() from the control
+// thread (the node and the sender have their own threads).
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/dicom/config.hpp"
+#include "messages/status.hpp"
+
+namespace segflow::daemon {
+class StateDb;
+}
+
+namespace segflow::daemon::dicom {
+
+class DicomNode;
+class DicomSender;
+
+class DicomService {
+ public:
+  /// Paths absolute (finalize_daemon_config); `db` outlives the service.
+  DicomService(const DicomSettings& settings, std::filesystem::path data_root,
+               std::filesystem::path state_dir, StateDb& db);
+  ~DicomService();
+  DicomService(const DicomService&) = delete;
+  DicomService& operator=(const DicomService&) = delete;
+
+  /// Starts the node (dicom.port > 0) and the sender (dicom.send_to); errors name the key.
+  Status start();
+  /// Stops both (received series in flight are discarded; queued sends stay queued).
+  void stop();
+
+  /// The `dicom` control command: queues every file of `send` (all or none: each is
+  /// checked first) and reports the node and the send queue.
+  Result<nlohmann::json> command(const std::vector<std::string>& send);
+
+ private:
+  DicomSettings settings_;
+  std::unique_ptr<DicomNode> node_;
+  std::unique_ptr<DicomSender> sender_;
+};
+
+}  // namespace segflow::daemon::dicom
