@@ -16,6 +16,8 @@
 #include <map>
 #include <mutex>
 
+#include "messages/log.hpp"
+
 namespace segflow::models::parallel {
 
 namespace {
@@ -75,6 +77,16 @@ class GroupCollective final : public Collective {
   GroupCollective(c10::intrusive_ptr<c10d::ProcessGroup> pg, Backend backend, c10::Device device,
                   CollectiveOptions options)
       : pg_(std::move(pg)), backend_(backend), device_(device), options_(options) {}
+  /// An NCCL group is shut down, not left to ProcessGroupNCCL's destructor, which aborts its
+  /// communicators (and warns that the program did not call destroy_process_group).
+  ~GroupCollective() override {
+    if (backend_ != Backend::nccl || !pg_) return;
+    try {
+      pg_->shutdown();
+    } catch (const std::exception& e) {
+      log::warn("NCCL process group shutdown: " + first_line(e));
+    }
+  }
 
   int rank() const override { return pg_->getRank(); }
   int world_size() const override { return pg_->getSize(); }

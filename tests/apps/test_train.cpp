@@ -263,7 +263,9 @@ TEST_CASE("resampling a label map to its own grid is the identity, and to a shif
 namespace {
 /// The recipe of the end-to-end Dice test: a small 3D UNet on 16 synthetic CT cases of
 /// 48^3 at their own spacing, 32^3 crops (3 foreground-centred to 1 background), AdamW with
-/// a cosine schedule; 60 epochs of 13 steps (about 70 s on 2 cores).
+/// a cosine schedule; 40 epochs of 13 steps (about 55 s on 2 cores, so that it passes with
+/// margin under the 180 s timeout beside another busy process). At 40 epochs the validation
+/// Dice was 0.92 at epoch 20 and 0.94 at epoch 40 (0.91-0.97 per class).
 std::string dice_job(const std::filesystem::path& dir) {
   testing::JobYaml job;
   job.name = "e2e-unet3d";
@@ -277,7 +279,7 @@ std::string dice_job(const std::filesystem::path& dir) {
       testing::unet3d(5, "channels: [8, 16, 32, 64], strides: [2, 2, 2], num_res_units: 1, norm: batch");
   job.optimizer = "{name: adamw, lr: 0.005, weight_decay: 0.00001}";
   job.schedule = "{name: cosine, warmup_steps: 10}";
-  job.epochs = 60;
+  job.epochs = 40;
   job.train = "batch_size: 4, device: cpu, val_interval: 10, checkpoint_interval: 10, loader: actors";
   job.validation = "{roi_size: [32, 32, 32], overlap: 0.25, mode: gaussian, sw_batch_size: 4}";
   job.runs_dir = dir / "runs";
@@ -292,7 +294,7 @@ TEST_CASE(
   auto cfg = parse(dice_job(dir.path()));
   Quiet q;
   REQUIRE_OK_AND_ASSIGN(auto run, actors::run_training(cfg, {}, q));
-  REQUIRE(q.validations.size() == 6);
+  REQUIRE(q.validations.size() == 4);
   CHECK(q.failures == 0);
   // Loss goes down, Dice goes up; the best validation is what best.pt holds.
   CHECK(q.epochs.back().loss < 0.5 * q.epochs.front().loss);
