@@ -6,6 +6,7 @@
 
 #include "messages/file_util.hpp"
 #include "messages/log.hpp"
+#include "models/checkpoint.hpp"
 #include "models/device_memory.hpp"
 
 namespace segflow::actors {
@@ -16,7 +17,8 @@ RunFolder::RunFolder(const models::JobConfig& cfg, const RunOptions& opts) {
   dir_ = opts.run_dir ? *opts.run_dir : fs::path(cfg.runs_dir) / models::run_name(cfg);
   resume_ = opts.resume;
   if (resume_) dir_ = opts.run_dir ? *opts.run_dir : resume_->parent_path();
-  if (!resume_ && opts.resume_last && fs::exists(dir_ / "last.pt")) resume_ = dir_ / "last.pt";
+  if (!resume_ && opts.resume_last && fs::exists(dir_ / models::kLastCheckpoint))
+    resume_ = dir_ / models::kLastCheckpoint;
   start_over_ = !resume_ && opts.resume_last;
 }
 
