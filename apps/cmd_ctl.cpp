@@ -18,6 +18,7 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "daemon/curve.hpp"
+#include "daemon/job_state.hpp"
 
 namespace segflow::apps {
 
@@ -124,8 +125,9 @@ void print_job(const json& j) {
   auto line = [](const char* k, const std::string& v) {
     if (!v.empty() && v != "-") std::printf("  %-12s %s\n", k, v.c_str());
   };
-  if (field(j, "kind") == "infer") {
-    line("kind", "infer");
+  const std::string infer = daemon::to_string(daemon::JobKind::infer);
+  if (field(j, "kind") == infer) {
+    line("kind", infer);
     line("cases", str(field(j, "epoch")) + "/" + str(field(j, "epochs")));
     line("checkpoint", str(field(j, "checkpoint")));
     line("input", str(field(j, "input")));

@@ -199,7 +199,7 @@ Result<json> JobManager::submit_infer(InferJobSpec spec) {
   schedule_locked();
   json reply = {{"job", job->rec.id},
                 {"state", to_string(job->rec.state)},
-                {"kind", "infer"},
+                {"kind", to_string(job->rec.kind)},
                 {"output", job->infer.output}};
   add_trigger(reply, job->infer);
   return reply;
