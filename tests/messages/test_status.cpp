@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -166,4 +167,12 @@ TEST_CASE("REQUIRE_OK fails on an error Status" * doctest::should_fail()) {
 TEST_CASE("REQUIRE_OK_AND_ASSIGN fails on an error Result" * doctest::should_fail()) {
   REQUIRE_OK_AND_ASSIGN(const int n, parse_count(0));
   (void)n;
+}
+
+TEST_CASE("first_line keeps the first line of an exception's message, without LibTorch's stack trace") {
+  const std::runtime_error torch_like(
+      "shape '[2, 3]' is invalid for input of size 5\nException raised from ...\nframe #0");
+  CHECK(segflow::first_line(torch_like) == "shape '[2, 3]' is invalid for input of size 5");
+  CHECK(segflow::first_line(std::runtime_error("one line")) == "one line");
+  CHECK(segflow::first_line(std::runtime_error("")).empty());
 }
