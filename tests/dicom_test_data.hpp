@@ -3,7 +3,7 @@
 // python3-pydicom, which scripts/setup.sh installs) and the pydicom-data files that
 // scripts/fetch-test-data.sh fetches. A missing file fails the test that needs it, with
 // what to install or run; nothing is skipped. Also the helpers the DICOM tests share: list a
-// folder, copy a series, edit a file, read a file or folder that must read (or must fail).
+// folder, copy a series, read a tag, edit a file, read a file or folder that must read (or must fail).
 
 #include <dcmtk/config/osconfig.h>
 #include <dcmtk/dcmdata/dcdatset.h>
@@ -70,6 +70,16 @@ inline std::vector<std::filesystem::path> copy_series(const std::filesystem::pat
     std::filesystem::copy_file(f, out.back());
   }
   return out;
+}
+
+/// The text of `tag` in a DICOM file: from its meta header (TransferSyntaxUID, ...), else from
+/// its dataset; empty when neither has it.
+inline std::string dicom_tag_text(const std::filesystem::path& file, const DcmTagKey& tag) {
+  DcmFileFormat ff;
+  REQUIRE(ff.loadFile(file.c_str()).good());
+  OFString v;
+  if (ff.getMetaInfo()->findAndGetOFString(tag, v).bad()) ff.getDataset()->findAndGetOFString(tag, v);
+  return v.c_str();
 }
 
 /// Loads a DICOM file, lets `edit` change it (called with the dataset, or with the dataset and

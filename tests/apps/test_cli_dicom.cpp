@@ -79,16 +79,14 @@ TEST_CASE("segflow inspect of a DICOM folder with localizers and jittered positi
   int k = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().filename().string().rfind("scout_", 0) == 0) continue;
-    DcmFileFormat ff;
-    REQUIRE(ff.loadFile(e.path().c_str()).good());
-    REQUIRE(ff.loadAllDataIntoMemory().good());
-    Float64 p[3];
-    for (unsigned long c = 0; c < 3; ++c)
-      REQUIRE(ff.getDataset()->findAndGetFloat64(DCM_ImagePositionPatient, p[c], c).good());
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "%.6f\\%.6f\\%.6f", p[0], p[1], p[2] + (k++ % 2 ? 0.04 : -0.04));
-    REQUIRE(ff.getDataset()->putAndInsertString(DCM_ImagePositionPatient, buf).good());
-    REQUIRE(ff.saveFile(e.path().c_str(), ff.getDataset()->getOriginalXfer()).good());
+    edit_dicom_file(e.path(), [&](DcmDataset& ds) {
+      Float64 p[3];
+      for (unsigned long c = 0; c < 3; ++c)
+        REQUIRE(ds.findAndGetFloat64(DCM_ImagePositionPatient, p[c], c).good());
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "%.6f\\%.6f\\%.6f", p[0], p[1], p[2] + (k++ % 2 ? 0.04 : -0.04));
+      REQUIRE(ds.putAndInsertString(DCM_ImagePositionPatient, buf).good());
+    });
   }
   const Inspect i = inspect(dir, tmp);
   REQUIRE_MESSAGE(i.exit_code == 0, i.err);

@@ -86,14 +86,6 @@ std::string expected_transfer_syntax(DicomCompression c) {
   return "?";
 }
 
-std::string meta_string(const fs::path& file, const DcmTagKey& tag) {
-  DcmFileFormat ff;
-  REQUIRE(ff.loadFile(file.c_str()).good());
-  OFString v;
-  if (ff.getMetaInfo()->findAndGetOFString(tag, v).bad()) ff.getDataset()->findAndGetOFString(tag, v);
-  return v.c_str();
-}
-
 float voxel(const Image& img, std::int64_t c, std::int64_t z, std::int64_t y, std::int64_t x) {
   return img.voxels.index({c, z, y, x}).item<float>();
 }
@@ -165,8 +157,8 @@ TEST_CASE("a DICOM series written by segflow reads back with identical HU values
     CHECK(info.files.front().filename() == "IM_0000.dcm");
     CHECK(info.modality == "CT");
     CHECK(info.sop_class_uid == "1.2.840.10008.5.1.4.1.1.2");
-    CHECK(meta_string(info.files.front(), DCM_TransferSyntaxUID) == expected_transfer_syntax(c));
-    CHECK(meta_string(info.files[3], DCM_SeriesInstanceUID) == info.series_uid);
+    CHECK(st::dicom_tag_text(info.files.front(), DCM_TransferSyntaxUID) == expected_transfer_syntax(c));
+    CHECK(st::dicom_tag_text(info.files[3], DCM_SeriesInstanceUID) == info.series_uid);
     // Only the series files, no temporary leftovers.
     CHECK(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()) == 6);
 
@@ -544,7 +536,8 @@ TEST_CASE("scanning a DICOM folder groups series and lists bad files without fai
     CHECK(r.size() == segflow::Size3{8, 8, 3});
     CHECK(report.series == a.series_uid);
     REQUIRE(report.skipped_stacks.size() == 1);
-    CHECK(contains(report.skipped_stacks.front().stack, meta_string(dir / "mr.dcm", DCM_SeriesInstanceUID)));
+    CHECK(contains(report.skipped_stacks.front().stack,
+                   st::dicom_tag_text(dir / "mr.dcm", DCM_SeriesInstanceUID)));
     CHECK(report.skipped_files.size() == 3);  // empty.dcm, x.dcm, trunc.dcm
   }
   CHECK_FALSE(sp::scan_dicom_folder(dir / "nope").is_ok());
@@ -651,7 +644,8 @@ TEST_CASE("a DICOM SEG written by segflow reads back as the same label map") {
     REQUIRE(z < 5);
     CHECK(std::abs(k / g.spacing[2] - z) < 1e-6);
     CHECK(fr["count"].get<std::int64_t>() == lab[0][z].eq(v).sum().item<std::int64_t>());
-    CHECK(fr["source_sop"] == meta_string(series.files[static_cast<std::size_t>(z)], DCM_SOPInstanceUID));
+    CHECK(fr["source_sop"] ==
+          st::dicom_tag_text(series.files[static_cast<std::size_t>(z)], DCM_SOPInstanceUID));
   }
 }
 
