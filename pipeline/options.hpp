@@ -329,6 +329,32 @@ class OptionParser {
     resolve(key, field);
   }
 
+  /// One number or a non-empty list of numbers, each in `range` (per-channel values: one
+  /// number stands for every channel). Described and resolved as a number when `field`
+  /// holds one value, else as the list.
+  void number_or_list(const char* key, std::vector<double>& field, Range range, const char* unit,
+                      const char* doc) {
+    auto as_json = [&] { return field.size() == 1 ? nlohmann::json(field[0]) : nlohmann::json(field); };
+    add_info(key, "number or list of numbers", as_json(), range.text(), unit, doc);
+    const nlohmann::json* v = find(key);
+    if (!v) return resolve(key, as_json());
+    std::vector<double> out;
+    bool ok = v->is_number() || (v->is_array() && !v->empty());
+    for (const auto& e : v->is_array() ? *v : nlohmann::json::array({*v})) {
+      if (!e.is_number() || !range.contains(e.get<double>())) {
+        ok = false;
+        break;
+      }
+      out.push_back(e.get<double>());
+    }
+    if (!ok)
+      return fail_expected(
+          key, with_article(range.noun(false, false)) + " or a non-empty list of " + range.noun(false, true),
+          *v);
+    field = std::move(out);
+    resolve(key, as_json());
+  }
+
   /// A list of strings, strictly (a single string is an error, unlike strings()); a bad
   /// element is named: "<where>.set[1]: expected a string, got 3". `non_empty`: at least one.
   void string_list(const char* key, std::vector<std::string>& field, bool non_empty, const char* doc) {

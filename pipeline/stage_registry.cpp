@@ -15,6 +15,9 @@ Status register_builtin_stages(StageRegistry& r) {
   SEGFLOW_RETURN_IF_ERROR(register_resample_stage(r));
   SEGFLOW_RETURN_IF_ERROR(register_scale_intensity_range_stage(r));
   SEGFLOW_RETURN_IF_ERROR(register_normalize_intensity_stage(r));
+  SEGFLOW_RETURN_IF_ERROR(register_normalize_ct_stage(r));
+  SEGFLOW_RETURN_IF_ERROR(register_zscore_stage(r));
+  SEGFLOW_RETURN_IF_ERROR(register_clip_percentiles_stage(r));
   SEGFLOW_RETURN_IF_ERROR(register_crop_foreground_stage(r));
   SEGFLOW_RETURN_IF_ERROR(register_fg_bg_indices_stage(r));
   // Random stages.
@@ -23,6 +26,10 @@ Status register_builtin_stages(StageRegistry& r) {
   SEGFLOW_RETURN_IF_ERROR(register_rand_rotate90_stage(r));
   SEGFLOW_RETURN_IF_ERROR(register_rand_affine_stage(r));
   SEGFLOW_RETURN_IF_ERROR(register_rand_intensity_stages(r));
+  SEGFLOW_RETURN_IF_ERROR(register_rand_gaussian_blur_stage(r));
+  SEGFLOW_RETURN_IF_ERROR(register_rand_brightness_stage(r));
+  SEGFLOW_RETURN_IF_ERROR(register_rand_contrast_stage(r));
+  SEGFLOW_RETURN_IF_ERROR(register_rand_simulate_low_resolution_stage(r));
   SEGFLOW_RETURN_IF_ERROR(register_medsam_box_stage(r));
   return Status::ok();
 }

@@ -4,6 +4,7 @@
 
 #include "pipeline/options.hpp"
 #include "pipeline/stage_registry.hpp"
+#include "pipeline/transforms/detail/channel_stage.hpp"
 #include "pipeline/transforms/detail/tensor_util.hpp"
 #include "pipeline/transforms/intensity.hpp"
 #include "pipeline/transforms/register.hpp"
@@ -30,9 +31,13 @@ void RandScaleIntensityOptions::bind(OptionParser& p) {
 void RandGammaOptions::bind(OptionParser& p) {
   p.strings("keys", keys, true, "tensors to adjust (floating)");
   p.number("prob", prob, Range::closed(0, 1), "", "chance of adjusting");
-  p.numbers("gamma", gamma, Range::positive(), false, "", "gamma uniform in [lo, hi]");
-  if (p.ok() && gamma[0] > gamma[1])
-    p.fail("gamma", "expected [lo, hi] with lo <= hi, got " + format_value(nlohmann::json(gamma)));
+  detail::bind_interval(p, "gamma", gamma, Range::positive(), "", "gamma in [lo, hi] (see sampling)");
+  detail::bind_sampling(p, sampling, gamma, "gamma");
+  p.number("invert_prob", invert_prob, Range::closed(0, 1), "",
+           "chance of applying to -x (invert, gamma, invert back; nnU-Net's p_invert_image)");
+  p.boolean("retain_stats", retain_stats, "restore the mean and std the tensor (channel) had before");
+  p.boolean("channel_wise", channel_wise,
+            "own gamma, inversion and min/max per channel (else one per tensor)");
   p.boolean("allow_missing_keys", allow_missing_keys,
             "skip keys a sample lacks (e.g. no label at inference)");
 }
@@ -54,18 +59,18 @@ at::Tensor adjust_gamma(const at::Tensor& x, double gamma) {
   return ((x - lo) / (range + kEps)).pow(gamma) * range + lo;
 }
 
-namespace {
-
-Status check_floating(const Sample& s, const std::vector<std::string>& keys, const char* stage) {
-  for (const auto& k : keys) {
-    if (!s.has(k)) return detail::check_keys(s, {k}, stage).status();
-    if (!detail::is_floating(s.at(k)))
-      return invalid_argument(std::string(stage) + ": sample '" + s.id + "': '" + k + "' is " +
-                              std::string(c10::toString(s.at(k).scalar_type())) +
-                              "; intensity stages need floating tensors");
+at::Tensor adjust_gamma(const at::Tensor& x, double gamma, bool invert, bool retain_stats) {
+  constexpr double kStdEps = 1e-7;  // batchgeneratorsv2's GammaTransform
+  const at::Tensor v = invert ? -x : x;
+  at::Tensor y = adjust_gamma(v, gamma);
+  if (retain_stats) {
+    const at::Tensor mean = v.mean(), std = v.std();
+    y = (y - y.mean()) * (std / y.std().clamp_min(kStdEps)) + mean;
   }
-  return Status::ok();
+  return invert ? -y : y;
 }
+
+namespace {
 
 // One class for the four: `Draw` draws the parameters (nullopt: leave the sample), `Apply`
 // maps one tensor.
@@ -80,7 +85,7 @@ class RandIntensityStage : public MapStage {
 
   Status apply_sample(Sample& s, Rng& rng) const override {
     const auto keys = detail::present_keys(s, o_.keys, o_.allow_missing_keys);
-    SEGFLOW_RETURN_IF_ERROR(check_floating(s, keys, Derived::kName));
+    SEGFLOW_RETURN_IF_ERROR(detail::check_floating(s, keys, Derived::kName));
     if (!rng.bernoulli(o_.prob)) return Status::ok();
     const auto& self = static_cast<const Derived&>(*this);
     const double param = self.draw(rng);
@@ -112,13 +117,54 @@ class RandScaleIntensityStage final
   at::Tensor map(const at::Tensor& x, double factor, Rng&) const { return x * factor; }
 };
 
-class RandGammaStage final : public RandIntensityStage<RandGammaStage, RandGammaOptions> {
+class RandGammaStage final : public MapStage {
  public:
-  using RandIntensityStage::RandIntensityStage;
+  using Options = RandGammaOptions;
   static constexpr const char* kName = "rand_gamma";
-  static constexpr const char* kDoc = "random gamma contrast adjustment (MONAI RandAdjustContrast)";
-  double draw(Rng& rng) const { return rng.uniform(o_.gamma[0], o_.gamma[1]); }
-  at::Tensor map(const at::Tensor& x, double gamma, Rng&) const { return adjust_gamma(x, gamma); }
+  static constexpr const char* kDoc =
+      "random gamma contrast adjustment (MONAI RandAdjustContrast; nnU-Net's GammaTransform with "
+      "invert_prob, retain_stats, channel_wise)";
+  static constexpr bool kDeterministic = false;
+  RandGammaStage(Options o, nlohmann::json resolved)
+      : MapStage(kName, std::move(resolved), o.keys), o_(std::move(o)) {}
+  bool deterministic() const override { return false; }
+
+  // Draws: bernoulli(prob); then one (gamma, invert) for the sample, or with channel_wise
+  // one per key and channel in order. invert draws nothing when invert_prob is 0, so the
+  // defaults draw what rand_gamma always drew.
+  Status apply_sample(Sample& s, Rng& rng) const override {
+    const auto keys = detail::present_keys(s, o_.keys, o_.allow_missing_keys);
+    SEGFLOW_RETURN_IF_ERROR(detail::check_floating(s, keys, kName));
+    if (!rng.bernoulli(o_.prob)) return Status::ok();
+    if (!o_.channel_wise) {
+      const Draw d = draw(rng);
+      for (const auto& k : keys) s.at(k) = adjust_gamma(s.at(k), d.gamma, d.invert, o_.retain_stats);
+      return Status::ok();
+    }
+    for (const auto& k : keys) {
+      const at::Tensor x = s.at(k);
+      std::vector<at::Tensor> channels;
+      for (std::int64_t c = 0; c < x.size(0); ++c) {
+        const Draw d = draw(rng);
+        channels.push_back(adjust_gamma(x.select(0, c), d.gamma, d.invert, o_.retain_stats));
+      }
+      s.at(k) = torch::stack(channels, 0);
+    }
+    return Status::ok();
+  }
+
+ private:
+  struct Draw {
+    double gamma = 1.0;
+    bool invert = false;
+  };
+  Draw draw(Rng& rng) const {
+    Draw d;
+    d.gamma = detail::draw_factor(rng, o_.gamma, o_.sampling);
+    d.invert = o_.invert_prob > 0 && rng.bernoulli(o_.invert_prob);
+    return d;
+  }
+  Options o_;
 };
 
 class RandGaussianNoiseStage final

@@ -10,23 +10,30 @@ using segflow::testing::registry;
 
 namespace {
 
-const std::vector<std::string> kBuiltins{"crop_foreground",
+const std::vector<std::string> kBuiltins{"clip_percentiles",
+                                         "crop_foreground",
                                          "fg_bg_indices",
                                          "load",
                                          "map_labels",
                                          "medsam_box",
+                                         "normalize_ct",
                                          "normalize_intensity",
                                          "rand_affine",
+                                         "rand_brightness",
+                                         "rand_contrast",
                                          "rand_crop_pos_neg",
                                          "rand_flip",
                                          "rand_gamma",
+                                         "rand_gaussian_blur",
                                          "rand_gaussian_noise",
                                          "rand_rotate90",
                                          "rand_scale_intensity",
                                          "rand_shift_intensity",
+                                         "rand_simulate_low_resolution",
                                          "reorient",
                                          "resample",
-                                         "scale_intensity_range"};
+                                         "scale_intensity_range",
+                                         "zscore"};
 
 Status build_error(const std::string& yaml) {
   auto r = build_pipeline(YAML::Load(yaml)["stages"], registry(), "configs/job.yaml");
@@ -48,8 +55,8 @@ TEST_CASE("a duplicate stage name is an error listing the known stages") {
   Status st = register_builtin_stages(r);
   REQUIRE_FALSE(st.is_ok());
   CHECK(st.code() == ErrorCode::invalid_argument);
-  CHECK(st.message().find(
-            "stage 'load' is already registered (by builtin); known stages: crop_foreground, ") == 0);
+  CHECK(st.message().find("stage 'load' is already registered (by builtin); known stages: clip_percentiles, "
+                          "crop_foreground, ") == 0);
   for (const auto& n : kBuiltins) CHECK(st.message().find(n) != std::string::npos);
 }
 
@@ -57,7 +64,7 @@ TEST_CASE("an unknown stage name is an error listing the known stages") {
   auto r = registry().make("resampel", nlohmann::json::object(), "job.yaml: stages[1].options");
   REQUIRE_FALSE(r.is_ok());
   CHECK(r.status().message().find("job.yaml: stages[1].options: unknown stage 'resampel'; known stages: "
-                                  "crop_foreground, fg_bg_indices, load") == 0);
+                                  "clip_percentiles, crop_foreground, fg_bg_indices, load") == 0);
 }
 
 TEST_CASE("every built-in stage builds with its default options and describes them") {
@@ -140,10 +147,9 @@ TEST_CASE("stage config errors name the file, the path, what was expected and wh
   SUBCASE("unknown stage") {
     Status st = build_error("stages: [load, {name: resampel}]");
     CHECK(st.code() == ErrorCode::invalid_config);
-    CHECK(
-        st.message().find(
-            "configs/job.yaml: stages[1].name: unknown stage 'resampel'; known stages: crop_foreground, ") ==
-        0);
+    CHECK(st.message().find(
+              "configs/job.yaml: stages[1].name: unknown stage 'resampel'; known stages: clip_percentiles, "
+              "crop_foreground, ") == 0);
   }
   SUBCASE("unknown option key") {
     Status st = build_error("stages: [load, {name: resample, options: {spacing: 1, sigma: 2}}]");
