@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "pipeline/transforms/crop.hpp"
 #include "pipeline/transforms/detail/tensor_util.hpp"
 
 namespace segflow::pipeline {
@@ -13,7 +14,9 @@ Result<Batch> collate(const std::vector<Sample>& samples, const CollateOptions& 
   std::vector<std::string> keys = options.keys;
   if (keys.empty())
     for (const auto& [k, t] : samples.front().tensors)
-      if (std::find(options.skip.begin(), options.skip.end(), k) == options.skip.end()) keys.push_back(k);
+      if (std::find(options.skip.begin(), options.skip.end(), k) == options.skip.end() &&
+          !class_of_indices_key(k))  // per-class crop centre lists (fg_bg_indices per_class)
+        keys.push_back(k);
   Batch b;
   for (const auto& s : samples) b.ids.push_back(s.id);
   const Sample& first = samples.front();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "pipeline/pipeline_spec.hpp"
+#include "pipeline/transforms/crop.hpp"
 
 namespace segflow::pipeline {
 
@@ -296,7 +297,7 @@ const char* cache_dtype_name(CacheDtype dtype) {
 }
 
 bool host_resident_key(const std::string& key) {
-  return key == "fg_indices" || key == "bg_indices" || starts_with(key, kCompactMarkerPrefix);
+  return is_crop_index_key(key) || starts_with(key, kCompactMarkerPrefix);
 }
 
 bool is_compact(const Sample& s) {
@@ -326,7 +327,7 @@ Result<Sample> compact_sample(const Sample& s, CacheDtype dtype) {
         continue;
       }
       std::optional<Form> f;
-      if (key == "fg_indices" || key == "bg_indices")
+      if (is_crop_index_key(key))
         f = index_form(t);
       else if (t.dim() >= 2)
         f = best_form(t, dtype);
@@ -383,8 +384,7 @@ Result<Sample> expand_sample(Sample s) {
 std::int64_t sample_voxels(const Sample& s) {
   std::int64_t v = 0;
   for (const auto& [key, t] : s.tensors) {
-    if (!t.defined() || t.dim() < 2 || starts_with(key, "~") || key == "fg_indices" || key == "bg_indices")
-      continue;
+    if (!t.defined() || t.dim() < 2 || starts_with(key, "~") || is_crop_index_key(key)) continue;
     v = std::max<std::int64_t>(v, t.numel() / std::max<std::int64_t>(1, t.size(0)));
   }
   return v;

@@ -62,9 +62,9 @@ inline constexpr const char* kCompactMarkerPrefix = "~c:";
 /// Prefix of the value table of a palette tensor ("~t:image").
 inline constexpr const char* kCompactTablePrefix = "~t:";
 
-/// True for keys that stay in host memory wherever the cache lives: fg_indices, bg_indices
-/// (crop centres are picked on the host, so a CUDA cache needs no device read per case) and
-/// compact markers.
+/// True for keys that stay in host memory wherever the cache lives: fg_indices, bg_indices,
+/// fg_indices_<v> (is_crop_index_key; crop centres are picked on the host, so a CUDA cache
+/// needs no device read per case) and compact markers.
 bool host_resident_key(const std::string& key);
 
 /// True when `s` holds compact tensors (any marker).

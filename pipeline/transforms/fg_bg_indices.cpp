@@ -1,5 +1,8 @@
 #include <torch/torch.h>
 
+#include <charconv>
+#include <string>
+
 #include "pipeline/cache/compact.hpp"
 #include "pipeline/options.hpp"
 #include "pipeline/stage_registry.hpp"
@@ -17,6 +20,9 @@ void FgBgIndicesOptions::bind(OptionParser& p) {
             "keep at most this many indices of each class (even stride); 0 = all");
   p.choice("format", format, {"int64", "packed"},
            "int64 index lists (MONAI) or packed index sets (a bit per voxel; same crops)");
+  p.boolean("per_class", per_class,
+            "also fg_indices_<v>: the voxels of each label value v > 0 present (int64 lists; for "
+            "rand_crop_pos_neg class_balanced)");
   if (label_key.empty()) p.fail("label_key", "expected a non-empty name");
 }
 
@@ -49,6 +55,50 @@ std::pair<at::Tensor, at::Tensor> fg_bg_indices(const at::Tensor& label, const a
   return {stride_subsample(fg, max_per_class).contiguous(), stride_subsample(bg, max_per_class).contiguous()};
 }
 
+std::string class_indices_key(std::int64_t value) { return kClassIndicesPrefix + std::to_string(value); }
+
+std::optional<std::int64_t> class_of_indices_key(const std::string& key) {
+  const std::size_t n = std::char_traits<char>::length(kClassIndicesPrefix);
+  if (key.size() <= n || key.compare(0, n, kClassIndicesPrefix) != 0) return std::nullopt;
+  std::int64_t v = 0;
+  const char* end = key.data() + key.size();
+  auto [ptr, ec] = std::from_chars(key.data() + n, end, v);
+  if (ec != std::errc() || ptr != end || key[n] == '-' || key[n] == '+') return std::nullopt;
+  return v;
+}
+
+bool is_crop_index_key(const std::string& key) {
+  return key == "fg_indices" || key == "bg_indices" || class_of_indices_key(key).has_value();
+}
+
+Result<std::vector<std::pair<std::int64_t, at::Tensor>>> class_indices(const at::Tensor& label,
+                                                                       std::int64_t max_per_class) {
+  if (label.dim() < 2 || label.size(0) != 1)
+    return invalid_argument("per-class indices need a 1-channel label map (1, ...), got shape " +
+                            detail::shape_string(label));
+  at::Tensor flat = label[0].flatten();
+  if (detail::is_floating(flat) && !flat.eq(flat.round()).all().item<bool>())
+    return invalid_argument("per-class indices need integer label values, got non-integer ones in a " +
+                            std::string(c10::toString(flat.scalar_type())) + " label map");
+  flat = flat.to(torch::kLong);
+  std::vector<std::pair<std::int64_t, at::Tensor>> out;
+  const at::Tensor idx = flat.gt(0).nonzero().flatten();
+  if (idx.numel() == 0) return out;
+  // One pass over the foreground: a stable sort by value keeps each class's indices sorted.
+  auto [values, order] = flat.index_select(0, idx).sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const at::Tensor sorted_idx = idx.index_select(0, order);
+  auto [classes, inverse, counts] = torch::unique_consecutive(values, false, true);
+  const at::Tensor classes_h = classes.cpu(), counts_h = counts.cpu();
+  std::int64_t start = 0;
+  for (std::int64_t i = 0; i < classes_h.numel(); ++i) {
+    const std::int64_t n = counts_h[i].item<std::int64_t>();
+    out.emplace_back(classes_h[i].item<std::int64_t>(),
+                     stride_subsample(sorted_idx.narrow(0, start, n), max_per_class).contiguous());
+    start += n;
+  }
+  return out;
+}
+
 namespace {
 /// The packed form of one class: straight from the mask, or from the subsampled list.
 at::Tensor packed_class(const at::Tensor& mask, std::int64_t max_per_class) {
@@ -69,6 +119,14 @@ class FgBgIndicesStage final : public MapStage {
 
   Status apply_sample(Sample& s, Rng&) const override {
     SEGFLOW_RETURN_IF_ERROR(detail::check_keys(s, keys(), kName).status());
+    detail::drop_indices(s);  // whatever an earlier run left, per-class lists too
+    if (o_.per_class) {
+      auto classes = class_indices(s.at(o_.label_key), o_.max_per_class);
+      if (!classes.is_ok())
+        return invalid_argument(std::string(kName) + ": sample '" + s.id + "': '" + o_.label_key +
+                                "': " + classes.status().message() + " (option per_class)");
+      for (auto& [value, list] : classes.value()) s.tensors[class_indices_key(value)] = std::move(list);
+    }
     const at::Tensor image = o_.image_key.empty() ? at::Tensor() : s.at(o_.image_key);
     if (o_.format == "packed") {
       auto [fg_mask, bg_mask] = fg_bg_masks(s.at(o_.label_key), image, o_.image_threshold);

@@ -22,6 +22,9 @@ void RandCropPosNegOptions::bind(OptionParser& p) {
   p.integer("num_samples", num_samples, Range::closed(1, 1024), "crops", "crops per input sample");
   p.string("image_key", image_key, "background needs image > image_threshold (indices computed here)");
   p.number("image_threshold", image_threshold, Range::any(), "image units", "see image_key");
+  p.boolean("class_balanced", class_balanced,
+            "a positive crop picks a class present in the case uniformly, then a voxel of it (nnU-Net); "
+            "uses fg_bg_indices per_class lists");
   if (p.ok() && pos + neg <= 0) p.fail("neg", "expected pos + neg > 0, got pos 0 and neg 0");
   if (label_key.empty()) p.fail("label_key", "expected a non-empty name");
   p.boolean("allow_missing_keys", allow_missing_keys,
@@ -108,16 +111,79 @@ CropGrid crop_grid(at::IntArrayRef label_sizes, const std::array<std::int64_t, 3
   return g;
 }
 
+/// The foreground of a case class by class (class_balanced): label values and their voxels.
+struct ClassCandidates {
+  std::vector<std::int64_t> values;
+  std::vector<Candidates> sets;
+};
+
+/// The per-class lists fg_bg_indices stored (per_class), in label order.
+Result<ClassCandidates> stored_classes(const Sample& s) {
+  ClassCandidates cc;
+  for (const auto& [key, t] : s.tensors) {
+    const auto value = class_of_indices_key(key);
+    if (!value) continue;
+    SEGFLOW_ASSIGN_OR_RETURN(Candidates c, candidates_of(s, key));
+    if (c.size() == 0) continue;
+    cc.values.push_back(*value);
+    cc.sets.push_back(std::move(c));
+  }
+  // std::map orders "fg_indices_10" before "fg_indices_2": sort by value.
+  std::vector<std::size_t> order(cc.values.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return cc.values[a] < cc.values[b]; });
+  ClassCandidates sorted;
+  for (auto i : order) sorted.values.push_back(cc.values[i]), sorted.sets.push_back(std::move(cc.sets[i]));
+  return sorted;
+}
+
+bool has_class_lists(const Sample& s) {
+  for (const auto& [key, t] : s.tensors)
+    if (class_of_indices_key(key)) return true;
+  return false;
+}
+
+/// class_balanced: the classes present, from fg_bg_indices' per-class lists, else computed
+/// from the label (when the case has foreground, `n_fg`). Empty without class_balanced.
+Result<ClassCandidates> class_candidates(const Sample& s, const RandCropPosNegOptions& o, std::int64_t n_fg,
+                                         const CropGrid& g) {
+  static constexpr const char* kStage = "rand_crop_pos_neg";
+  if (!o.class_balanced || n_fg == 0) return ClassCandidates{};
+  if (has_class_lists(s)) {
+    SEGFLOW_ASSIGN_OR_RETURN(ClassCandidates cc, stored_classes(s));
+    for (std::size_t i = 0; i < cc.sets.size(); ++i)
+      if (cc.sets[i].extent() > g.numel)
+        return invalid_argument(std::string(kStage) + ": sample '" + s.id +
+                                "': " + class_indices_key(cc.values[i]) + " does not fit the label grid " +
+                                detail::shape_string(s.at(o.label_key)) +
+                                " (a spatial stage ran after fg_bg_indices?)");
+    return cc;
+  }
+  auto computed = class_indices(s.at(o.label_key), 0);
+  if (!computed.is_ok())
+    return invalid_argument(std::string(kStage) + ": sample '" + s.id + "': '" + o.label_key +
+                            "': " + computed.status().message() + " (option class_balanced)");
+  ClassCandidates cc;
+  for (auto& [value, list] : computed.value()) {
+    cc.values.push_back(value);
+    cc.sets.push_back(Candidates{list, std::nullopt});
+  }
+  return cc;
+}
+
 /// The crop centres drawn: per crop, one uniform (pos or neg) and one integer (which voxel),
-/// in crop order; a crop with neither class anywhere draws a centre anywhere.
+/// in crop order (class_balanced: for a positive crop, first an integer for the class); a
+/// crop with neither class anywhere draws a centre anywhere.
 struct Draws {
   std::vector<int> kind;  ///< per crop: 1 fg, 0 bg, -1 anywhere
   std::vector<std::int64_t> fg_pick, bg_pick;
+  std::vector<std::int64_t> fg_class;  ///< class_balanced: per fg pick, the index of its class
   std::vector<std::array<std::int64_t, 3>> any_centre;
 };
 
+/// `class_sizes`: with class_balanced, the voxels of each class present (else empty).
 Draws draw_centres(const RandCropPosNegOptions& o, const CropGrid& g, std::int64_t n_fg, std::int64_t n_bg,
-                   Rng& rng) {
+                   const std::vector<std::int64_t>& class_sizes, Rng& rng) {
   const double ratio = o.pos / (o.pos + o.neg);
   Draws dr;
   dr.kind.resize(o.num_samples);
@@ -130,6 +196,11 @@ Draws draw_centres(const RandCropPosNegOptions& o, const CropGrid& g, std::int64
       std::array<std::int64_t, 3> c{0, 0, 0};
       for (std::int64_t d = 0; d < g.nsp; ++d) c[d] = rng.integer(0, g.shape[d] - 1);
       dr.any_centre.push_back(c);
+    } else if (want_pos && !class_sizes.empty()) {
+      dr.kind[k] = 1;
+      const std::int64_t c = rng.integer(0, static_cast<std::int64_t>(class_sizes.size()) - 1);
+      dr.fg_class.push_back(c);
+      dr.fg_pick.push_back(rng.integer(0, class_sizes[c] - 1));
     } else if (want_pos) {
       dr.kind[k] = 1;
       dr.fg_pick.push_back(rng.integer(0, n_fg - 1));
@@ -139,6 +210,21 @@ Draws draw_centres(const RandCropPosNegOptions& o, const CropGrid& g, std::int64
     }
   }
   return dr;
+}
+
+/// The flat indices of the positive crops' centres, read class by class when balanced.
+std::vector<std::int64_t> gather_fg(const Draws& dr, const Candidates& fg, const ClassCandidates& classes) {
+  if (dr.fg_class.empty()) return fg.gather(dr.fg_pick);
+  std::vector<std::int64_t> out(dr.fg_pick.size());
+  for (std::size_t c = 0; c < classes.sets.size(); ++c) {
+    std::vector<std::int64_t> picks;
+    std::vector<std::size_t> where;
+    for (std::size_t j = 0; j < dr.fg_pick.size(); ++j)
+      if (dr.fg_class[j] == static_cast<std::int64_t>(c)) picks.push_back(dr.fg_pick[j]), where.push_back(j);
+    const auto flat = classes.sets[c].gather(picks);
+    for (std::size_t i = 0; i < where.size(); ++i) out[where[i]] = flat[i];
+  }
+  return out;
 }
 
 /// Crop k of `s` around centre `c` (tensor order) from the (padded) tensors `src`; the
@@ -157,11 +243,8 @@ Sample crop_at(const Sample& s, const std::map<std::string, at::Tensor>& src,
   Sample o_s;
   o_s.id = s.id + "#" + std::to_string(k);
   o_s.geometry = detail::crop_geometry(s.geometry, start_xyz);
-  static const std::string fg_marker = std::string(kCompactMarkerPrefix) + "fg_indices",
-                           bg_marker = std::string(kCompactMarkerPrefix) + "bg_indices";
-  for (const auto& [name, t] : s.tensors)
-    if (name != "fg_indices" && name != "bg_indices" && name != fg_marker && name != bg_marker)
-      o_s.tensors[name] = t;
+  o_s.tensors = s.tensors;
+  detail::drop_indices(o_s);  // the candidate centre sets and their markers
   for (const auto& key : keys) {
     at::Tensor t = src.at(key);
     for (std::int64_t d = 0; d < nsp; ++d) t = t.narrow(d + 1, start[d], g.crop[d]);
@@ -188,7 +271,7 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& input, const RandCro
   const bool precomputed = input.has("fg_indices") && input.has("bg_indices");
   bool compact = is_compact(input);
   std::optional<Sample> expanded;
-  if (compact && (g.pad || !precomputed)) {
+  if (compact && (g.pad || !precomputed || (o.class_balanced && !has_class_lists(input)))) {
     SEGFLOW_ASSIGN_OR_RETURN(expanded, expand_sample(input));
     compact = false;
   }
@@ -208,8 +291,11 @@ Result<std::vector<Sample>> rand_crop_pos_neg(const Sample& input, const RandCro
     std::tie(fg.list, bg.list) =
         fg_bg_indices(label, o.image_key.empty() ? at::Tensor() : s.at(o.image_key), o.image_threshold, 0);
   }
-  const Draws dr = draw_centres(o, g, fg.size(), bg.size(), rng);
-  const std::vector<std::int64_t> fg_flat = fg.gather(dr.fg_pick), bg_flat = bg.gather(dr.bg_pick);
+  SEGFLOW_ASSIGN_OR_RETURN(const ClassCandidates classes, class_candidates(s, o, fg.size(), g));
+  std::vector<std::int64_t> class_sizes;
+  for (const auto& c : classes.sets) class_sizes.push_back(c.size());
+  const Draws dr = draw_centres(o, g, fg.size(), bg.size(), class_sizes, rng);
+  const std::vector<std::int64_t> fg_flat = gather_fg(dr, fg, classes), bg_flat = bg.gather(dr.bg_pick);
 
   // Pad (centred, zeros) when the volume is smaller than the crop.
   std::map<std::string, at::Tensor> src;

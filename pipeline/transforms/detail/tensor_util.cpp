@@ -1,11 +1,15 @@
 #include "pipeline/transforms/detail/tensor_util.hpp"
 
+#include "pipeline/cache/compact.hpp"
 #include "pipeline/options.hpp"
+#include "pipeline/transforms/crop.hpp"
 
 #include <torch/torch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+
+#include <iterator>
 
 namespace segflow::pipeline::detail {
 
@@ -74,10 +78,12 @@ std::vector<std::string> present_keys(const Sample& s, const std::vector<std::st
 bool is_floating(const at::Tensor& t) { return at::isFloatingType(t.scalar_type()); }
 
 void drop_indices(Sample& s) {
-  s.tensors.erase("fg_indices");
-  s.tensors.erase("bg_indices");
-  s.tensors.erase("~c:fg_indices");  // their compact markers (pipeline/cache/compact.hpp)
-  s.tensors.erase("~c:bg_indices");
+  const std::string marker = kCompactMarkerPrefix;  // their compact markers (pipeline/cache/compact.hpp)
+  for (auto it = s.tensors.begin(); it != s.tensors.end();) {
+    const std::string& k = it->first;
+    const bool is_marker = k.compare(0, marker.size(), marker) == 0;
+    it = is_crop_index_key(is_marker ? k.substr(marker.size()) : k) ? s.tensors.erase(it) : std::next(it);
+  }
 }
 
 Geometry flip_geometry(const Geometry& g, const Size3& size, int axis) {

@@ -45,7 +45,8 @@ std::vector<std::string> present_keys(const Sample& s, const std::vector<std::st
 /// True for floating tensors (intensity stages need them).
 bool is_floating(const at::Tensor& t);
 
-/// Removes "fg_indices" and "bg_indices" (stale after a spatial change).
+/// Removes the crop centre sets of fg_bg_indices (is_crop_index_key: fg_indices, bg_indices,
+/// fg_indices_<v>) and their compact markers (stale after a spatial change).
 void drop_indices(Sample& s);
 
 /// Geometry of the grid after flipping axis `axis` (x = 0) of a grid of size `size` (xyz).
