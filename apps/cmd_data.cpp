@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "apps/cli_args.hpp"
@@ -19,7 +20,8 @@ int fail(const std::string& cmd, const Status& st) {
 }
 
 int cmd_synth(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {"out", "cases", "size", "format", "compress", "seed"}, {});
+  auto a = parse_args(
+      argc, argv, 2, {"out", "cases", "size", "format", "compress", "seed", "spacing", "spacing-jitter"}, {});
   if (!a.is_ok()) return fail("synth", a.status());
   segflow::pipeline::SynthOptions o;
   o.out = a->get("out");
@@ -37,6 +39,21 @@ int cmd_synth(int argc, char** argv) {
       return fail("synth", segflow::invalid_argument("--seed: expected an integer >= 0, got '" +
                                                      a->get("seed") + "'"));
     o.seed = static_cast<std::uint64_t>(*v);
+  }
+  if (a->has("spacing")) {
+    const std::string t = a->get("spacing");
+    double x = 0, y = 0, z = 0;
+    char tail = 0;
+    if (std::sscanf(t.c_str(), "%lf,%lf,%lf%c", &x, &y, &z, &tail) != 3)
+      return fail("synth", segflow::invalid_argument("--spacing: expected X,Y,Z in mm, got '" + t + "'"));
+    o.spacing = {x, y, z};
+  }
+  if (a->has("spacing-jitter")) {
+    char* end = nullptr;
+    o.spacing_jitter = std::strtod(a->get("spacing-jitter").c_str(), &end);
+    if (*end != '\0')
+      return fail("synth", segflow::invalid_argument("--spacing-jitter: expected a number, got '" +
+                                                     a->get("spacing-jitter") + "'"));
   }
   if (!a->positional.empty())
     return fail("synth", segflow::invalid_argument("unexpected argument '" + a->positional[0] + "'"));

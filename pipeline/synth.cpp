@@ -103,14 +103,20 @@ struct PhantomGrid {
   std::array<double, 3> half_fov{};  ///< half the field of view, mm, per axis
 };
 
-/// Grid: anisotropic spacing, thicker slices, roughly cubic field of view; every third
-/// phantom oblique.
-PhantomGrid phantom_grid(int size, int index, PhantomRng& U) {
+/// Grid: anisotropic spacing (random, or `spacing` with its jitter), thicker slices, roughly
+/// cubic field of view; every third phantom oblique.
+PhantomGrid phantom_grid(int size, int index, PhantomRng& U, const std::array<double, 3>& spacing,
+                         double jitter) {
   PhantomGrid pg;
   Geometry& g = pg.g;
-  const double sxy = U(0.7, 1.6);
-  const double sz = U(1.5, 3.0);
-  g.spacing = {sxy, sxy, sz};
+  const double rxy = U(0.7, 1.6);
+  const double rz = U(1.5, 3.0);
+  g.spacing = {rxy, rxy, rz};
+  if (spacing[0] > 0) {  // drawn after the random pair, so the default draws stay as they were
+    const double fxy = 1.0 + U(-jitter, jitter), fz = 1.0 + U(-jitter, jitter);
+    g.spacing = {spacing[0] * fxy, spacing[1] * fxy, spacing[2] * fz};
+  }
+  const double sxy = g.spacing[0], sz = g.spacing[2];
   const std::int64_t nx = size, ny = size;
   const std::int64_t nz = std::max<std::int64_t>(16, std::llround(size * sxy / sz * 1.2));
   const bool oblique = index % 3 == 2;
@@ -125,7 +131,7 @@ PhantomGrid phantom_grid(int size, int index, PhantomRng& U) {
   }
   pg.nx = nx, pg.ny = ny, pg.nz = nz;
   pg.centre = centre;
-  pg.half_fov = {nx * sxy / 2.0, ny * sxy / 2.0, nz * sz / 2.0};
+  pg.half_fov = {nx * sxy / 2.0, ny * g.spacing[1] / 2.0, nz * sz / 2.0};
   return pg;
 }
 
@@ -219,10 +225,11 @@ at::Tensor phantom_hu(const Anatomy& a, const std::array<at::Tensor, 3>& u, Phan
 
 }  // namespace
 
-Phantom make_phantom(int size, std::uint64_t seed, int index) {
+Phantom make_phantom(int size, std::uint64_t seed, int index, const std::array<double, 3>& spacing,
+                     double spacing_jitter) {
   torch::NoGradGuard no_grad;
   PhantomRng U{std::mt19937_64(seed * 1000003ULL + static_cast<std::uint64_t>(index) * 7919ULL + 17ULL)};
-  const PhantomGrid grid = phantom_grid(size, index, U);
+  const PhantomGrid grid = phantom_grid(size, index, U, spacing, spacing_jitter);
   const std::array<at::Tensor, 3> u = body_coordinates(grid);
   const Anatomy anatomy = phantom_anatomy(u, U);
   const at::Tensor hu = phantom_hu(anatomy, u, U);
@@ -247,6 +254,15 @@ Status validate(const SynthOptions& o) {
   if (o.format != "dicom" && o.format != "nifti" && o.format != "npy")
     return invalid_argument("--format: expected dicom, nifti or npy, got '" + o.format + "'");
   if (o.out.empty()) return invalid_argument("--out: expected an output folder, got nothing");
+  const bool any = o.spacing[0] != 0 || o.spacing[1] != 0 || o.spacing[2] != 0;
+  if (any && !(o.spacing[0] > 0 && o.spacing[1] > 0 && o.spacing[2] > 0))
+    return invalid_argument("--spacing: expected 3 positive numbers (x, y, z mm), got " +
+                            std::to_string(o.spacing[0]) + "," + std::to_string(o.spacing[1]) + "," +
+                            std::to_string(o.spacing[2]));
+  if (!(o.spacing_jitter >= 0 && o.spacing_jitter <= 0.9))
+    return invalid_argument("--spacing-jitter: expected a number in [0, 0.9], got " +
+                            std::to_string(o.spacing_jitter));
+  if (o.spacing_jitter > 0 && !any) return invalid_argument("--spacing-jitter: needs --spacing");
   if (o.compress != "none" && o.format != "dicom")
     return invalid_argument("--compress: only applies to --format dicom, got --format " + o.format);
   auto c = parse_dicom_compression(o.compress);
@@ -299,7 +315,7 @@ Status synthesize_dataset(const SynthOptions& o) {
 
   for (int i = 0; i < o.cases; ++i) {
     const std::string id = case_id(i);
-    Phantom ph = make_phantom(o.size, o.seed, i);
+    Phantom ph = make_phantom(o.size, o.seed, i, o.spacing, o.spacing_jitter);
     if (o.format == "nifti") {
       fs::create_directories(o.out / "imagesTr");
       fs::create_directories(o.out / "labelsTr");

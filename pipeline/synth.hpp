@@ -1,6 +1,7 @@
 #pragma once
 // Synthetic CT-like phantoms: the embedded default dataset (`segflow synth`).
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -19,6 +20,12 @@ struct SynthOptions {
   std::string compress = "none";  ///< DICOM only: none | rle | jpeg-ls | jpeg-lossless
   std::filesystem::path out;      ///< output folder (created); not a data.synth key
   std::uint64_t seed = 0;         ///< dataset seed, >= 0; case i uses (seed, i)
+  /// Voxel spacing (x, y, z) in mm, each > 0; all 0 = a random anisotropic spacing per case
+  /// (x = y in 0.7..1.6, z in 1.5..3). `segflow synth --spacing` only (not a data.synth key).
+  std::array<double, 3> spacing{0.0, 0.0, 0.0};
+  /// With `spacing`: each case's spacing varies by a factor 1 + u, u uniform in
+  /// [-spacing_jitter, spacing_jitter] (one u for x and y, another for z); [0, 0.9].
+  double spacing_jitter = 0.0;
 
   /// Reads cases, size, format, compress and seed (pipeline/options.hpp); `out` is the
   /// caller's (a job's data.root).
@@ -38,9 +45,11 @@ inline constexpr int kPhantomLabels = 4;
 /// Names of labels 0..kPhantomLabels.
 const char* phantom_label_name(int label);
 
-/// Makes case `index` of a dataset seeded with `seed`: random anisotropic spacing, an
-/// oblique orientation on every third case, Gaussian noise and a smooth bias field.
-Phantom make_phantom(int size, std::uint64_t seed, int index);
+/// Makes case `index` of a dataset seeded with `seed`: random anisotropic spacing (or
+/// `spacing` (x, y, z) mm with its jitter, see SynthOptions), an oblique orientation on every
+/// third case, Gaussian noise and a smooth bias field.
+Phantom make_phantom(int size, std::uint64_t seed, int index,
+                     const std::array<double, 3>& spacing = {0, 0, 0}, double spacing_jitter = 0.0);
 
 /// Writes a whole dataset in the layout of its format (MSD for nifti, DICOM case folders
 /// with a DICOM SEG for dicom, MedSAM imgs/ gts/ for npy). Validates options first.
