@@ -102,8 +102,7 @@ namespace {
 
 /// The configs `segflow train` runs: one, or one per --fold (K, or "all" for 0..folds-1),
 /// each read with data.fold=K after the --set overrides; all read and checked before any runs.
-Result<std::vector<models::JobConfig>> train_configs(const Args& a) {
-  const std::string file = a.positional[0];
+Result<std::vector<models::JobConfig>> train_configs(const Args& a, const std::string& file) {
   std::vector<std::string> sets = a.all("set");
   SEGFLOW_ASSIGN_OR_RETURN(models::JobConfig base, models::load_job_config(file, sets));
   if (!a.has("fold")) return std::vector<models::JobConfig>{std::move(base)};
@@ -135,21 +134,67 @@ Result<std::vector<models::JobConfig>> train_configs(const Args& a) {
 
 int train_one(const Args& a, Result<models::JobConfig> cfg);
 
+/// `segflow train DATASET`: the YAML of the plan of --configuration (default 3d_fullres) in
+/// --plans DIR (default DATASET/.segflow-plans), planned first unless current.
+Result<std::string> planned_config(const Args& a, const std::filesystem::path& dataset) {
+  SEGFLOW_ASSIGN_OR_RETURN(const auto kind,
+                           models::planning::parse_configuration(a.get("configuration", "3d_fullres")));
+  SEGFLOW_ASSIGN_OR_RETURN(auto options, plan_options_from_args(a));
+  const std::filesystem::path out =
+      a.has("plans") ? std::filesystem::path(a.get("plans")) : dataset / ".segflow-plans";
+  SEGFLOW_ASSIGN_OR_RETURN(const auto yaml, ensure_plan(dataset, out, kind, options));
+  return yaml.string();
+}
+
+/// Copies the plan a run trains (its YAML, plans.json, fingerprint.json) into
+/// RUN/plan/, the run folder `segflow train` is about to use.
+Status copy_plan_into_run(const Args& a, const models::JobConfig& cfg, const std::filesystem::path& yaml) {
+  namespace fs = std::filesystem;
+  const fs::path run =
+      a.has("run-dir") ? fs::path(a.get("run-dir")) : fs::path(cfg.runs_dir) / models::run_name(cfg);
+  std::error_code ec;
+  fs::create_directories(run / "plan", ec);
+  if (ec) return io_error((run / "plan").string() + ": cannot create: " + ec.message());
+  for (const fs::path& f :
+       {yaml, yaml.parent_path() / "plans.json", yaml.parent_path() / "fingerprint.json"}) {
+    fs::copy_file(f, run / "plan" / f.filename(), fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      return io_error(f.string() + ": cannot copy into " + (run / "plan").string() + ": " + ec.message());
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 int cmd_train(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {"set", "resume", "plugins", "run-dir", "ranks", "devices", "fold"},
+  auto a = parse_args(argc, argv, 2,
+                      {"set", "resume", "plugins", "run-dir", "ranks", "devices", "fold", "configuration",
+                       "plans", "device", "memory-gb", "memory-model", "max-step-s", "amp", "threads"},
                       {"quiet", "resume-last"});
   if (!a.is_ok()) return fail("train", a.status());
   if (a->positional.size() != 1)
-    return fail("train",
-                invalid_argument("expected one CONFIG file, got " + std::to_string(a->positional.size())));
-  auto cfgs = train_configs(*a);
+    return fail("train", invalid_argument("expected one CONFIG file or DATASET folder, got " +
+                                          std::to_string(a->positional.size())));
+  std::string file = a->positional[0];
+  const bool dataset = std::filesystem::is_directory(file);
+  for (const char* k :
+       {"configuration", "plans", "device", "memory-gb", "memory-model", "max-step-s", "amp", "threads"})
+    if (!dataset && a->has(k))
+      return fail("train", invalid_argument(std::string("--") + k +
+                                            ": only with a DATASET folder, got the config " + file));
+  if (dataset) {
+    auto yaml = planned_config(*a, file);
+    if (!yaml.is_ok()) return fail("train", yaml.status());
+    file = *yaml;
+  }
+  auto cfgs = train_configs(*a, file);
   if (!cfgs.is_ok()) return fail("train", cfgs.status());
   for (std::size_t i = 0; i < cfgs->size(); ++i) {
     if (cfgs->size() > 1)
       std::fprintf(stderr, "fold %lld (%zu of %zu)\n", static_cast<long long>((*cfgs)[i].data.fold), i + 1,
                    cfgs->size());
+    if (dataset)
+      if (Status st = copy_plan_into_run(*a, (*cfgs)[i], file); !st.is_ok()) return fail("train", st);
     if (const int rc = train_one(*a, std::move((*cfgs)[i])); rc != 0) return rc;
   }
   return 0;

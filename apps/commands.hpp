@@ -2,9 +2,11 @@
 // The subcommands of `segflow`. Each parses its own arguments (argv[2..]) and returns the
 // process exit code: 0 ok, 2 bad usage, 1 failure (one line on stderr).
 
+#include <filesystem>
 #include <string>
 
 #include "messages/status.hpp"
+#include "models/planning/plan.hpp"
 
 namespace segflow::apps {
 
@@ -17,6 +19,21 @@ int cmd_bench(int argc, char** argv);   ///< apps/cmd_bench.cpp
 int cmd_ctl(int argc, char** argv);     ///< apps/cmd_ctl.cpp: the daemon client
 int cmd_eval(int argc, char** argv);    ///< apps/cmd_eval.cpp: score predictions against ground truth
 int cmd_export(int argc, char** argv);  ///< apps/cmd_export.cpp: a checkpoint out to PyTorch
+int cmd_plan(int argc, char** argv);    ///< apps/cmd_plan.cpp: fingerprint and plan a dataset
+
+struct Args;
+/// The planner options of `segflow plan` / `segflow train DATASET` flags (--device,
+/// --memory-gb, --configurations, --memory-model, --max-step-s, --amp, --threads).
+Result<models::planning::PlanOptions> plan_options_from_args(const Args& a);
+/// "cuda:0" when a CUDA device is visible, else "cpu".
+std::string default_plan_device();
+/// The YAML of configuration `kind` in plan folder `out`: the plan there when it is current
+/// for `dataset` (plan_is_current), else a new plan of `kind` written there first. Holds a
+/// lock on the folder while it checks and plans.
+Result<std::filesystem::path> ensure_plan(const std::filesystem::path& dataset,
+                                          const std::filesystem::path& out,
+                                          models::planning::ConfigurationKind kind,
+                                          models::planning::PlanOptions options);
 
 /// Prints "segflow CMD: message" on stderr; returns 2 for invalid_argument and
 /// invalid_config (bad usage: a bad flag, a bad config), else 1.

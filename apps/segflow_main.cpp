@@ -20,15 +20,22 @@ usage: segflow COMMAND [options]
 commands:
   synth    --out DIR [--cases N] [--size S] [--format dicom|nifti|npy]
            [--compress none|rle|jpeg-ls|jpeg-lossless] [--seed K]
+           [--spacing X,Y,Z [--spacing-jitter F]]
                          write a synthetic CT-like dataset with label maps
   inspect  PATH [--json] geometry and value summary of a file, series, case or dataset
   stages   [--json] [--plugins DIR]
                          every pipeline stage with its options and defaults
+  plan     DATASET [--out DIR] [--device cpu|cuda:N] [--memory-gb G] [--max-step-s S]
+           [--configurations 2d,3d_fullres,3d_lowres] [--memory-model measured|nnunet] [--json]
+                         fingerprint the dataset and write nnU-Net-style plans: plans.json and one
+                         runnable job YAML per configuration (default DIR: DATASET/.segflow-plans)
   train    CONFIG [--set key=value ...] [--resume PATH] [--plugins DIR] [--quiet]
            [--ranks N] [--devices cuda:0,cuda:1] [--fold K ... | --fold all]
                          train in the foreground; writes a run folder under runs/
                          (data parallel with --ranks/--devices, or under torchrun/srun;
                          --fold: cross-validation folds of data.folds, one run each)
+  train    DATASET [--configuration 3d_fullres] [--plans DIR] [plan flags] [train flags]
+                         plan the dataset (or reuse a plan whose fingerprint matches) and train
   ctl      COMMAND ...    talk to segflowd (start, stop, pause, resume, status, list, ...)
   infer    --checkpoint PATH [--checkpoint PATH2 ...] --input SCAN|DIR|DATASET
            --output out.nii.gz|seg.dcm|DIR [--tta none|mirror|mirror-all] [--save-probabilities]
@@ -58,9 +65,9 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   static const std::map<std::string, std::function<int(int, char**)>> commands = {
-      {"synth", cmd_synth}, {"inspect", cmd_inspect}, {"stages", cmd_stages},
-      {"train", cmd_train}, {"infer", cmd_infer},     {"ctl", cmd_ctl},
-      {"bench", cmd_bench}, {"eval", cmd_eval},       {"export", cmd_export},
+      {"synth", cmd_synth},   {"inspect", cmd_inspect}, {"stages", cmd_stages}, {"train", cmd_train},
+      {"infer", cmd_infer},   {"ctl", cmd_ctl},         {"bench", cmd_bench},   {"eval", cmd_eval},
+      {"export", cmd_export}, {"plan", cmd_plan},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);

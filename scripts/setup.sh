@@ -54,6 +54,12 @@ fi
 # MONAI's surface metrics (HD95, ASSD, surface Dice) need scipy's EDT and erosion: the
 # reference `segflow eval` is checked against (tests/tools/monai_metrics.py).
 .venv/bin/python -m pip install -q "scipy>=1.11"
+# nnU-Net v2, the reference `segflow plan` is compared with (tests/tools/nnunet_plan.py) and
+# the baseline of bench/nnunet-bench.sh. Its dependencies would move numpy to 2.x (MONAI 1.4
+# needs numpy < 2); the constraints keep numpy and the pinned torch as they are (torch is not
+# replaced: nnunetv2 accepts 2.11.0).
+printf 'numpy<2\ntorch==2.11.0\n' > .venv/constraints-nnunet.txt
+.venv/bin/python -m pip install -q -c .venv/constraints-nnunet.txt "nnunetv2==2.8.1"
 # ZeroMQ for Python: the daemon soak benchmark's clients (bench/daemon_soak.py).
 .venv/bin/python -m pip install -q "pyzmq>=25"
 # Real third-party test data (PyPI source archives), cached outside git.

@@ -1,0 +1,150 @@
+// segflow plan: dataset fingerprint -> nnU-Net-style plans and runnable job YAMLs
+// (models/planning/plan.hpp); and the plan step of `segflow train DATASET`.
+#include <torch/cuda.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "apps/cli_args.hpp"
+#include "apps/commands.hpp"
+#include "messages/file_util.hpp"
+#include "models/planning/plan.hpp"
+
+namespace segflow::apps {
+
+namespace fs = std::filesystem;
+namespace planning = models::planning;
+
+namespace {
+
+Result<double> parse_positive(const std::string& option, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(v) || v <= 0)
+    return invalid_argument("--" + option + ": expected a number > 0, got '" + text + "'");
+  return v;
+}
+
+Result<std::vector<planning::ConfigurationKind>> parse_configurations(const std::string& list) {
+  std::vector<planning::ConfigurationKind> out;
+  for (std::size_t p = 0; p <= list.size();) {
+    const std::size_t q = std::min(list.find(',', p), list.size());
+    if (q > p) {
+      auto k = planning::parse_configuration(list.substr(p, q - p));
+      if (!k.is_ok()) return k.status().with_context("--configurations");
+      out.push_back(*k);
+    }
+    p = q + 1;
+  }
+  if (out.empty())
+    return invalid_argument("--configurations: expected 2d, 3d_fullres and/or 3d_lowres, got '" + list + "'");
+  return out;
+}
+
+/// One line per planned configuration.
+void print_summary(const planning::PlanResult& r, const fs::path& out) {
+  const auto& fp = r.fingerprint;
+  std::fprintf(stderr, "fingerprint: %zu cases, %zu excluded\n", fp.cases.size(), fp.excluded.size());
+  for (const auto& e : fp.excluded)
+    std::fprintf(stderr, "  excluded %s: %s\n", e.id.c_str(), e.message.c_str());
+  for (const auto& n : r.notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  for (const auto& c : r.configurations) {
+    std::string patch, sp;
+    for (std::size_t i = 0; i < c.topology.patch_size.size(); ++i) {
+      patch += (i ? "x" : "") + std::to_string(c.topology.patch_size[i]);
+      char b[32];
+      std::snprintf(b, sizeof b, "%s%.4g", i ? "x" : "", c.spacing[i]);
+      sp += b;
+    }
+    std::printf("%-10s patch %s (nnU-Net axis order) spacing %s mm, batch %lld, %lld stages -> %s\n",
+                to_string(c.kind), patch.c_str(), sp.c_str(), static_cast<long long>(c.batch_size),
+                static_cast<long long>(c.topology.n_stages()),
+                (out / planning::yaml_file_name(c.kind)).c_str());
+  }
+  std::printf("plan folder: %s\n", out.c_str());
+}
+
+}  // namespace
+
+std::string default_plan_device() { return torch::cuda::is_available() ? "cuda:0" : "cpu"; }
+
+Result<planning::PlanOptions> plan_options_from_args(const Args& a) {
+  planning::PlanOptions o;
+  o.device = a.get("device", default_plan_device());
+  if (o.device != "cpu" && o.device != "cuda" && o.device.rfind("cuda:", 0) != 0)
+    return invalid_argument("--device: expected cpu, cuda or cuda:N, got '" + o.device + "'");
+  if (a.has("configurations")) {
+    SEGFLOW_ASSIGN_OR_RETURN(o.configurations, parse_configurations(a.get("configurations")));
+  }
+  if (a.has("memory-gb")) {
+    SEGFLOW_ASSIGN_OR_RETURN(o.memory_gb, parse_positive("memory-gb", a.get("memory-gb")));
+  }
+  if (a.has("max-step-s")) {
+    SEGFLOW_ASSIGN_OR_RETURN(o.max_step_s, parse_positive("max-step-s", a.get("max-step-s")));
+  }
+  if (a.has("memory-model")) {
+    SEGFLOW_ASSIGN_OR_RETURN(o.memory_model, planning::parse_memory_model(a.get("memory-model")));
+  }
+  if (a.has("amp")) o.amp = a.get("amp");
+  if (a.has("threads")) {
+    SEGFLOW_ASSIGN_OR_RETURN(const long long t, parse_int("--threads", a.get("threads")));
+    if (t < 0) return invalid_argument("--threads: expected an integer >= 0, got " + a.get("threads"));
+    o.fingerprint.threads = static_cast<int>(t);
+  }
+  return o;
+}
+
+Result<fs::path> ensure_plan(const fs::path& dataset, const fs::path& out, planning::ConfigurationKind kind,
+                             planning::PlanOptions options) {
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) return io_error(out.string() + ": cannot create the plan folder: " + ec.message());
+  // One planner at a time per plan folder (ranks of one job, two jobs on one dataset).
+  SEGFLOW_ASSIGN_OR_RETURN(FileLock lock, FileLock::acquire(out / ".plan.lock"));
+  const Status current = planning::plan_is_current(out, dataset, kind);
+  if (current.is_ok()) {
+    std::fprintf(stderr, "segflow train: reusing the plan in %s (its fingerprint matches the data)\n",
+                 out.c_str());
+    return out / planning::yaml_file_name(kind);
+  }
+  std::fprintf(stderr, "segflow train: planning %s into %s (%s)\n", dataset.c_str(), out.c_str(),
+               current.message().c_str());
+  options.configurations = {kind};
+  if (kind == planning::ConfigurationKind::lowres_3d)
+    options.configurations.insert(options.configurations.begin(), planning::ConfigurationKind::fullres_3d);
+  SEGFLOW_ASSIGN_OR_RETURN(planning::PlanResult r, planning::plan_dataset(dataset, options));
+  if (!r.find(kind))
+    return invalid_argument(dataset.string() + ": configuration " + to_string(kind) + " was not planned" +
+                            (r.notes.empty() ? std::string() : ": " + r.notes.front()));
+  SEGFLOW_RETURN_IF_ERROR(planning::write_plan(r, out));
+  print_summary(r, out);
+  return out / planning::yaml_file_name(kind);
+}
+
+int cmd_plan(int argc, char** argv) {
+  auto a = parse_args(
+      argc, argv, 2,
+      {"out", "device", "memory-gb", "configurations", "memory-model", "max-step-s", "amp", "threads"},
+      {"json"});
+  if (!a.is_ok()) return fail("plan", a.status());
+  if (a->positional.size() != 1)
+    return fail("plan",
+                invalid_argument("expected one DATASET folder, got " + std::to_string(a->positional.size())));
+  const fs::path dataset = a->positional[0];
+  const fs::path out = a->has("out") ? fs::path(a->get("out")) : dataset / ".segflow-plans";
+  auto o = plan_options_from_args(*a);
+  if (!o.is_ok()) return fail("plan", o.status());
+  auto r = planning::plan_dataset(dataset, *o);
+  if (!r.is_ok()) return fail("plan", r.status());
+  if (Status st = planning::write_plan(*r, out); !st.is_ok()) return fail("plan", st);
+  if (a->flag("json"))
+    std::cout << r->plans_json().dump() << '\n';
+  else
+    print_summary(*r, out);
+  return 0;
+}
+
+}  // namespace segflow::apps
