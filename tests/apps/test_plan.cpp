@@ -36,11 +36,11 @@ nlohmann::json segflow_plan(const fs::path& dataset, const fs::path& out, const 
 }
 
 /// nnU-Net's own fingerprint and plans of `dataset` ({"fingerprint", "plans"}).
-nlohmann::json nnunet_plan(const fs::path& dataset, const fs::path& scratch) {
+nlohmann::json nnunet_plan(const fs::path& dataset, const fs::path& scratch, const std::string& flags = "") {
   const fs::path out = scratch / "nnunet.json";
-  const auto r = st::run_command(st::shell_quote(st::python()) + " " +
-                                 st::shell_quote(st::source_path("tests/tools/nnunet_plan.py")) + " " +
-                                 st::shell_quote(dataset) + " " + st::shell_quote(out) + " 2>&1");
+  const auto r = st::run_command(
+      st::shell_quote(st::python()) + " " + st::shell_quote(st::source_path("tests/tools/nnunet_plan.py")) +
+      " " + st::shell_quote(dataset) + " " + st::shell_quote(out) + " " + flags + " 2>&1");
   INFO(r.out);
   REQUIRE(r.exit_code == 0);
   return plan_read_json(out);
@@ -77,6 +77,9 @@ void compare_with_nnunet(const nlohmann::json& ours, const nlohmann::json& ref) 
     CHECK(a["architecture"]["arch_kwargs"]["kernel_sizes"] ==
           b["architecture"]["arch_kwargs"]["kernel_sizes"]);
     CHECK(a["batch_size"] == b["batch_size"]);
+    CHECK(a["batch_dice"] == b["batch_dice"]);
+    check_close(a["median_image_size_in_voxels"], b["median_image_size_in_voxels"], 1e-9,
+                std::string(name) + " median");
   }
   const auto& fa = ours["foreground_intensity_properties_per_channel"]["0"];
   const auto& fb = ref["fingerprint"]["foreground_intensity_properties_per_channel"]["0"];
@@ -147,6 +150,16 @@ TEST_CASE("segflow plan --memory-model nnunet plans a 0.7 x 0.7 x 5 mm set as nn
   const std::string yaml = st::read_file(dir / "plan" / "3d_fullres.yaml");
   CHECK(st::contains(yaml, "strides: [[1, 1, 1], [2, 2, 1], [2, 2, 1]"));
   CHECK(st::contains(yaml, "kernel_sizes: [[3, 3, 1]"));
+}
+
+TEST_CASE(
+    "segflow plan --memory-model nnunet finds nnU-Net's 3d_lowres spacing and patch for a 0.5 GB target") {
+  st::TempDir dir("plan_lowres");
+  const fs::path ds = synth(dir / "ds", "--cases 2 --size 112 --spacing 1,1,1 --seed 12");
+  const auto ours = segflow_plan(ds, dir / "plan", "--memory-model nnunet --device cpu --memory-gb 0.5");
+  REQUIRE(ours["configurations"].contains("3d_lowres"));
+  compare_with_nnunet(ours, nnunet_plan(ds, dir.path(), "--gpu-memory-gb 0.5"));
+  CHECK(fs::exists(dir / "plan" / "3d_lowres.yaml"));
 }
 
 TEST_CASE(
