@@ -5,6 +5,8 @@
 #include <cmath>
 #include <fstream>
 
+#include "pipeline/cache/compact.hpp"
+#include "pipeline/collate.hpp"
 #include "pipeline/io/npy.hpp"
 #include "pipeline/transforms/intensity.hpp"
 #include "stage_test_util.hpp"
@@ -488,4 +490,41 @@ TEST_CASE("the nnU-Net stages run on CUDA tensors and give the CPU's values") {
     const double scale = std::max(1.0, a.at("image").abs().max().item<double>());
     CHECK(max_diff(a.at("image"), b.at("image")) <= 1e-4 * scale);
   }
+}
+
+TEST_CASE("an nnU-Net-style stage list runs from YAML through the compact cache into batches") {
+  // What segflow plan writes for a CT dataset: dataset statistics, per-class indices, then
+  // nnU-Net's augmentation (every probability raised so that each stage acts).
+  const char* yaml = R"(
+- {name: normalize_ct, options: {lower: -20, upper: 180, mean: 80.5, std: 35.2}}
+- {name: fg_bg_indices, options: {per_class: true}}
+- {name: rand_crop_pos_neg, options: {spatial_size: [8, 8, 6], pos: 1, neg: 2, num_samples: 2, class_balanced: true}}
+- {name: rand_gaussian_blur, options: {prob: 1.0}}
+- {name: rand_brightness, options: {prob: 1.0}}
+- {name: rand_contrast, options: {prob: 1.0}}
+- {name: rand_simulate_low_resolution, options: {prob: 1.0, ignore_axes: [2]}}
+- {name: rand_gamma, options: {prob: 1.0, gamma: [0.7, 1.5], sampling: halves, invert_prob: 1, retain_stats: true, channel_wise: true}}
+- {name: rand_gamma, options: {prob: 1.0, gamma: [0.7, 1.5], sampling: halves, retain_stats: true, channel_wise: true}}
+- {name: rand_flip, options: {prob: 0.5}}
+)";
+  REQUIRE_OK_AND_ASSIGN(Pipeline p, build_pipeline(YAML::Load(yaml), registry(), "plan.yaml"));
+  CHECK(p.cache_boundary() == 2);
+  Sample s = blob_sample(12, 16, 20);
+  s.at("image") = s.at("image") * 100.0f - 50.0f;
+  REQUIRE_OK_AND_ASSIGN(Sample cached, p.run_deterministic(s));
+  CHECK(cached.has("fg_indices_1"));
+  CHECK(cached.has("fg_indices_3"));
+  REQUIRE_OK_AND_ASSIGN(Sample compact, compact_sample(cached, CacheDtype::exact));
+  std::vector<Sample> a{compact}, b{cached};
+  Rng r1(4), r2(4);
+  REQUIRE_OK(p.run_random(a, r1));
+  REQUIRE_OK(p.run_random(b, r2));
+  REQUIRE(a.size() == 2);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(torch::equal(a[i].at("image"), b[i].at("image")));  // the compact cache changes nothing
+    CHECK(subset(values_of(a[i].at("label")), {0, 1, 3}));
+  }
+  REQUIRE_OK_AND_ASSIGN(Batch batch, collate(a));
+  CHECK(batch.tensors.at("image").sizes() == torch::IntArrayRef({2, 1, 6, 8, 8}));
+  CHECK(batch.tensors.size() == 2);  // image and label: no index lists
 }
