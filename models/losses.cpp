@@ -248,6 +248,18 @@ std::string loss_names_doc() {
 
 }  // namespace
 
+const char* to_string(DeepSupervisionWeights weights) {
+  switch (weights) {
+    case DeepSupervisionWeights::halving:
+      return "halving";
+    case DeepSupervisionWeights::nnunet:
+      return "nnunet";
+    case DeepSupervisionWeights::none:
+      return "none";
+  }
+  return "?";
+}
+
 const char* to_string(LossKind kind) {
   const LossEntry* e = find_loss(kind);
   return e ? e->name : "unknown";
@@ -313,6 +325,13 @@ void LossOptions::bind(pipeline::OptionParser& p) {
   p.number("gamma", gamma, Range::non_negative(), "", "focal exponent");
   p.number("alpha", alpha, Range::closed(0, 1), "", "focal alpha; null = none");
   p.boolean("focal_softmax", focal_softmax, "softmax focal term (MONAI FocalLoss use_softmax)");
+  std::string ds = to_string(deep_supervision);
+  p.choice("deep_supervision", ds, {"halving", "nnunet", "none"},
+           "weights of a deep-supervised model's outputs (full resolution first): halving 1/2^i, "
+           "nnunet 1/2^i with the lowest resolution 0, none the first output alone; normalised to 1");
+  for (auto k :
+       {DeepSupervisionWeights::halving, DeepSupervisionWeights::nnunet, DeepSupervisionWeights::none})
+    if (ds == to_string(k)) deep_supervision = k;
   if (p.ok()) p.check(validate(), "loss");
 }
 
@@ -324,18 +343,28 @@ Result<LossOptions> parse_loss_options(const nlohmann::json& j, const std::strin
 
 // ---------------------------------------------------------------------- DeepSupervisionLoss
 
-DeepSupervisionLoss::DeepSupervisionLoss(LossFn loss, bool zero_lowest)
-    : loss_(std::move(loss)), zero_lowest_(zero_lowest) {}
+DeepSupervisionLoss::DeepSupervisionLoss(LossFn loss, DeepSupervisionWeights kind)
+    : loss_(std::move(loss)), kind_(kind) {}
 
-std::vector<double> DeepSupervisionLoss::weights(size_t n, bool zero_lowest) {
+DeepSupervisionLoss::DeepSupervisionLoss(LossFn loss, bool zero_lowest)
+    : DeepSupervisionLoss(std::move(loss),
+                          zero_lowest ? DeepSupervisionWeights::nnunet : DeepSupervisionWeights::halving) {}
+
+std::vector<double> DeepSupervisionLoss::weights(size_t n, DeepSupervisionWeights kind) {
   std::vector<double> w(n);
   double sum = 0;
   for (size_t i = 0; i < n; ++i) {
-    w[i] = (zero_lowest && n > 1 && i == n - 1) ? 0.0 : std::pow(0.5, static_cast<double>(i));
+    const bool zero = (kind == DeepSupervisionWeights::nnunet && n > 1 && i == n - 1) ||
+                      (kind == DeepSupervisionWeights::none && i > 0);
+    w[i] = zero ? 0.0 : std::pow(0.5, static_cast<double>(i));
     sum += w[i];
   }
   for (auto& x : w) x /= sum;
   return w;
+}
+
+std::vector<double> DeepSupervisionLoss::weights(size_t n, bool zero_lowest) {
+  return weights(n, zero_lowest ? DeepSupervisionWeights::nnunet : DeepSupervisionWeights::halving);
 }
 
 at::Tensor DeepSupervisionLoss::downsample_target(const at::Tensor& target, at::IntArrayRef spatial) {
@@ -361,7 +390,7 @@ at::Tensor DeepSupervisionLoss::downsample_target(const at::Tensor& target, at::
 at::Tensor DeepSupervisionLoss::operator()(const std::vector<at::Tensor>& outputs,
                                            const at::Tensor& target) const {
   TORCH_CHECK(!outputs.empty(), "deep supervision loss: no outputs");
-  const auto w = weights(outputs.size(), zero_lowest_);
+  const auto w = weights(outputs.size(), kind_);
   at::Tensor total;
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (w[i] == 0.0) continue;

@@ -77,6 +77,15 @@ enum class LossKind { dice, ce, bce, dice_ce, dice_bce, focal, dice_focal };
 /// The loss's name in a job config ("dice_ce").
 const char* to_string(LossKind kind);
 
+/// How the outputs of a deep-supervised model (full resolution first) are weighted:
+///   halving  1/2^i for output i, normalised to sum 1 (segflow's default so far)
+///   nnunet   as halving but the lowest-resolution output weighs 0 before normalising, as
+///            nnU-Net v2's trainer does (e.g. 4 outputs: 8/14, 4/14, 2/14, 0)
+///   none     the full-resolution output alone (weights 1, 0, 0, ...)
+enum class DeepSupervisionWeights { halving, nnunet, none };
+/// "halving", "nnunet", "none".
+const char* to_string(DeepSupervisionWeights weights);
+
 /// One loss by name with every knob (parsed from a job config by parse_loss_options).
 struct LossOptions {
   LossKind kind = LossKind::dice_ce;
@@ -88,6 +97,9 @@ struct LossOptions {
   double gamma = 2.0;             ///< focal exponent
   std::optional<double> alpha;    ///< focal alpha
   bool focal_softmax = false;     ///< softmax focal term (MONAI FocalLoss use_softmax)
+  /// Weights of a deep-supervised model's outputs (plain_unet with deep_supervision); no
+  /// effect on a model with one output.
+  DeepSupervisionWeights deep_supervision = DeepSupervisionWeights::halving;
 
   Status validate() const;
   /// Reads a job config's `loss` section (keys in parse_loss_options), then validate().
@@ -109,7 +121,8 @@ Result<LossFn> make_loss(const LossOptions& options);
 /// Parses {"name": "dice_ce", "softmax": true, "to_onehot_y": true, "include_background":
 /// false, "squared_pred": false, "jaccard": false, "smooth_nr": 1e-5, "smooth_dr": 1e-5,
 /// "batch": false, "sigmoid": false, "ce_weight": [..], "lambda_dice": 1, "lambda_ce": 1,
-/// "lambda_focal": 1, "gamma": 2, "alpha": null, "focal_softmax": false}. Unknown keys and bad values are
+/// "lambda_focal": 1, "gamma": 2, "alpha": null, "focal_softmax": false, "deep_supervision":
+/// "halving"}. Unknown keys and bad values are
 /// errors naming `where` and the key ("loss.smoth_nr: unknown option; expected name, ...").
 /// "softmax"/"sigmoid" pick act (at most one true; neither = none); a given name brings its
 /// default (sigmoid for bce and dice_bce, softmax otherwise).
@@ -118,22 +131,27 @@ Result<LossOptions> parse_loss_options(const nlohmann::json& j, const std::strin
 std::vector<std::string> loss_names();
 
 /// nnU-Net deep supervision: outputs[i] (full resolution first) are scored against the target
-/// downsampled to their size ("nearest-exact", as nnU-Net v2) and summed with weights
-/// 1 / 2^i normalised to 1. zero_lowest sets the lowest resolution's weight to 0 before
-/// normalising, as nnU-Net's trainer does.
+/// downsampled to their size ("nearest-exact", as nnU-Net v2; per axis, so anisotropic
+/// strides work) and summed with the weights of `kind` (halving: 1 / 2^i normalised to 1;
+/// nnunet: the lowest resolution's weight 0 before normalising, as nnU-Net's trainer does;
+/// none: the first output alone). Outputs of weight 0 are not scored.
 class DeepSupervisionLoss {
  public:
-  explicit DeepSupervisionLoss(LossFn loss, bool zero_lowest = false);
+  explicit DeepSupervisionLoss(LossFn loss, DeepSupervisionWeights kind = DeepSupervisionWeights::halving);
+  /// zero_lowest: nnunet, else halving.
+  DeepSupervisionLoss(LossFn loss, bool zero_lowest);
   /// outputs non-empty, each (N, C, *spatial_i); target (N, 1 or C, *spatial_0).
   at::Tensor operator()(const std::vector<at::Tensor>& outputs, const at::Tensor& target) const;
   /// The normalised weights for n outputs.
+  static std::vector<double> weights(size_t n, DeepSupervisionWeights kind);
+  /// zero_lowest: nnunet, else halving.
   static std::vector<double> weights(size_t n, bool zero_lowest = false);
   /// Target resized to `spatial` by nearest-exact (dtype kept).
   static at::Tensor downsample_target(const at::Tensor& target, at::IntArrayRef spatial);
 
  private:
   LossFn loss_;
-  bool zero_lowest_;
+  DeepSupervisionWeights kind_;
 };
 
 }  // namespace segflow::models

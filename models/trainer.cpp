@@ -130,7 +130,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
     auto loss = make_loss(cfg.loss);
     if (!loss.is_ok()) return loss.status().with_context(cfg.file + ": loss");
     t->impl_->loss = *loss;
-    if (t->model_.info().deep_supervision) t->impl_->ds_loss.emplace(*loss);
+    if (t->model_.info().deep_supervision) t->impl_->ds_loss.emplace(*loss, cfg.loss.deep_supervision);
 
     t->impl_->params = t->model_.trainable_parameters();
     auto opt = FusedOptimizer::create(cfg.optimizer, t->impl_->params);
