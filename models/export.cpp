@@ -54,6 +54,13 @@ json monai_act(ActKind k) {
   return nullptr;
 }
 
+/// Sizes as MONAI takes them: an integer, or a sequence in array order (z, y, x), the reverse
+/// of segflow's (x, y, z).
+json monai_sizes(const AxisSizes& s) {
+  if (s.xyz().size() == 1) return s.xyz().front();
+  return json(std::vector<std::int64_t>(s.xyz().rbegin(), s.xyz().rend()));
+}
+
 Result<ExportedModel> export_unet(const UNetOptions& o, const torch::nn::Module& module) {
   ExportedModel m;
   m.target = "monai.networks.nets.UNet";
@@ -65,15 +72,17 @@ Result<ExportedModel> export_unet(const UNetOptions& o, const torch::nn::Module&
   };
   for (const auto& p : module.named_parameters()) SEGFLOW_RETURN_IF_ERROR(add(p.key(), p.value()));
   for (const auto& b : module.named_buffers()) SEGFLOW_RETURN_IF_ERROR(add(b.key(), b.value()));
+  json strides = json::array();
+  for (const auto& st : o.strides) strides.push_back(monai_sizes(st));
   m.spec = {{"target", m.target},
             {"args",
              {{"spatial_dims", o.spatial_dims},
               {"in_channels", o.in_channels},
               {"out_channels", o.out_channels},
               {"channels", o.channels},
-              {"strides", o.strides},
-              {"kernel_size", o.kernel_size},
-              {"up_kernel_size", o.up_kernel_size},
+              {"strides", strides},
+              {"kernel_size", monai_sizes(o.kernel_size)},
+              {"up_kernel_size", monai_sizes(o.up_kernel_size)},
               {"num_res_units", o.num_res_units},
               {"act", monai_act(o.act)},
               {"norm", monai_norm(o.norm)},

@@ -5,7 +5,8 @@
 // clang-format off
 //   unet -> monai.networks.nets.UNet: segflow's UNet is MONAI's module for module, so only
 //           the names change ("down.1.conv.0.norm.weight" <-> "model.1.submodule.0.conv.
-//           unit0.adn.N.weight"); norm, act, dropout and bias become MONAI's arguments.
+//           unit0.adn.N.weight"); norm, act, dropout and bias become MONAI's arguments,
+//           per-axis strides and kernel sizes MONAI's sequences in array order (z, y, x).
 //   sam  -> segment_anything's Sam (image_encoder, prompt_encoder, mask_decoder): the names
 //           are segment_anything's already; the JSON holds the three modules' arguments.
 //   plain_unet has no such counterpart (it is nnU-Net's architecture, not a MONAI class)

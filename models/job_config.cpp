@@ -312,6 +312,7 @@ Status validate_job_config(const JobConfig& cfg, const pipeline::StageRegistry& 
     m.weights.clear();  // exists (checked above); read when the job builds its trainer
     auto model = create_model(m);
     if (!model.is_ok()) return model.status().with_context(label + ": model");
+    SEGFLOW_RETURN_IF_ERROR(check_input_sizes(model->info(), cfg.stages, cfg.validation.roi_size, label));
     auto loss = make_loss(cfg.loss);
     if (!loss.is_ok()) return loss.status().with_context(label + ": loss");
     auto opt = make_optimizer(cfg.optimizer, model->trainable_parameters());

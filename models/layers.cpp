@@ -52,19 +52,64 @@ const char* to_string(ActKind k) noexcept {
   return "?";
 }
 
+// -------------------------------------------------------------------------------- DimSizes
+
+std::vector<int64_t> DimSizes::expand(int dims) const {
+  std::vector<int64_t> out;
+  for (int d = 0; d < dims; ++d) out.push_back((*this)[static_cast<size_t>(d)]);
+  return out;
+}
+
+bool DimSizes::all_equal(int64_t v) const {
+  for (auto x : values_)
+    if (x != v) return false;
+  return true;
+}
+
+std::string DimSizes::text() const {
+  if (!values_.empty() && all_equal(values_.front())) return std::to_string(values_.front());
+  std::string s = "[";
+  for (size_t i = 0; i < values_.size(); ++i) s += (i ? ", " : "") + std::to_string(values_[i]);
+  return s + "]";
+}
+
+std::ostream& operator<<(std::ostream& stream, const DimSizes& sizes) { return stream << sizes.text(); }
+
+bool operator==(const DimSizes& a, const DimSizes& b) {
+  if (a.values_.size() == 1) return b.all_equal(a.values_.front());
+  if (b.values_.size() == 1) return a.all_equal(b.values_.front());
+  return a.values_ == b.values_;
+}
+
 // ---------------------------------------------------------------------------------- ConvNd
 
-ConvNdImpl::ConvNdImpl(ConvOptions o) : options(o) { reset(); }
+namespace {
+
+// Checks that `s` has one value or one per dim, each >= `min`.
+void check_dim_sizes(const char* what, const DimSizes& s, int dims, int64_t min) {
+  const auto n = s.values().size();
+  TORCH_CHECK(n == 1 || n == static_cast<size_t>(dims), "ConvNd: ", what, ": expected 1 or ", dims,
+              " values, got ", s.text());
+  for (auto v : s.values())
+    TORCH_CHECK(v >= min, "ConvNd: ", what, ": expected values >= ", min, ", got ", s.text());
+}
+
+}  // namespace
+
+ConvNdImpl::ConvNdImpl(ConvOptions o) : options(std::move(o)) { reset(); }
 
 void ConvNdImpl::reset() {
   const auto& o = options;
   TORCH_CHECK(o.spatial_dims == 2 || o.spatial_dims == 3, "ConvNd: spatial_dims must be 2 or 3, got ",
               o.spatial_dims);
-  TORCH_CHECK(o.in_channels > 0 && o.out_channels > 0 && o.kernel_size > 0 && o.stride > 0,
-              "ConvNd: channels, kernel_size and stride must be positive");
+  TORCH_CHECK(o.in_channels > 0 && o.out_channels > 0, "ConvNd: channels must be positive");
+  check_dim_sizes("kernel_size", o.kernel_size, o.spatial_dims, 1);
+  check_dim_sizes("stride", o.stride, o.spatial_dims, 1);
+  check_dim_sizes("padding", o.padding, o.spatial_dims, -1);
+  check_dim_sizes("output_padding", o.output_padding, o.spatial_dims, 0);
   std::vector<int64_t> shape = o.transposed ? std::vector<int64_t>{o.in_channels, o.out_channels}
                                             : std::vector<int64_t>{o.out_channels, o.in_channels};
-  for (int d = 0; d < o.spatial_dims; ++d) shape.push_back(o.kernel_size);
+  for (auto k : o.kernel_size.expand(o.spatial_dims)) shape.push_back(k);
   weight = register_parameter("weight", torch::empty(shape));
   if (o.bias) {
     bias = register_parameter("bias", torch::empty({o.out_channels}));
@@ -85,13 +130,24 @@ void ConvNdImpl::reset_parameters() {
   }
 }
 
+std::vector<int64_t> ConvNdImpl::resolved_padding() const {
+  const auto& o = options;
+  std::vector<int64_t> pad;
+  for (int d = 0; d < o.spatial_dims; ++d) {
+    const auto p = o.padding[static_cast<size_t>(d)];
+    pad.push_back(p < 0 ? (o.kernel_size[static_cast<size_t>(d)] - 1) / 2 : p);
+  }
+  return pad;
+}
+
 at::Tensor ConvNdImpl::forward(const at::Tensor& x) {
   const auto& o = options;
   TORCH_CHECK(x.dim() == o.spatial_dims + 2, "ConvNd: expected a ", o.spatial_dims + 2,
               "-d input (N, C, *spatial), got shape ", x.sizes());
-  const int64_t pad = o.padding < 0 ? (o.kernel_size - 1) / 2 : o.padding;
-  std::vector<int64_t> stride(o.spatial_dims, o.stride), padding(o.spatial_dims, pad),
-      dilation(o.spatial_dims, 1), out_pad(o.spatial_dims, o.transposed ? o.output_padding : 0);
+  const std::vector<int64_t> stride = o.stride.expand(o.spatial_dims), padding = resolved_padding(),
+                             dilation(o.spatial_dims, 1),
+                             out_pad = o.transposed ? o.output_padding.expand(o.spatial_dims)
+                                                    : std::vector<int64_t>(o.spatial_dims, 0);
   // The named ops, not at::convolution: autocast lists conv2d/conv3d/conv_transpose2d/3d on
   // CPU and CUDA, but not convolution on CPU, so after an op autocast did cast (PReLU, say)
   // at::convolution would meet a bf16 input with float32 weights.
@@ -102,7 +158,7 @@ at::Tensor ConvNdImpl::forward(const at::Tensor& x) {
   // random) when the input's depth is at least 2 and less than the kernel size, as at the
   // bottom of a UNet on small crops (tests/models/test_amp.cpp has the case). Such layers are
   // tiny: under CPU autocast they run in float32.
-  if (o.spatial_dims == 3 && x.is_cpu() && x.size(2) >= 2 && x.size(2) < o.kernel_size &&
+  if (o.spatial_dims == 3 && x.is_cpu() && x.size(2) >= 2 && x.size(2) < o.kernel_size[0] &&
       at::autocast::is_autocast_enabled(c10::DeviceType::CPU)) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCPU);
     return at::conv3d(x.to(weight.scalar_type()), weight, bias, stride, padding, dilation, 1);
@@ -114,9 +170,9 @@ at::Tensor ConvNdImpl::forward(const at::Tensor& x) {
 void ConvNdImpl::pretty_print(std::ostream& s) const {
   const auto& o = options;
   s << "segflow::models::ConvNd(" << o.spatial_dims << "d" << (o.transposed ? ", transposed" : "") << ", "
-    << o.in_channels << ", " << o.out_channels << ", kernel_size=" << o.kernel_size << ", stride=" << o.stride
-    << ", padding=" << (o.padding < 0 ? (o.kernel_size - 1) / 2 : o.padding);
-  if (o.transposed && o.output_padding) s << ", output_padding=" << o.output_padding;
+    << o.in_channels << ", " << o.out_channels << ", kernel_size=" << o.kernel_size.text()
+    << ", stride=" << o.stride.text() << ", padding=" << DimSizes(resolved_padding()).text();
+  if (o.transposed && !o.output_padding.all_equal(0)) s << ", output_padding=" << o.output_padding.text();
   if (!o.bias) s << ", bias=false";
   s << ")";
 }

@@ -9,8 +9,10 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <iosfwd>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "messages/status.hpp"
@@ -29,17 +31,50 @@ Result<ActKind> parse_act(const std::string& s);
 const char* to_string(NormKind k) noexcept;
 const char* to_string(ActKind k) noexcept;
 
-/// Options of ConvNd. Weight shape (out, in, k...) or, transposed, (in, out, k...).
+/// One size per spatial dim of a tensor, in tensor order ((Z, Y, X) in 3D, (Y, X) in 2D), or
+/// one value for every dim. Converts from an integer, so `ConvOptions{3, 1, 8, 3, 2}` means
+/// kernel 3 and stride 2 on every dim. (Configs write sizes in (x, y, z) order: AxisSizes in
+/// models/unet.hpp, whose dims() gives this.)
+class DimSizes {
+ public:
+  DimSizes(int64_t value = 0) : values_{value} {}  // NOLINT(google-explicit-constructor)
+  DimSizes(std::initializer_list<int64_t> values) : values_(values) {}
+  explicit DimSizes(std::vector<int64_t> values) : values_(std::move(values)) {}
+
+  /// The size on spatial dim d (a single value stands for every dim).
+  int64_t operator[](size_t d) const { return values_.size() == 1 ? values_.front() : values_.at(d); }
+  /// The sizes of `dims` spatial dims.
+  std::vector<int64_t> expand(int dims) const;
+  /// The values as given: one, or one per dim.
+  const std::vector<int64_t>& values() const { return values_; }
+  /// True when every dim has the size `v`.
+  bool all_equal(int64_t v) const;
+  /// "3" (the same on every dim) or "[1, 3, 3]".
+  std::string text() const;
+
+  /// Equal sizes on every dim (a single value compares as that value on every dim).
+  friend bool operator==(const DimSizes& a, const DimSizes& b);
+  friend bool operator==(const DimSizes& a, int64_t b) { return a.all_equal(b); }
+
+ private:
+  std::vector<int64_t> values_;
+};
+
+/// Writes text().
+std::ostream& operator<<(std::ostream& stream, const DimSizes& sizes);
+
+/// Options of ConvNd. Weight shape (out, in, k...) or, transposed, (in, out, k...). Sizes per
+/// spatial dim in tensor order, or one for every dim.
 struct ConvOptions {
-  int spatial_dims = 3;        ///< 2 or 3
-  int64_t in_channels = 1;     ///< >= 1
-  int64_t out_channels = 1;    ///< >= 1
-  int64_t kernel_size = 3;     ///< same in every dim, >= 1
-  int64_t stride = 1;          ///< same in every dim, >= 1
-  int64_t padding = -1;        ///< voxels each side; -1 = "same" padding (kernel_size - 1) / 2
-  int64_t output_padding = 0;  ///< transposed only; extra voxels on one side of the output
-  bool transposed = false;     ///< transposed convolution (upsampling by `stride`)
-  bool bias = true;            ///< learn an additive bias per output channel
+  int spatial_dims = 3;         ///< 2 or 3
+  int64_t in_channels = 1;      ///< >= 1
+  int64_t out_channels = 1;     ///< >= 1
+  DimSizes kernel_size = 3;     ///< >= 1 per dim
+  DimSizes stride = 1;          ///< >= 1 per dim
+  DimSizes padding = -1;        ///< voxels each side; -1 = "same" padding (kernel_size - 1) / 2 on that dim
+  DimSizes output_padding = 0;  ///< transposed only; extra voxels on one side of the output
+  bool transposed = false;      ///< transposed convolution (upsampling by `stride`)
+  bool bias = true;             ///< learn an additive bias per output channel
 };
 
 /// A 2D or 3D (transposed) convolution, initialised like torch.nn.ConvNd
@@ -49,6 +84,8 @@ class ConvNdImpl : public torch::nn::Cloneable<ConvNdImpl> {
   explicit ConvNdImpl(ConvOptions options);
   void reset() override;
   void reset_parameters();
+  /// The padding of each spatial dim, "same" (-1) resolved to (kernel_size - 1) / 2.
+  std::vector<int64_t> resolved_padding() const;
   /// (N, in, *spatial) -> (N, out, *spatial').
   at::Tensor forward(const at::Tensor& x);
   void pretty_print(std::ostream& stream) const override;

@@ -3,9 +3,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 #include "models/weights.hpp"
 #include "pipeline/options.hpp"
+#include "pipeline/pipeline_spec.hpp"
 
 namespace segflow::models {
 namespace {
@@ -19,17 +21,87 @@ void bind_norm(OptionParser& p, NormKind& norm, const char* doc) {
   if (auto n = parse_norm(s); n.is_ok()) norm = *n;
 }
 
+/// "an integer or 3 integers (x, y, z)".
+std::string axis_sizes_expected(int spatial_dims) {
+  return "an integer or " + std::to_string(spatial_dims) + " integers " + axis_order_text(spatial_dims);
+}
+
+/// `v` as AxisSizes: an integer (YAML may write 2.0), or a list of spatial_dims integers.
+/// Values are range-checked by the options' validate(), which names the field.
+bool read_axis_sizes(const nlohmann::json& v, int spatial_dims, AxisSizes& out) {
+  auto as_integer = [](const nlohmann::json& e, std::int64_t& i) {
+    if (e.is_number_integer()) {
+      i = e.get<std::int64_t>();
+      return true;
+    }
+    if (!e.is_number_float()) return false;
+    const double d = e.get<double>();
+    if (d != std::floor(d) || std::abs(d) > 9e15) return false;
+    i = static_cast<std::int64_t>(d);
+    return true;
+  };
+  std::int64_t i = 0;
+  if (as_integer(v, i)) {
+    out = AxisSizes(i);
+    return true;
+  }
+  if (!v.is_array() || v.size() != static_cast<std::size_t>(spatial_dims)) return false;
+  std::vector<std::int64_t> xyz;
+  for (const auto& e : v) {
+    if (!as_integer(e, i)) return false;
+    xyz.push_back(i);
+  }
+  out = AxisSizes(std::move(xyz));
+  return true;
+}
+
+/// One size for every axis or one per axis in (x, y, z) order.
+void axis_sizes(OptionParser& p, const char* key, AxisSizes& field, int spatial_dims, const char* doc) {
+  nlohmann::json v = field;
+  p.json_value(key, v, "integer or list of integers (x, y, z)", doc);
+  if (!p.given(key)) return;
+  if (!read_axis_sizes(v, spatial_dims, field))
+    return p.fail(key,
+                  "expected " + axis_sizes_expected(spatial_dims) + ", got " + pipeline::format_value(v));
+  p.set_resolved(key, field);
+}
+
+/// A list (per level or stage) of sizes, each one for every axis or one per axis (x, y, z);
+/// a bad entry is named: "model.strides[2]: expected an integer or 3 integers (x, y, z), ...".
+void axis_sizes_list(OptionParser& p, const char* key, std::vector<AxisSizes>& field, int spatial_dims,
+                     const char* doc) {
+  nlohmann::json v = field;
+  p.json_value(key, v, "list of (integer or list of integers (x, y, z))", doc);
+  if (!p.given(key)) return;
+  if (!v.is_array())
+    return p.fail(key, "expected a list, each entry " + axis_sizes_expected(spatial_dims) + ", got " +
+                           pipeline::format_value(v));
+  std::vector<AxisSizes> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    AxisSizes a;
+    if (!read_axis_sizes(v[i], spatial_dims, a))
+      return p.fail(
+          std::string(key) + "[" + std::to_string(i) + "]",
+          "expected " + axis_sizes_expected(spatial_dims) + ", got " + pipeline::format_value(v[i]));
+    out.push_back(std::move(a));
+  }
+  field = std::move(out);
+  p.set_resolved(key, field);
+}
+
 void bind(OptionParser& p, UNetOptions& o) {
   p.integer("spatial_dims", o.spatial_dims, Range::closed(2, 3), "", "2D (Y, X) or 3D (Z, Y, X) inputs");
   p.integer("in_channels", o.in_channels, Range::at_least(1), "channels", "input image channels");
   p.integer("out_channels", o.out_channels, Range::at_least(1), "channels",
             "output logit channels (classes incl. background)");
   p.integer_list("channels", o.channels, Range::at_least(1), false, "features per level, >= 2 levels");
-  p.integer_list("strides", o.strides, Range::at_least(1), false,
-                 "downsampling factor between levels (len(channels) - 1 entries)");
-  p.integer("kernel_size", o.kernel_size, Range::at_least(1), "voxels", "conv kernel size (odd)");
-  p.integer("up_kernel_size", o.up_kernel_size, Range::at_least(1), "voxels",
-            "transposed-conv kernel size (odd)");
+  axis_sizes_list(p, "strides", o.strides, o.spatial_dims,
+                  "downsampling between levels (len(channels) - 1 entries), each an integer or one per "
+                  "axis in (x, y, z) order");
+  axis_sizes(p, "kernel_size", o.kernel_size, o.spatial_dims,
+             "conv kernel size in voxels (odd): an integer or one per axis (x, y, z)");
+  axis_sizes(p, "up_kernel_size", o.up_kernel_size, o.spatial_dims,
+             "transposed-conv kernel size in voxels (odd): an integer or one per axis (x, y, z)");
   p.integer("num_res_units", o.num_res_units, Range::non_negative(), "",
             "residual units per block; 0 = plain conv blocks");
   bind_norm(p, o.norm, "normalisation: batch, instance (affine) or none");
@@ -53,9 +125,14 @@ void bind(OptionParser& p, PlainConvUNetOptions& o) {
   p.integer("n_conv_per_stage", o.n_conv_per_stage, Range::at_least(1), "", "encoder convs per stage");
   p.integer("n_conv_per_stage_decoder", o.n_conv_per_stage_decoder, Range::at_least(1), "",
             "decoder convs per stage");
-  p.integer("kernel_size", o.kernel_size, Range::at_least(1), "voxels", "conv kernel size (odd)");
-  p.integer_list("strides", o.strides, Range::at_least(1), false,
-                 "stride per stage (n_stages entries); [] = 1, 2, 2, ...");
+  p.integer("kernel_size", o.kernel_size, Range::at_least(1), "voxels",
+            "conv kernel size (odd) of every stage unless kernel_sizes is given");
+  axis_sizes_list(p, "kernel_sizes", o.kernel_sizes, o.spatial_dims,
+                  "conv kernel per stage (n_stages entries, odd), each an integer or one per axis in "
+                  "(x, y, z) order; [] = kernel_size everywhere");
+  axis_sizes_list(p, "strides", o.strides, o.spatial_dims,
+                  "stride per stage (n_stages entries), each an integer or one per axis in (x, y, z) "
+                  "order; [] = 1, 2, 2, ...");
   p.boolean("deep_supervision", o.deep_supervision, "one output per decoder stage");
   p.boolean("conv_bias", o.conv_bias, "conv biases");
   p.number("negative_slope", o.negative_slope, Range::non_negative(), "", "LeakyReLU slope");
@@ -128,7 +205,9 @@ Status read_model(const std::string& name, OptionParser& p, ModelOptions& m) {
 }
 
 Result<ModelHandle> build(const UNetOptions& o) {
-  ModelInfo info{"unet", o.spatial_dims, o.in_channels, o.out_channels, false, false, o.size_divisor(), 0};
+  SEGFLOW_RETURN_IF_ERROR(o.validate());  // before size_divisors() reads the strides
+  ModelInfo info{"unet", o.spatial_dims,   o.in_channels, o.out_channels, false, false, o.size_divisor(),
+                 0,      o.size_divisors()};
   auto m = UNet(o).ptr();
   return ModelHandle(info, m, [](torch::nn::Module& mod, const at::Tensor& x, const at::Tensor&) {
     return std::vector<at::Tensor>{static_cast<UNetImpl&>(mod).forward(x)};
@@ -136,8 +215,16 @@ Result<ModelHandle> build(const UNetOptions& o) {
 }
 
 Result<ModelHandle> build(const PlainConvUNetOptions& o) {
-  ModelInfo info{"plain_unet", o.spatial_dims,     o.in_channels,    o.num_classes,
-                 false,        o.deep_supervision, o.size_divisor(), 0};
+  SEGFLOW_RETURN_IF_ERROR(o.validate());
+  ModelInfo info{"plain_unet",
+                 o.spatial_dims,
+                 o.in_channels,
+                 o.num_classes,
+                 false,
+                 o.deep_supervision,
+                 o.size_divisor(),
+                 0,
+                 o.size_divisors()};
   auto m = PlainConvUNet(o).ptr();
   return ModelHandle(info, m, [](torch::nn::Module& mod, const at::Tensor& x, const at::Tensor&) {
     return static_cast<PlainConvUNetImpl&>(mod).forward(x);
@@ -149,7 +236,8 @@ Result<ModelHandle> build(const SamModelOptions& so) {
   o.resolve();
   SEGFLOW_RETURN_IF_ERROR(o.validate());
   const auto& e = o.image_encoder;
-  ModelInfo info{"sam", 2, e.in_chans, 1, true, false, e.patch_size, e.img_size};
+  ModelInfo info{
+      "sam", 2, e.in_chans, 1, true, false, e.patch_size, e.img_size, {e.patch_size, e.patch_size}};
   auto m = Sam(o).ptr();
   return ModelHandle(info, m, [](torch::nn::Module& mod, const at::Tensor& x, const at::Tensor& box) {
     TORCH_CHECK(box.defined(), "sam: forward needs a box tensor (N, 4)");
@@ -182,6 +270,38 @@ std::vector<at::Tensor> ModelHandle::trainable_parameters() const {
 }
 
 std::vector<std::string> known_models() { return {"unet", "plain_unet", "sam"}; }
+
+Status check_input_size(const ModelInfo& info, const std::vector<std::int64_t>& xyz,
+                        const std::string& field) {
+  if (info.fixed_size > 0) return Status::ok();
+  const auto& div = info.size_divisors;
+  for (std::size_t a = 0; a < std::min(xyz.size(), div.size()); ++a) {
+    if (xyz[a] <= 0 || xyz[a] % div[a] == 0) continue;
+    const char axis[] = {"xyz"[a], '\0'};
+    return invalid_config(field + ": expected a multiple of " + std::to_string(div[a]) + " on " + axis +
+                          " (the product of model.strides on " + axis + "; per axis " +
+                          axis_order_text(static_cast<int>(div.size())) + ": " +
+                          pipeline::format_value(nlohmann::json(div)) + "), got " +
+                          pipeline::format_value(nlohmann::json(xyz)));
+  }
+  return Status::ok();
+}
+
+Status check_input_sizes(const ModelInfo& info, const pipeline::PipelineSpec& stages,
+                         const std::vector<std::int64_t>& roi_size, const std::string& label) {
+  for (std::size_t i = 0; i < stages.stages.size(); ++i) {
+    const auto& st = stages.stages[i];
+    const auto it = st.options.find("spatial_size");
+    if (st.name.find("crop") == std::string::npos || it == st.options.end()) continue;
+    std::vector<std::int64_t> xyz;
+    if (it->is_number_integer()) xyz.assign(3, it->get<std::int64_t>());
+    if (it->is_array())
+      for (const auto& v : *it) xyz.push_back(v.is_number_integer() ? v.get<std::int64_t>() : 0);
+    SEGFLOW_RETURN_IF_ERROR(check_input_size(
+        info, xyz, label + ": " + stages.path + "[" + std::to_string(i) + "].options.spatial_size"));
+  }
+  return check_input_size(info, roi_size, label + ": validation.roi_size");
+}
 
 std::string ModelOptions::name() const {
   switch (net.index()) {

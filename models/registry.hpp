@@ -9,8 +9,12 @@
 //   unet:        channels, strides, kernel_size, up_kernel_size, num_res_units, norm
 //                (batch|instance|none), act (relu|prelu|leakyrelu), dropout, bias
 //   plain_unet:  n_stages, base_features, max_features, n_conv_per_stage,
-//                n_conv_per_stage_decoder, kernel_size, strides, deep_supervision, conv_bias,
-//                negative_slope, norm   (out_channels = number of classes)
+//                n_conv_per_stage_decoder, kernel_size, kernel_sizes, strides,
+//                deep_supervision, conv_bias, negative_slope, norm   (out_channels = classes)
+//   Per-axis sizes (unet strides entries, kernel_size, up_kernel_size; plain_unet strides and
+//   kernel_sizes entries) are an integer for every axis or a list in (x, y, z) order, (x, y)
+//   in 2D, like every size in a segflow config (AxisSizes in models/unet.hpp):
+//     strides: [[1, 1, 1], [2, 2, 1], [2, 2, 2]]   # thick slices: no pooling along z first
 //   sam:         preset (tiny|small|vit_b, default tiny), img_size, patch_size, embed_dim,
 //                depth, num_heads, mlp_ratio, out_chans, use_rel_pos, window_size,
 //                global_attn_indexes, decoder_depth, decoder_heads, decoder_mlp_dim,
@@ -36,6 +40,7 @@
 #include "messages/status.hpp"
 #include "models/sam.hpp"
 #include "models/unet.hpp"
+#include "pipeline/fwd.hpp"
 
 namespace torch::nn {
 class Module;
@@ -51,9 +56,26 @@ struct ModelInfo {
   int64_t out_channels = 2;       ///< logit channels (1 for sam: sigmoid)
   bool needs_box = false;         ///< forward needs a (B, 4) box tensor (sam)
   bool deep_supervision = false;  ///< forward returns several resolutions
-  int64_t size_divisor = 1;       ///< every spatial input size must be a multiple of this
+  int64_t size_divisor = 1;       ///< lcm of size_divisors: a size that is a multiple fits every axis
   int64_t fixed_size = 0;         ///< > 0: inputs must be exactly this size per axis (sam)
+  /// Per axis (x, y[, z]): every spatial input size on that axis must be a multiple of it (the
+  /// product of the strides on that axis).
+  std::vector<int64_t> size_divisors;
 };
+
+/// ok when an input size (x, y[, z]) fits the model: each axis a multiple of its size divisor
+/// (entries <= 0, "the whole axis", and axes past the model's, e.g. the z of a 2D model's
+/// (x, y, 1) crops, are not checked; models with a fixed size are not checked). Else
+/// invalid_config "<field>: expected a multiple of 16 on y (the product of model.strides on
+/// y; per axis (x, y, z): [16, 16, 4]), got [96, 90, 20]".
+Status check_input_size(const ModelInfo& info, const std::vector<int64_t>& xyz, const std::string& field);
+
+/// check_input_size on what a job feeds the model, at config time: the spatial_size of every
+/// crop stage (a stage whose name contains "crop": its output has that size; one integer
+/// stands for every axis) and the validation window roi_size (x, y[, z]). Errors name
+/// "<label>: stages[3].options.spatial_size" or "<label>: validation.roi_size".
+Status check_input_sizes(const ModelInfo& info, const pipeline::PipelineSpec& stages,
+                         const std::vector<int64_t>& roi_size, const std::string& label);
 
 /// A network with a uniform forward. Copies share the module; clone() makes an independent
 /// copy (per device). Not thread-safe: one handle per trainer thread.

@@ -43,9 +43,10 @@ fi
 # Independent readers for the tests (values and geometry are checked against them).
 .venv/bin/python -m pip install -q "numpy<3" "pydicom>=2.4,<4" "nibabel>=5" "SimpleITK>=2.3" "tensorboard>=2.15"
 # Reference implementations the model tests compare against on the same weights (MONAI's
-# UNet, segment_anything's SAM), and MONAI's recipe as a benchmark baseline. torchvision
-# without dependencies: segment_anything imports it, and its own pin would replace torch.
-.venv/bin/python -m pip install -q "monai==1.4.0" "segment-anything==1.0"
+# UNet, segment_anything's SAM, nnU-Net's PlainConvUNet from dynamic_network_architectures),
+# and MONAI's recipe as a benchmark baseline. torchvision without dependencies:
+# segment_anything imports it, and its own pin would replace torch.
+.venv/bin/python -m pip install -q "monai==1.4.0" "segment-anything==1.0" "dynamic-network-architectures==0.4.4"
 .venv/bin/python -m pip install -q --no-deps "torchvision==0.26.0"
 # pydicom's JPEG 2000 decoder (OpenJPEG through pylibjpeg): the independent reference for
 # segflow's JPEG 2000 DICOM reads. pylibjpeg-openjpeg 2.4+ needs numpy 2, which MONAI 1.4

@@ -1,7 +1,9 @@
 // Numerical agreement with the reference implementations (segment_anything's SAM modules,
-// MONAI's UNet) on the same random weights. tests/models/reference/make_reference.py makes
-// the weights and outputs; it needs those packages, which the project venv does not ship:
-// point SEGFLOW_REFERENCE_PYTHONPATH at a folder holding them (e.g. pip install --target DIR
+// MONAI's UNet, nnU-Net's PlainConvUNet from dynamic_network_architectures) on the same random
+// weights, isotropic and with per-axis (anisotropic) strides and kernels.
+// tests/models/reference/make_reference.py makes the weights and outputs; it needs those packages, which the
+// project venv does not ship: point SEGFLOW_REFERENCE_PYTHONPATH at a folder holding them (e.g. pip install
+// --target DIR
 // --no-deps monai segment-anything). Without them the cases skip with a message.
 #include <doctest/doctest.h>
 #include <torch/torch.h>
@@ -84,4 +86,57 @@ TEST_CASE("our UNet reproduces MONAI's UNet with residual units and batch norm o
   CHECK(rel_diff(net->forward(io["x"]), io["y_eval"]) < 1e-4);
   net->train();
   CHECK(rel_diff(net->forward(io["x"]), io["y_train"]) < 1e-4);
+}
+
+// Per-axis topologies: segflow's options are (x, y, z), the references' sequences (z, y, x)
+// (make_reference.py writes the same topology reversed). Same weights, same outputs.
+TEST_CASE("our UNet with per-axis strides and kernels reproduces MONAI's UNet given them in (z, y, x)") {
+  TempDir dir("ref_unet_aniso");
+  if (!make_reference("unet_aniso", dir)) return;
+  UNetOptions o;
+  o.out_channels = 3;
+  o.channels = {4, 8, 16};
+  o.strides = {{2, 2, 1}, {2, 2, 2}};
+  o.kernel_size = {3, 3, 1};
+  o.up_kernel_size = {3, 3, 1};
+  o.num_res_units = 2;
+  o.norm = NormKind::instance;
+  UNet net(o);
+  REQUIRE_OK_AND_ASSIGN(auto weights, read_tensor_archive(dir / "unet_aniso_weights.sfta"));
+  REQUIRE_OK(load_into(*net, weights, /*strict=*/true));
+  auto io = *read_tensor_archive(dir / "unet_aniso_io.sfta");
+  torch::NoGradGuard no_grad;
+  net->eval();
+  const auto y = net->forward(io["x"]);
+  MESSAGE("MONAI UNet, anisotropic: max abs diff " << segflow::testing::max_abs_diff(y, io["y"]) << " of max "
+                                                   << io["y"].abs().max().item<double>());
+  CHECK(rel_diff(y, io["y"]) < 1e-4);
+}
+
+TEST_CASE("our PlainConvUNet with per-axis strides and kernels reproduces nnU-Net's on every output") {
+  TempDir dir("ref_plain_unet_aniso");
+  if (!make_reference("plain_unet_aniso", dir)) return;
+  PlainConvUNetOptions o;
+  o.n_stages = 4;
+  o.base_features = 4;
+  o.max_features = 16;
+  o.num_classes = 3;
+  o.strides = {{1, 1, 1}, {2, 2, 1}, {2, 2, 2}, {2, 2, 2}};
+  o.kernel_sizes = {{3, 3, 1}, 3, 3, 3};
+  PlainConvUNet net(o);
+  REQUIRE_OK_AND_ASSIGN(auto weights, read_tensor_archive(dir / "plain_unet_aniso_weights.sfta"));
+  REQUIRE_OK(load_into(*net, weights, /*strict=*/true));
+  auto io = *read_tensor_archive(dir / "plain_unet_aniso_io.sfta");
+  torch::NoGradGuard no_grad;
+  net->eval();
+  const auto ys = net->forward(io["x"]);
+  REQUIRE(ys.size() == 3);
+  const char* names[] = {"y0", "y1", "y2"};
+  for (size_t i = 0; i < ys.size(); ++i) {
+    const auto& ref = io[names[i]];
+    MESSAGE("nnU-Net PlainConvUNet, anisotropic, output " << i << " " << ref.sizes() << ": max abs diff "
+                                                          << segflow::testing::max_abs_diff(ys[i], ref)
+                                                          << " of max " << ref.abs().max().item<double>());
+    CHECK(rel_diff(ys[i], ref) < 1e-4);
+  }
 }

@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
-"""Reference outputs of segment_anything's SAM and MONAI's UNet for segflow's C++ models.
+"""Reference outputs of segment_anything's SAM, MONAI's UNet and nnU-Net's PlainConvUNet for
+segflow's C++ models.
 
-    make_reference.py sam  OUT_DIR   # needs segment_anything (torchvision is stubbed if absent)
-    make_reference.py unet OUT_DIR   # needs monai
+    make_reference.py sam  OUT_DIR              # needs segment_anything (torchvision is stubbed if absent)
+    make_reference.py unet OUT_DIR              # needs monai
+    make_reference.py unet_aniso OUT_DIR        # MONAI's UNet with per-axis strides and kernels
+    make_reference.py plain_unet_aniso OUT_DIR  # needs dynamic_network_architectures (nnU-Net's)
+
+Per-axis sizes go to the reference classes in their array order (z, y, x); segflow's configs
+write them (x, y, z), so test_reference.cpp spells the same topology reversed.
 
 Each writes OUT_DIR/<model>_weights.sfta (the reference model's random weights under
 segflow's names) and OUT_DIR/<model>_io.sfta (inputs and reference outputs), both segflow
@@ -155,6 +161,81 @@ def unet(out):
     return 0
 
 
+def unet_aniso(out):
+    """MONAI's UNet with anisotropic strides and kernels (thick slices: z pooled once, 1-voxel
+    kernels along z), residual units, affine instance norm (segflow's instance norm)."""
+    try:
+        from monai.networks.nets import UNet
+    except ImportError as e:
+        print(f"monai not importable: {e}")
+        return 3
+    torch.manual_seed(0)
+    channels = (4, 8, 16)
+    # (z, y, x): level 0 pools y and x only; test_reference.cpp writes [[2, 2, 1], [2, 2, 2]].
+    model = UNet(spatial_dims=3, in_channels=1, out_channels=3, channels=channels, strides=((1, 2, 2), (2, 2, 2)),
+                 kernel_size=(1, 3, 3), up_kernel_size=(1, 3, 3), num_res_units=2,
+                 norm=("instance", {"affine": True}))
+    gen = torch.Generator().manual_seed(2)
+    randomize(model, gen)
+    x = torch.randn(2, 1, 6, 12, 16, generator=gen)
+    model.eval()
+    with torch.no_grad():
+        y = model(x)
+    sd = {monai_to_segflow(k, len(channels) - 1): v.clone() for k, v in model.state_dict().items()}
+    write_archive(os.path.join(out, "unet_aniso_weights.sfta"), sd)
+    write_archive(os.path.join(out, "unet_aniso_io.sfta"), {"x": x, "y": y})
+    return 0
+
+
+def nnunet_to_segflow(name):
+    """nnU-Net PlainConvUNet state_dict name -> segflow PlainConvUNet name; None for the
+    duplicates (all_modules.* repeats conv/norm; decoder.encoder.* repeats the encoder)."""
+    if ".all_modules." in name or name.startswith("decoder.encoder."):
+        return None
+    m = re.match(r"encoder\.stages\.(\d+)\.0\.convs\.(\d+)\.(conv|norm)\.(\w+)$", name)
+    if m:
+        return f"encoder_stages.{m.group(1)}.{m.group(2)}.{m.group(3)}.{m.group(4)}"
+    m = re.match(r"decoder\.stages\.(\d+)\.convs\.(\d+)\.(conv|norm)\.(\w+)$", name)
+    if m:
+        return f"decoder_stages.{m.group(1)}.{m.group(2)}.{m.group(3)}.{m.group(4)}"
+    m = re.match(r"decoder\.(transpconvs|seg_layers)\.(\d+)\.(\w+)$", name)
+    assert m, name
+    return f"{m.group(1)}.{m.group(2)}.{m.group(3)}"
+
+
+def plain_unet_aniso(out):
+    """nnU-Net's PlainConvUNet (dynamic_network_architectures, as nnU-Net v2 builds it from a
+    plan) with anisotropic pooling and kernels, deep supervision on."""
+    try:
+        from dynamic_network_architectures.architectures.unet import PlainConvUNet
+    except ImportError as e:
+        print(f"dynamic_network_architectures not importable: {e}")
+        return 3
+    torch.manual_seed(0)
+    # (z, y, x), as nnU-Net's plans.json lists them; test_reference.cpp writes the reverse.
+    strides = [[1, 1, 1], [1, 2, 2], [2, 2, 2], [2, 2, 2]]
+    kernels = [[1, 3, 3], [3, 3, 3], [3, 3, 3], [3, 3, 3]]
+    model = PlainConvUNet(input_channels=1, n_stages=4, features_per_stage=[4, 8, 16, 16],
+                          conv_op=torch.nn.Conv3d, kernel_sizes=kernels, strides=strides, n_conv_per_stage=2,
+                          num_classes=3, n_conv_per_stage_decoder=2, conv_bias=True,
+                          norm_op=torch.nn.InstanceNorm3d, norm_op_kwargs={"eps": 1e-5, "affine": True},
+                          nonlin=torch.nn.LeakyReLU, nonlin_kwargs={"inplace": True}, deep_supervision=True)
+    gen = torch.Generator().manual_seed(3)
+    randomize(model, gen)
+    x = torch.randn(2, 1, 8, 16, 24, generator=gen)
+    model.eval()
+    with torch.no_grad():
+        ys = model(x)
+    sd = {}
+    for k, v in model.state_dict().items():
+        n = nnunet_to_segflow(k)
+        if n is not None:
+            sd[n] = v.clone()
+    write_archive(os.path.join(out, "plain_unet_aniso_weights.sfta"), sd)
+    write_archive(os.path.join(out, "plain_unet_aniso_io.sfta"), {"x": x, **{f"y{i}": y for i, y in enumerate(ys)}})
+    return 0
+
+
 if __name__ == "__main__":
     which, out = sys.argv[1], sys.argv[2]
-    sys.exit({"sam": sam, "unet": unet}[which](out))
+    sys.exit({"sam": sam, "unet": unet, "unet_aniso": unet_aniso, "plain_unet_aniso": plain_unet_aniso}[which](out))
