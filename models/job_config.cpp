@@ -53,7 +53,9 @@ void TrainSettings::bind(OptionParser& p) {
   p.integer("accumulate", accumulate, Range::at_least(1), "micro-batches",
             "micro-batches per optimizer step");
   p.number("grad_clip", grad_clip, Range::non_negative(), "", "max global gradient norm; 0 = off");
-  p.choice("amp", amp, {"none", "bf16", "fp16"}, "mixed precision (fp16: CUDA only, dynamic loss scaling)");
+  p.choice("amp", amp, {"none", "bf16", "fp16", "auto"},
+           "mixed precision (fp16: CUDA only, dynamic loss scaling; auto: bf16 where the device has it "
+           "natively, fp16 on an older GPU, none on a CPU without native bf16: models/amp.hpp)");
   p.string("device", device, "auto, cpu, cuda or cuda:N");
   if (p.ok() && !std::regex_match(device, std::regex("auto|cpu|cuda(:[0-9]+)?")))
     p.fail("device", "expected auto, cpu, cuda or cuda:N, got \"" + device + "\"");
@@ -298,8 +300,8 @@ Status validate_job_config(const JobConfig& cfg, const pipeline::StageRegistry& 
   SEGFLOW_RETURN_IF_ERROR(pipeline::build_pipeline(cfg.stages, registry, cfg.file).status());
   SEGFLOW_RETURN_IF_ERROR(check_label_mapping(cfg));  // map_labels targets < the number of classes
   if (cfg.train.amp == "fp16" && cfg.train.device == "cpu")
-    return invalid_config(label +
-                          ": train.amp: fp16 needs a CUDA device (use bf16 on the CPU), got device cpu");
+    return invalid_config(
+        label + ": train.amp: fp16 needs a CUDA device (use bf16 or auto on the CPU), got device cpu");
   if (!cfg.model.weights.empty()) {
     std::error_code ec;
     if (!fs::is_regular_file(cfg.model.weights, ec))

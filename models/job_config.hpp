@@ -81,7 +81,7 @@ struct TrainSettings {
   std::int64_t batch_size = 2;  ///< samples per micro-batch (after crops), >= 1
   std::int64_t accumulate = 1;  ///< micro-batches per optimizer step, >= 1
   double grad_clip = 0.0;       ///< max global grad norm, >= 0; 0 = off
-  std::string amp = "none";     ///< none | bf16 | fp16 (fp16: CUDA only, dynamic loss scaling)
+  std::string amp = "none";     ///< none | bf16 | fp16 | auto (models/amp.hpp; fp16: CUDA only, loss scaling)
   std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
   /// Data parallel in one process: one rank per entry ([cuda:0, cuda:1], or [cpu, cpu] for
   /// CPU ranks; each CUDA device at most once); empty or one entry = a single trainer on

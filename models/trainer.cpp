@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "messages/log.hpp"
 #include "models/checkpoint.hpp"
 #include "models/detail/trainer_impl.hpp"
 #include "models/losses.hpp"
@@ -34,27 +35,6 @@ at::MemoryFormat channels_last_format(std::int64_t spatial_dims) {
 }
 
 }  // namespace
-
-AutocastGuard::AutocastGuard(const c10::Device& device, const std::string& amp) {
-  if (amp == "none") return;
-  TORCH_CHECK(amp == "bf16" || amp == "fp16", "amp: expected none, bf16 or fp16, got ", amp);
-  TORCH_CHECK(amp != "fp16" || device.is_cuda(), "amp fp16 needs a CUDA device, got ", device.str());
-  type_ = device.type();
-  TORCH_CHECK(at::autocast::is_autocast_available(type_), "autocast is not available on ", device.str());
-  prev_enabled_ = at::autocast::is_autocast_enabled(type_);
-  prev_dtype_ = at::autocast::get_autocast_dtype(type_);
-  at::autocast::set_autocast_enabled(type_, true);
-  at::autocast::set_autocast_dtype(type_, amp == "fp16" ? at::kHalf : at::kBFloat16);
-  at::autocast::increment_nesting();
-  active_ = true;
-}
-
-AutocastGuard::~AutocastGuard() {
-  if (!active_) return;
-  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_autocast_enabled(type_, prev_enabled_);
-  at::autocast::set_autocast_dtype(type_, prev_dtype_);
-}
 
 Result<c10::Device> resolve_device(const std::string& text) {
   if (text == "auto")
@@ -98,10 +78,10 @@ std::int64_t Trainer::host_reads() const { return impl_->host_reads; }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10::Device& device) {
   try {
-    if (cfg.train.amp == "fp16" && !device.is_cuda())
-      return invalid_config(cfg.file +
-                            ": train.amp: fp16 needs a CUDA device (use bf16 on the CPU), got device " +
-                            device.str());
+    // train.amp as this device runs it (auto resolved once, here; the checkpoint keeps the
+    // setting, so a resumed or inferring job resolves it again for its own device).
+    auto amp = resolve_amp(cfg.train.amp, device);
+    if (!amp.is_ok()) return amp.status().with_context(cfg.file);
     BindDevice bind(device);
     if (cfg.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg.train.threads));
     torch::manual_seed(cfg.seed);
@@ -113,7 +93,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
     }
     auto model = create_model(cfg.model);
     if (!model.is_ok()) return model.status().with_context(cfg.file + ": model");
-    std::unique_ptr<Trainer> t(new Trainer(cfg, device, *model));
+    JobConfig run_cfg = cfg;
+    run_cfg.train.amp = amp->mode;
+    std::unique_ptr<Trainer> t(new Trainer(std::move(run_cfg), device, *model));
+    t->amp_reason_ = amp->reason;
+    if (cfg.train.amp == "auto")
+      log::info("train.amp " + amp->reason + ": " + amp->mode + " on " + device.str());
     t->model_.module().to(device);
     if (cfg.train.channels_last) {
       // Weights of the conv layers (the tensors with spatial dimensions) in channels-last
@@ -139,7 +124,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
     t->impl_->base_lr = cfg.optimizer.lr;
     t->impl_->schedule = std::make_unique<LrSchedule>(cfg.schedule, cfg.optimizer.lr);
     GradScalerOptions go;
-    go.enabled = cfg.train.amp == "fp16";
+    go.enabled = amp->mode == "fp16";
     t->impl_->scaler = std::make_unique<GradScaler>(go, device);
     t->state_.loss_scale = go.enabled ? go.init_scale : 1.0;
     t->impl_->last_scale = t->state_.loss_scale;

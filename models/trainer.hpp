@@ -36,6 +36,7 @@
 
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
+#include "models/amp.hpp"
 #include "models/checkpoint.hpp"  // load_for_inference, for the callers of Trainer
 #include "models/fwd.hpp"
 #include "models/job_config.hpp"
@@ -125,25 +126,6 @@ class GradientSync {
 /// Resolves "auto" / "cpu" / "cuda" / "cuda:N"; "auto" is cuda:0 when available.
 Result<c10::Device> resolve_device(const std::string& text);
 
-/// Autocast for the current thread and `device`'s type while it lives: `amp` "bf16" (CPU,
-/// CUDA) or "fp16" (CUDA) turns it on with that dtype, "none" does nothing; the previous
-/// state is restored and, leaving the outermost guard, the cast-weight cache is cleared.
-/// Ops on autocast's lists run in the lower precision (convolutions, matmuls, PReLU, ...),
-/// the rest in the dtype they get. Throws for another `amp` or fp16 on a CPU.
-class AutocastGuard {
- public:
-  AutocastGuard(const c10::Device& device, const std::string& amp);
-  ~AutocastGuard();
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  bool active_ = false;
-  c10::DeviceType type_ = c10::DeviceType::CPU;
-  bool prev_enabled_ = false;
-  c10::ScalarType prev_dtype_ = c10::ScalarType::BFloat16;
-};
-
 /// Trainer state that a checkpoint restores.
 struct TrainState {
   std::int64_t epoch = 0;     ///< next epoch to run (0-based)
@@ -217,7 +199,11 @@ class Trainer {
   std::int64_t host_reads() const;
 
   const TrainState& state() const { return state_; }
+  /// The job's config as this trainer runs it: train.amp is the resolved mode (none, bf16
+  /// or fp16; "auto" chosen for the device, models/amp.hpp), the rest as given.
   const JobConfig& config() const { return cfg_; }
+  /// Why train.amp is what config() says ("auto: CPU with native bf16 (AMX-BF16)").
+  const std::string& amp_reason() const { return amp_reason_; }
   const ModelHandle& model() const { return model_; }
   c10::Device device() const { return device_; }
   std::int64_t num_classes() const { return num_classes_; }
@@ -232,6 +218,7 @@ class Trainer {
   TrainState state_;
   std::shared_ptr<GradientSync> sync_;
   std::vector<std::string> class_names_;
+  std::string amp_reason_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -24,8 +24,11 @@ namespace {
 struct Totals {
   std::int64_t epochs = 0, steps = 0;
   double seconds = 0, samples = 0, wait = 0;
+  double wall_start = 0, wall_end = 0;  ///< unix seconds: the measured window (for GPU samplers)
   json to_json() const {
     return {{"epochs", epochs},
+            {"window_start_unix", wall_start},
+            {"window_end_unix", wall_end},
             {"steps", steps},
             {"seconds", seconds},
             {"samples_per_s", seconds > 0 ? samples / seconds : 0.0},
@@ -76,6 +79,10 @@ Result<Totals> timed_epochs(models::Trainer& t, pipeline::BatchSource& src, std:
                             double seconds, std::int64_t max_epochs) {
   models::TrainObserver none;
   Totals tot;
+  auto unix_now = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+  tot.wall_start = unix_now();
   while (true) {
     SEGFLOW_ASSIGN_OR_RETURN(models::EpochInfo e, t.train_epoch(src, steps, none));
     ++tot.epochs;
@@ -85,6 +92,7 @@ Result<Totals> timed_epochs(models::Trainer& t, pipeline::BatchSource& src, std:
     tot.wait += e.data_wait_s;
     if (max_epochs > 0 ? tot.epochs >= max_epochs : tot.seconds >= seconds) break;
   }
+  tot.wall_end = unix_now();
   return tot;
 }
 
@@ -124,6 +132,8 @@ Result<std::vector<json>> bench_training(const models::JobConfig& base, const Be
               {"config", cfg.name},
               {"loader", loader},
               {"device", device},
+              {"amp", job.trainer->config().train.amp},
+              {"channels_last", cfg.train.channels_last},
               {"batch_size", cfg.train.batch_size},
               {"first_epoch_s", first.seconds},
               {"first_epoch_decode_s", after_first.decode_s},
@@ -150,6 +160,7 @@ Result<std::vector<json>> bench_training(const models::JobConfig& base, const Be
               {"config", cfg.name},
               {"loader", loader},
               {"device", device},
+              {"amp", job.trainer->config().train.amp},
               {"batch_size", cfg.train.batch_size}};
     c.update(comp.to_json());
     put(c);

@@ -53,6 +53,7 @@ Status RunFolder::open(const models::JobConfig& cfg, models::Trainer& trainer, c
   tensorboard_ = std::make_unique<TensorBoardObserver>(dir_ / "tb", cfg.train.log_every, gpu_mb);
   plot_ = std::make_unique<ProgressPlotObserver>(dir_ / "progress.svg");
   if (resume_) plot_->replay(dir_ / "metrics.jsonl");
+  metrics_->on_run_start(trainer, resume_ ? resume_->string() : std::string());
   bus_.add(metrics_.get());
   bus_.add(tensorboard_.get());
   bus_.add(plot_.get());

@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <torch/torch.h>
+#include <torch/version.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -43,6 +46,29 @@ JsonlMetricsObserver::JsonlMetricsObserver(const fs::path& file, std::int64_t lo
   impl_->every = std::max<std::int64_t>(1, log_every);
 }
 JsonlMetricsObserver::~JsonlMetricsObserver() = default;
+
+namespace {
+/// train.amp as the config says it (auto, say), before the trainer resolved it.
+std::string amp_setting(const models::JobConfig& c) {
+  const json& r = c.resolved;
+  if (r.is_object() && r.contains("train") && r["train"].is_object() && r["train"].contains("amp") &&
+      r["train"]["amp"].is_string())
+    return r["train"]["amp"].get<std::string>();
+  return c.train.amp;
+}
+}  // namespace
+
+void JsonlMetricsObserver::on_run_start(const models::Trainer& t, const std::string& resumed_from) {
+  impl_->write({{"type", "run"},
+                {"device", t.device().str()},
+                {"amp", t.config().train.amp},
+                {"amp_setting", amp_setting(t.config())},
+                {"amp_reason", t.amp_reason()},
+                {"threads", at::get_num_threads()},
+                {"torch", TORCH_VERSION},
+                {"resumed_from", resumed_from.empty() ? json(nullptr) : json(resumed_from)},
+                {"epoch", t.state().epoch}});
+}
 
 void JsonlMetricsObserver::on_step(const models::StepInfo& i) {
   if (i.step % impl_->every != 0 && !i.skipped) return;

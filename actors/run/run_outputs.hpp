@@ -34,6 +34,9 @@ class JsonlMetricsObserver : public RunSink {
  public:
   explicit JsonlMetricsObserver(const std::filesystem::path& file, std::int64_t log_every = 10);
   ~JsonlMetricsObserver() override;
+  /// {"type": "run", "device", "amp", "amp_setting", "amp_reason", "threads", "torch",
+  /// "resumed_from", "epoch"}: how this attempt of the run trains (one per start or resume).
+  void on_run_start(const models::Trainer& trainer, const std::string& resumed_from);
   void on_step(const models::StepInfo& i) override;
   void on_epoch_end(const models::EpochInfo& i) override;
   void on_validation(const models::ValidationInfo& i) override;

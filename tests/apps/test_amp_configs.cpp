@@ -1,6 +1,7 @@
 // Every shipped job config trains under bf16 autocast on a CPU: its first steps and a
 // validation at a tiny size (sizes overridden as a user would with --set), finite losses and
-// no skipped step. The spleen recipe (amp: bf16 as shipped) runs through the segflow binary.
+// no skipped step. The spleen recipe (amp: auto as shipped) runs through the segflow binary in
+// the precision auto chooses for this CPU.
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
@@ -11,6 +12,7 @@
 #include <set>
 
 #include "actors/jobs/job_runner.hpp"
+#include "models/amp.hpp"
 #include "models/job_config.hpp"
 #include "test_util.hpp"
 
@@ -79,7 +81,7 @@ void check_trains_bf16(const std::string& name, int size, const std::string& cro
 
 }  // namespace
 
-TEST_CASE("the shipped spleen recipe (amp: bf16) trains its first steps on a CPU through segflow train") {
+TEST_CASE("the shipped spleen recipe (amp: auto) trains its first steps on a CPU through segflow train") {
   TempDir dir("amp_spleen");
   const auto config = segflow::testing::source_path("configs/spleen-ct-unet3d.yaml");
   std::string cmd = segflow::testing::shell_quote(segflow::testing::segflow_bin()) + " train " +
@@ -91,10 +93,15 @@ TEST_CASE("the shipped spleen recipe (amp: bf16) trains its first steps on a CPU
   auto r = segflow::testing::run_command(cmd + " 2>&1");
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   std::ifstream metrics(dir / "run" / "metrics.jsonl");
-  int steps = 0, epochs = 0;
+  int steps = 0, epochs = 0, runs = 0;
+  REQUIRE_OK_AND_ASSIGN(models::AmpChoice chosen, models::resolve_amp("auto", c10::Device(c10::kCPU)));
   for (std::string line; std::getline(metrics, line);) {
     auto j = nlohmann::json::parse(line);
-    if (j["type"] == "step") {
+    if (j["type"] == "run") {
+      ++runs;
+      CHECK(j["amp_setting"] == "auto");
+      CHECK(j["amp"] == chosen.mode);  // bf16 on a CPU with AMX-BF16, none elsewhere
+    } else if (j["type"] == "step") {
       ++steps;
       CHECK(j["loss"].is_number());
       CHECK(j["skipped_steps"] == 0);
@@ -105,8 +112,9 @@ TEST_CASE("the shipped spleen recipe (amp: bf16) trains its first steps on a CPU
   }
   CHECK(steps == 2);
   CHECK(epochs == 1);
+  CHECK(runs == 1);
   auto resolved = nlohmann::json::parse(segflow::testing::read_file(dir / "run" / "config.json"));
-  CHECK(resolved["train"]["amp"] == "bf16");
+  CHECK(resolved["train"]["amp"] == "auto");
 }
 
 TEST_CASE("the shipped quickstart config trains and validates under bf16 autocast on a CPU") {

@@ -64,7 +64,7 @@ TEST_CASE("a job config with a bad value names the file, the path and what was e
   };
   const Case cases[] = {
       {{"train.epochs=0"}, "job.yaml: train.epochs: expected an integer >= 1, got 0"},
-      {{"train.amp=fp8"}, "job.yaml: train.amp: expected one of none, bf16, fp16, got \"fp8\""},
+      {{"train.amp=fp8"}, "job.yaml: train.amp: expected one of none, bf16, fp16, auto, got \"fp8\""},
       {{"train.bogus=1"}, "job.yaml: train.bogus: unknown key"},
       {{"validation.overlap=1.5"}, "job.yaml: validation.overlap: expected a number in [0, 1), got 1.5"},
       {{"train.device=tpu"}, "job.yaml: train.device: expected auto, cpu, cuda or cuda:N, got \"tpu\""},
