@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <memory>
+#include <mutex>
 
 #include "pipeline/options.hpp"
 
@@ -94,13 +96,14 @@ at::Tensor dice_loss(const at::Tensor& input_logits, const at::Tensor& target_in
   return reduce(f, o.reduction);
 }
 
-at::Tensor ce_loss(const at::Tensor& input, const at::Tensor& target, const std::vector<double>& w) {
+at::Tensor ce_loss(const at::Tensor& input, const at::Tensor& target, const at::Tensor& w) {
   TORCH_CHECK(input.dim() >= 2, "cross entropy: expected input (N, C, ...), got shape ", input.sizes());
   auto opts = F::CrossEntropyFuncOptions().reduction(torch::kMean);
-  if (!w.empty()) {
-    TORCH_CHECK(static_cast<int64_t>(w.size()) == input.size(1), "cross entropy: ", w.size(),
-                " class weights for ", input.size(1), " classes");
-    opts = opts.weight(torch::tensor(w, input.options()));
+  if (w.defined()) {
+    TORCH_CHECK(w.numel() == input.size(1), "cross entropy: ", w.numel(), " class weights for ",
+                input.size(1), " classes");
+    opts =
+        opts.weight(w.device() == input.device() && w.dtype() == input.dtype() ? w : w.to(input.options()));
   }
   at::Tensor t = target;
   if (t.dim() == input.dim() && t.size(1) == 1 && input.size(1) != 1) {
@@ -111,6 +114,10 @@ at::Tensor ce_loss(const at::Tensor& input, const at::Tensor& target, const std:
     t = t.to(input.scalar_type());  // class probabilities
   }
   return F::cross_entropy(input, t, opts);
+}
+
+at::Tensor ce_loss(const at::Tensor& input, const at::Tensor& target, const std::vector<double>& w) {
+  return ce_loss(input, target, w.empty() ? at::Tensor() : torch::tensor(w, input.options()));
 }
 
 at::Tensor bce_with_logits_loss(const at::Tensor& input, const at::Tensor& target) {
@@ -180,18 +187,40 @@ struct LossEntry {
 
 using Arg = const at::Tensor&;
 
+/// CE class weights as a tensor, made on the first step's device and dtype and kept: a
+/// tensor built from a host vector every step is a blocking host-to-device copy on CUDA.
+/// Shared by the copies of one loss function; the lock covers a loss called from several
+/// threads.
+class ClassWeights {
+ public:
+  explicit ClassWeights(std::vector<double> w) : values_(std::move(w)) {}
+  at::Tensor on(const at::Tensor& input) const {
+    if (values_.empty()) return {};
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!tensor_.defined() || tensor_.device() != input.device() || tensor_.dtype() != input.dtype())
+      tensor_ = torch::tensor(values_, input.options());
+    return tensor_;
+  }
+
+ private:
+  std::vector<double> values_;
+  mutable std::mutex mutex_;
+  mutable at::Tensor tensor_;
+};
+
 LossFn make_dice(const LossParts& p) {
   return [d = p.dice](Arg x, Arg t) { return dice_loss(x, t, d); };
 }
 LossFn make_ce(const LossParts& p) {
-  return [w = p.ce_weight](Arg x, Arg t) { return ce_loss(x, t, w); };
+  return [w = std::make_shared<ClassWeights>(p.ce_weight)](Arg x, Arg t) { return ce_loss(x, t, w->on(x)); };
 }
 LossFn make_bce(const LossParts&) {
   return [](Arg x, Arg t) { return bce_with_logits_loss(x, t); };
 }
 LossFn make_dice_ce(const LossParts& p) {
-  return [d = p.dice, w = p.ce_weight, ld = p.lambda_dice, lc = p.lambda_ce](Arg x, Arg t) {
-    auto ce = x.size(1) == 1 ? bce_with_logits_loss(x, t) : ce_loss(x, t, w);
+  return [d = p.dice, w = std::make_shared<ClassWeights>(p.ce_weight), ld = p.lambda_dice, lc = p.lambda_ce](
+             Arg x, Arg t) {
+    auto ce = x.size(1) == 1 ? bce_with_logits_loss(x, t) : ce_loss(x, t, w->on(x));
     return ld * dice_loss(x, t, d) + lc * ce;
   };
 }

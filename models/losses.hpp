@@ -54,6 +54,9 @@ at::Tensor dice_loss(const at::Tensor& input, const at::Tensor& target, const Di
 /// divides by the summed weights (torch.nn.CrossEntropyLoss). Mean over voxels.
 at::Tensor ce_loss(const at::Tensor& input, const at::Tensor& target,
                    const std::vector<double>& class_weights = {});
+/// The same with the class weights as a tensor (C) already on the input's device, or
+/// undefined for none: a training loss makes it once (ClassWeights), not every step.
+at::Tensor ce_loss(const at::Tensor& input, const at::Tensor& target, const at::Tensor& class_weights);
 
 /// Mean binary cross entropy with logits; target is converted to the input's dtype.
 at::Tensor bce_with_logits_loss(const at::Tensor& input, const at::Tensor& target);

@@ -108,6 +108,26 @@ TEST_CASE("cross entropy matches -log softmax at the true class, with class weig
         doctest::Approx((2.0 * l0 + 0.5 * l1) / (2.0 + 0.5)).epsilon(1e-12));
 }
 
+TEST_CASE("a weighted CE loss keeps its class-weight tensor across steps, devices' dtypes and copies") {
+  auto logits = torch::tensor({1.0, 0.0, 2.0, 0.0, 3.0, 1.0}, torch::kDouble).reshape({1, 3, 2});
+  auto labels = torch::tensor({2, 0}, torch::kLong).reshape({1, 1, 2});
+  const std::vector<double> w{0.5, 1.0, 2.0};
+  LossOptions o;
+  o.kind = LossKind::ce;
+  o.ce_weight = w;
+  REQUIRE_OK_AND_ASSIGN(auto loss, make_loss(o));
+  const double expected = value(ce_loss(logits, labels, w));
+  // The same value on every call, in double and then in float (the cached tensor follows
+  // the input's dtype), and from a copy of the loss function.
+  CHECK(value(loss(logits, labels)) == doctest::Approx(expected).epsilon(1e-12));
+  CHECK(value(loss(logits, labels)) == doctest::Approx(expected).epsilon(1e-12));
+  CHECK(value(loss(logits.to(torch::kFloat), labels)) == doctest::Approx(expected).epsilon(1e-6));
+  auto copy = loss;
+  CHECK(value(copy(logits, labels)) == doctest::Approx(expected).epsilon(1e-12));
+  // A weight tensor of the wrong length is refused as the vector form is.
+  CHECK_THROWS_AS(ce_loss(logits, labels, torch::ones({2}, torch::kDouble)), c10::Error);
+}
+
 TEST_CASE("BCE with logits matches -(t log s + (1 - t) log(1 - s))") {
   auto x = torch::tensor({0.3, -2.0, 1.5}, torch::kDouble).reshape({1, 1, 3});
   auto t = torch::tensor({1.0, 0.0, 0.0}, torch::kDouble).reshape({1, 1, 3});
