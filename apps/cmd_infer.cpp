@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "apps/cli_args.hpp"
@@ -86,9 +87,10 @@ std::vector<std::string> split_commas(const std::string& text) {
 }  // namespace
 
 int cmd_infer(int argc, char** argv) {
-  auto a =
-      parse_args(argc, argv, 2, {"checkpoint", "input", "output", "device", "tta", "class-names", "format"},
-                 {"save-probabilities", "quiet"});
+  auto a = parse_args(argc, argv, 2,
+                      {"checkpoint", "input", "output", "device", "tta", "class-names", "format", "amp",
+                       "channels-last", "overlap", "stitch-device"},
+                      {"save-probabilities", "quiet"});
   if (!a.is_ok()) return fail("infer", a.status());
   for (const char* k : {"checkpoint", "input", "output"})
     if (!a->has(k)) return fail("infer", invalid_argument(std::string("--") + k + ": required"));
@@ -107,6 +109,21 @@ int cmd_infer(int argc, char** argv) {
   o.tta = *tta;
   if (a->has("class-names")) o.class_names = split_commas(a->get("class-names"));
   o.format = a->get("format");
+  o.amp = a->get("amp");
+  if (a->has("channels-last")) {
+    const std::string v = a->get("channels-last");
+    if (v != "on" && v != "off")
+      return fail("infer", invalid_argument("--channels-last: expected on or off, got '" + v + "'"));
+    o.channels_last = v == "on";
+  }
+  if (a->has("overlap")) {
+    const std::string v = a->get("overlap");
+    char* end = nullptr;
+    o.overlap = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(o.overlap >= 0.0 && o.overlap < 1.0))
+      return fail("infer", invalid_argument("--overlap: expected a number in [0, 1), got '" + v + "'"));
+  }
+  o.stitch_device = a->get("stitch-device");
   if (!o.format.empty() && o.format != "nifti" && o.format != "seg")
     return fail("infer", invalid_argument("--format: expected nifti or seg, got '" + o.format + "'"));
 

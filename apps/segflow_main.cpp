@@ -40,6 +40,7 @@ commands:
   infer    --checkpoint PATH [--checkpoint PATH2 ...] --input SCAN|DIR|DATASET
            --output out.nii.gz|seg.dcm|DIR [--tta none|mirror|mirror-all] [--save-probabilities]
            [--format nifti|seg] [--class-names bg,liver,...] [--device D] [--quiet]
+           [--amp auto|none|bf16|fp16] [--channels-last on|off] [--overlap F] [--stitch-device cpu]
                          sliding-window inference (an ensemble with several checkpoints);
                          label maps in each input's geometry, one per case into DIR
   eval     --pred P --gt G [--tolerance-mm T] [--classes 1,2,...] [--json] [--csv FILE]

@@ -171,7 +171,8 @@ Status Trainer::load_checkpoint(const fs::path& path) {
   }
 }
 
-Result<std::unique_ptr<Trainer>> load_for_inference(const fs::path& checkpoint, const std::string& device) {
+Result<std::unique_ptr<Trainer>> load_for_inference(const fs::path& checkpoint, const std::string& device,
+                                                    bool channels_last) {
   SEGFLOW_ASSIGN_OR_RETURN(auto root, open_archive(checkpoint));
   SEGFLOW_ASSIGN_OR_RETURN(json meta, read_meta(root, checkpoint));
   SEGFLOW_ASSIGN_OR_RETURN(JobConfig cfg,
@@ -179,6 +180,7 @@ Result<std::unique_ptr<Trainer>> load_for_inference(const fs::path& checkpoint, 
   cfg.model.weights.clear();  // the checkpoint holds the weights
   SEGFLOW_ASSIGN_OR_RETURN(c10::Device dev, resolve_device(device));
   if (cfg.train.amp == "fp16" && !dev.is_cuda()) cfg.train.amp = "none";
+  cfg.train.channels_last = channels_last;
   SEGFLOW_ASSIGN_OR_RETURN(auto t, Trainer::create(cfg, dev));
   SEGFLOW_RETURN_IF_ERROR(t->load_checkpoint(checkpoint));
   return t;

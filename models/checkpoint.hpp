@@ -31,8 +31,10 @@ inline constexpr const char* kBestCheckpoint = "best.pt";
 
 /// A model with its config, restored from a checkpoint for inference: the trainer its
 /// `config` record describes (pretrained weights not loaded; fp16 off on a CPU), on `device`
-/// ("auto", "cpu", "cuda:N"), with the checkpoint loaded into it.
+/// ("auto", "cpu", "cuda:N"), with the checkpoint loaded into it; with `channels_last` its
+/// convolution weights in channels-last layout (inputs then follow, predict_probabilities).
 Result<std::unique_ptr<Trainer>> load_for_inference(const std::filesystem::path& checkpoint,
-                                                    const std::string& device = "auto");
+                                                    const std::string& device = "auto",
+                                                    bool channels_last = false);
 
 }  // namespace segflow::models

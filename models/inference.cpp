@@ -13,6 +13,7 @@
 #include <regex>
 #include <set>
 
+#include "models/amp.hpp"
 #include "models/class_names.hpp"
 #include "models/sliding_window.hpp"
 #include "models/trainer.hpp"
@@ -101,7 +102,7 @@ std::vector<int> tta_mirror_axes(TtaMode tta, const nlohmann::json& training_sta
 }
 
 at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image,
-                                 const std::vector<int>& mirror_axes) {
+                                 const std::vector<int>& mirror_axes, const PredictOptions& po) {
   torch::NoGradGuard ng;
   const ModelHandle& model = trainer.model();
   const ModelInfo& info = model.info();
@@ -109,14 +110,24 @@ at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image
   model.module().eval();
   at::Tensor x = image.to(trainer.device(), at::kFloat).unsqueeze(0);  // (1, C, *spatial)
   SlidingWindowOptions sw;
-  sw.overlap = cfg.validation.overlap;
+  sw.overlap = po.overlap >= 0 ? po.overlap : cfg.validation.overlap;
+  sw.stitch_device = po.stitch_device;
   sw.sw_batch_size = cfg.validation.sw_batch_size;
   sw.mode = cfg.validation.mode == "gaussian" ? BlendMode::gaussian : BlendMode::constant;
   // Config sizes are (x, y, z); tensors are (Z, Y, X). No roi_size: the whole volume.
   std::vector<std::int64_t> roi(cfg.validation.roi_size.rbegin(), cfg.validation.roi_size.rend());
   const int nd = info.spatial_dims;
+  const bool channels_last = cfg.train.channels_last;
   const auto probabilities_of = [&](const at::Tensor& w) {
-    at::Tensor logits = model.predict(w).to(at::kFloat);
+    at::Tensor logits;
+    {
+      AutocastGuard ac(trainer.device(), po.amp);
+      logits = model.predict(
+          channels_last && w.dim() >= 4
+              ? w.contiguous(w.dim() == 5 ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast)
+              : w);
+    }
+    logits = logits.to(at::kFloat);
     if (logits.size(1) == 1) {
       at::Tensor p = torch::sigmoid(logits);
       return torch::cat({1.0 - p, p}, 1);
@@ -178,6 +189,26 @@ struct CasePrediction {
   at::Tensor probabilities;  ///< (K, Z, Y, X) float32, when asked for
 };
 
+/// InferOptions' amp, overlap and stitching, checked and resolved for the device.
+Result<PredictOptions> predict_options(const InferOptions& o) {
+  SEGFLOW_ASSIGN_OR_RETURN(const c10::Device device, resolve_device(o.device));
+  PredictOptions po;
+  SEGFLOW_ASSIGN_OR_RETURN(AmpChoice amp,
+                           resolve_amp(o.amp.empty() ? (device.is_cuda() ? "auto" : "none") : o.amp, device));
+  po.amp = amp.mode;
+  if (o.overlap >= 1.0 || (o.overlap < 0.0 && o.overlap != -1.0))
+    return invalid_argument("--overlap: expected a number in [0, 1), got " + std::to_string(o.overlap));
+  po.overlap = o.overlap;
+  if (o.stitch_device == "cpu") {
+    po.stitch_device = "cpu";
+  } else if (!o.stitch_device.empty() && o.stitch_device != device.str() &&
+             !(o.stitch_device == "cuda" && device.is_cuda())) {
+    return invalid_argument("--stitch-device: expected cpu or the model's device (" + device.str() +
+                            "), got " + o.stitch_device);
+  }
+  return po;
+}
+
 /// The checkpoints of a run, loaded once.
 class Ensemble {
  public:
@@ -187,8 +218,11 @@ class Ensemble {
     std::vector<fs::path> paths = {o.checkpoint};
     paths.insert(paths.end(), o.ensemble.begin(), o.ensemble.end());
     pipeline::StageRegistry registry = pipeline::builtin_registry();
+    SEGFLOW_ASSIGN_OR_RETURN(e.predict_, predict_options(o));
+    SEGFLOW_ASSIGN_OR_RETURN(const c10::Device device, resolve_device(o.device));
+    const bool channels_last = o.channels_last.value_or(device.is_cuda());
     for (const auto& p : paths) {
-      SEGFLOW_ASSIGN_OR_RETURN(auto trainer, load_for_inference(p, o.device));
+      SEGFLOW_ASSIGN_OR_RETURN(auto trainer, load_for_inference(p, o.device, channels_last));
       const ModelInfo& info = trainer->model().info();
       if (info.needs_box)
         return unsupported(p.string() +
@@ -258,7 +292,7 @@ class Ensemble {
         it = preprocessed.emplace(m.stages, std::move(pre)).first;
       }
       const Sample& pre = it->second;
-      at::Tensor p = predict_probabilities(*m.trainer, pre.at("image"), m.tta_axes);
+      at::Tensor p = predict_probabilities(*m.trainer, pre.at("image"), m.tta_axes, predict_);
       const Size3 p_size = size_of(p);
       if (!sum.defined()) {
         sum = p;
@@ -294,6 +328,7 @@ class Ensemble {
   std::string family_;
   std::int64_t classes_ = 2, in_channels_ = 1;
   std::vector<std::string> names_;
+  PredictOptions predict_;  ///< amp, overlap, stitching (InferOptions, resolved for the device)
 };
 
 /// "<dir>/x.nii.gz" -> "<dir>/x_probabilities.nii.gz" (also for .nii and .dcm).

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,6 +70,16 @@ struct InferOptions {
   /// Format of the files a folder output gets: "" (DICOM SEG for DICOM input, else NIfTI),
   /// "nifti" or "seg".
   std::string format;
+  /// Mixed precision of the forward passes: none | bf16 | fp16 | auto (models/amp.hpp);
+  /// "" = auto on a CUDA device, none (float32) on the CPU.
+  std::string amp;
+  /// Channels-last weights and inputs (faster 3D convolutions on GPUs); unset = on CUDA only.
+  std::optional<bool> channels_last;
+  /// Sliding-window overlap in [0, 1); < 0 = the run's validation.overlap.
+  double overlap = -1.0;
+  /// Where the windows are stitched: "" = the model's device; "cpu" = host memory, for
+  /// volumes whose class maps do not fit the device.
+  std::string stitch_device;
 };
 
 /// What was written for one case.
@@ -134,9 +145,17 @@ Result<InferBatchResult> run_inference_batch(const InferOptions& options,
 /// image (C, *spatial): sliding windows with the run's validation settings, softmax per
 /// window (or [1 - sigmoid, sigmoid]), averaged over the 2^n flips of `mirror_axes` (0 = x,
 /// 1 = y, 2 = z; empty: no TTA). A 2D model on a volume runs slice by slice (z is not
-/// mirrored). The model is put in eval mode.
+/// mirrored). The model is put in eval mode. Inputs follow the weights' layout (channels
+/// last when the trainer's config says so).
+/// How predict_probabilities runs the model; the defaults are the run's own validation.
+struct PredictOptions {
+  std::string amp = "none";   ///< resolved mode: none | bf16 | fp16 (autocast around the model)
+  double overlap = -1.0;      ///< < 0: the run's validation.overlap
+  std::string stitch_device;  ///< "" = the model's device, "cpu" = host memory
+};
 at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image,
-                                 const std::vector<int>& mirror_axes = {});
+                                 const std::vector<int>& mirror_axes = {},
+                                 const PredictOptions& options = {});
 
 /// Resamples an integer label map or float maps (C, Z, Y, X) from grid `src` onto the grid
 /// `dst` of size `dst_size` through patient coordinates (nearest for integer types, linear

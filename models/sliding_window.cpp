@@ -19,6 +19,9 @@ Status SlidingWindowOptions::validate(int spatial_dims) const {
                             std::to_string(sw_batch_size));
   if (mode == BlendMode::gaussian && !(sigma_scale > 0))
     return invalid_argument("sliding window: sigma_scale: expected > 0, got " + std::to_string(sigma_scale));
+  if (!stitch_device.empty() && stitch_device != "cpu")
+    return invalid_argument(
+        "sliding window: stitch device: expected cpu or the model's device (empty), got " + stitch_device);
   return Status::ok();
 }
 
@@ -114,6 +117,7 @@ at::Tensor sliding_window_inference(const at::Tensor& inputs, const SlidingWindo
   };
 
   const int64_t N = image.size(0);
+  const bool stitch_on_host = o.stitch_device == "cpu";
   at::Tensor output, count, weight;
   for (int64_t n = 0; n < N; ++n) {
     auto sample = image.index({Slice(n, n + 1)});
@@ -126,6 +130,7 @@ at::Tensor sliding_window_inference(const at::Tensor& inputs, const SlidingWindo
                       pred.sizes().slice(2).vec() == roi,
                   "sliding window: the predictor returned shape ", pred.sizes(), " for ", last - first,
                   " windows of size ", at::IntArrayRef(roi));
+      if (stitch_on_host && !pred.is_cpu()) pred = pred.to(torch::kCPU);
       if (!output.defined()) {
         std::vector<int64_t> shape{N, pred.size(1)};
         shape.insert(shape.end(), size.begin(), size.end());
@@ -133,7 +138,10 @@ at::Tensor sliding_window_inference(const at::Tensor& inputs, const SlidingWindo
         std::vector<int64_t> cshape{1, 1};
         cshape.insert(cshape.end(), size.begin(), size.end());
         count = torch::zeros(cshape, output.options());
-        weight = importance_map(roi, o.mode, o.sigma_scale, output.options()).unsqueeze(0).unsqueeze(0);
+        // Made on the host (its minimum is read there: no device sync), copied once.
+        weight = importance_map(roi, o.mode, o.sigma_scale, output.options().device(torch::kCPU));
+        if (output.is_cuda()) weight = weight.pin_memory().to(output.device(), /*non_blocking=*/true);
+        weight = weight.unsqueeze(0).unsqueeze(0);
       }
       auto out_n = output.index({Slice(n, n + 1)});
       for (size_t i = first; i < last; ++i) {

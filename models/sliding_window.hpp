@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "messages/status.hpp"
@@ -26,6 +27,10 @@ struct SlidingWindowOptions {
   double sigma_scale = 0.125;  ///< Gaussian sigma = sigma_scale * roi_size per axis
   double padding_value = 0.0;  ///< value of the padding for volumes smaller than the ROI
   bool no_grad = true;         ///< run under NoGradGuard
+  /// Where the windows are stitched: "" = the predictor's device; "cpu" = host memory (each
+  /// window's prediction is copied back as it comes: a volume whose class maps do not fit
+  /// the GPU's memory, as MONAI's sw_device / device split).
+  std::string stitch_device;
 
   Status validate(int spatial_dims) const;
 };
@@ -42,7 +47,8 @@ std::vector<std::vector<int64_t>> window_starts(const std::vector<int64_t>& imag
 at::Tensor importance_map(const std::vector<int64_t>& roi_size, BlendMode mode, double sigma_scale,
                           const at::TensorOptions& options);
 
-/// inputs (N, C_in, *spatial) -> (N, C_out, *spatial) float, on the predictor's device.
+/// inputs (N, C_in, *spatial) -> (N, C_out, *spatial) float, on the predictor's device (or
+/// on the CPU with stitch_device "cpu").
 /// Throws c10::Error for bad options or a predictor output of the wrong spatial size.
 at::Tensor sliding_window_inference(const at::Tensor& inputs, const SlidingWindowOptions& options,
                                     const Predictor& predictor);
