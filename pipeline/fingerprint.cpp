@@ -514,7 +514,11 @@ std::vector<std::string> path_strings(const std::vector<fs::path>& ps) {
 nlohmann::json case_json(const CaseFingerprint& c) {
   nlohmann::json fg = nlohmann::json::array();
   for (const auto& s : c.foreground) fg.push_back(stats_json(s));
+  std::vector<std::int64_t> present;  // label values with voxels (derived; not read back)
+  for (std::size_t v = 0; v < c.class_voxels.size(); ++v)
+    if (c.class_voxels[v] > 0) present.push_back(static_cast<std::int64_t>(v));
   return {{"id", c.id},
+          {"classes_present", present},
           {"images", path_strings(c.images)},
           {"label", c.label.string()},
           {"size", c.size},

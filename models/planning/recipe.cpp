@@ -73,6 +73,22 @@ std::string median_spacing_text(const PlanResult& p) {
 
 // ---- YAML ----
 
+/// nnU-Net's 5-fold cross-validation, fold 0 (fewer folds with fewer than 5 cases; none
+/// with one).
+std::string data_split_yaml(std::size_t cases) {
+  if (cases < 2) return "  val_cases: 0       # one case: nothing to validate on\n";
+  const std::size_t folds = std::min<std::size_t>(5, cases);
+  return "  folds: " + std::to_string(folds) + "           # nnU-Net's " + std::to_string(folds) +
+         "-fold cross-validation\n  fold: 0            # segflow train --fold K (or all)\n";
+}
+
+/// Training cases of fold 0 (cross_validation_folds: part 0 is the largest).
+std::size_t train_cases(std::size_t cases) {
+  if (cases < 2) return cases;
+  const std::size_t folds = std::min<std::size_t>(5, cases);
+  return cases - (cases + folds - 1) / folds;
+}
+
 void yaml_header(std::ostream& y, const PlanResult& p, const ConfigurationPlan& c) {
   const auto& fp = p.fingerprint;
   y << "# segflow plan: configuration " << to_string(c.kind) << " of " << p.dataset_name
@@ -94,8 +110,7 @@ void yaml_header(std::ostream& y, const PlanResult& p, const ConfigurationPlan& 
   y << "data:\n  root: \"" << fp.root.string() << "\"\n"
     << "  num_classes: " << fp.num_classes << "      # label values 0.." << fp.num_classes - 1
     << (labels.empty() ? std::string() : " (" + labels + ")") << "\n"
-    << "  folds: 5           # nnU-Net's 5-fold cross-validation\n"
-    << "  fold: 0            # segflow train --fold K (or all)\n";
+    << data_split_yaml(fp.cases.size());
 }
 
 /// The normalisation stage(s) of the channels (nnU-Net's schemes by channel name).
@@ -250,15 +265,24 @@ void yaml_training(std::ostream& y, const PlanResult& p, const ConfigurationPlan
   } else {
     batch_why = "measured trial steps (plans.json segflow.trials)";
   }
+  const auto n_train = static_cast<std::int64_t>(train_cases(p.fingerprint.cases.size()));
+  const std::int64_t steps = std::max<std::int64_t>(1, (n_train + c.batch_size - 1) / c.batch_size);
+  const std::int64_t epochs = (250000 + steps - 1) / steps;
   y << "loss: {name: dice_ce, to_onehot_y: true, softmax: true, include_background: false, batch: "
     << (c.batch_dice ? "true" : "false") << "}   # nnU-Net's DC_and_CE_loss"
     << (c.batch_dice ? " with batch Dice" : "") << "\n"
     << "optimizer: {name: sgd, lr: 0.01, momentum: 0.99, nesterov: true, weight_decay: 0.00003}\n"
     << "schedule: {name: poly, poly_exponent: 0.9}\n"
-    << "train:\n  epochs: 1000            # nnU-Net: 1000 epochs of 250 steps\n  steps_per_epoch: 250\n"
+    << "train:\n  epochs: " << epochs
+    << "            # nnU-Net's 1000 x 250 = 250000 steps; an epoch here is one pass over\n"
+    << "                          # the " << n_train << " training cases of fold 0: " << steps
+    << " step(s) of the batch\n"
     << "  batch_size: " << c.batch_size << "           # " << batch_why
     << "; at most 5% of the dataset per batch\n"
-    << "  amp: " << p.amp << "\n  device: " << p.device << "\n  val_interval: 50\n  checkpoint_interval: 10\n"
+    << "  amp: " << p.amp << "\n  device: " << p.device
+    << "\n  val_interval: " << std::max<std::int64_t>(1, epochs / 20)
+    << "        # 20 sliding-window validations over the run\n  checkpoint_interval: "
+    << std::max<std::int64_t>(1, epochs / 100) << "\n"
     << "validation:\n  roi_size: " << fmt_list(roi) << "\n  overlap: 0.5\n  mode: gaussian\n";
 }
 

@@ -182,8 +182,8 @@ TEST_CASE("the plan folder holds fingerprint.json, plans.json and one commented 
   CHECK_FALSE(fs::exists(dir / "plan" / "3d_lowres.yaml"));
   CHECK_FALSE(st::has_temporaries(dir / "plan"));
   const std::string yaml = st::read_file(dir / "plan" / "3d_fullres.yaml");
-  for (const char* figure :
-       {"median spacing", "percentiles 0.5 / 99.5", "get_pool_and_conv_props", "target spacing"})
+  for (const char* figure : {"median spacing", "percentiles 0.5 / 99.5", "get_pool_and_conv_props",
+                             "target spacing", "250000 steps", "folds: 4"})
     CHECK_MESSAGE(st::contains(yaml, figure), figure);
   const auto& c = plans["configurations"]["3d_fullres"];
   for (const char* k :

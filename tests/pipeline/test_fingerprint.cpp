@@ -75,6 +75,10 @@ TEST_CASE(
     CHECK(c.foreground[0].mean == doctest::Approx(fg.mean().item<double>()));
     CHECK(c.foreground[0].max == fg.max().item<double>());
   }
+  const auto present = fp.to_json()["cases"][0]["classes_present"];
+  REQUIRE(present.size() >= 2);
+  CHECK(present[0] == 0);
+  CHECK(fp.cases[0].class_voxels[present.back().get<std::size_t>()] > 0);
   // Pooled: each case weighs the same; here every case keeps all its voxels.
   double mean = 0;
   for (const auto& c : fp.cases) mean += c.foreground[0].mean / 3.0;
