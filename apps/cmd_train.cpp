@@ -211,7 +211,7 @@ int train_one(const Args& args, Result<models::JobConfig> cfg) {
   ro.plugin_dir = a->get("plugins");
   ProgressObserver progress(0, a->flag("quiet"));
   // Data parallel: --ranks N / --devices a,b in this process, or one rank of a job that a
-  // launcher (torchrun, srun, a PyTorchJob) started, when WORLD_SIZE (or SLURM_NTASKS) > 1.
+  // launcher (torchrun, srun, a PyTorchJob) started (`launched` below).
   actors::DataParallelOptions dp;
   if (a->has("devices")) {
     std::string list = a->get("devices");
@@ -255,7 +255,12 @@ int train_one(const Args& args, Result<models::JobConfig> cfg) {
     return v ? std::atoll(v) : 0LL;
   };
   Result<std::filesystem::path> run = std::filesystem::path();
-  if (env_world("WORLD_SIZE") > 1 || env_world("SLURM_NTASKS") > 1)
+  // A launcher's environment: WORLD_SIZE above 1, or WORLD_SIZE with MASTER_ADDR (torchrun
+  // --nproc-per-node 1 still makes a process group of one rank: NCCL or Gloo really runs), or
+  // SLURM_NTASKS above 1 (a one-task SLURM job trains as one process).
+  const bool launched = env_world("WORLD_SIZE") > 1 || env_world("SLURM_NTASKS") > 1 ||
+                        (env_world("WORLD_SIZE") == 1 && std::getenv("MASTER_ADDR") != nullptr);
+  if (launched)
     run = actors::run_distributed_from_env(*cfg, ro, progress, dp);
   else if (a->has("ranks") || a->has("devices") || config_parallel)
     run = actors::run_data_parallel(*cfg, ro, progress, dp);

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -635,5 +636,39 @@ TEST_CASE("torchrun starts 2 processes on a fresh data root; one makes the datas
   int epochs = 0;
   for (std::string line; std::getline(metrics, line);)
     if (nlohmann::json::parse(line).value("type", "") == "epoch") ++epochs;
+  CHECK(epochs == 2);
+}
+
+TEST_CASE("torchrun with one process makes a process group of one rank and trains through it" *
+          doctest::test_suite("serial")) {
+  namespace st = segflow::testing;
+  st::TempDir dir("segflow_torchrun_ws1");
+  auto job = tiny_job(dir.path() / "root");
+  st::write_file(dir / "job.yaml", job.yaml());
+  const auto torchrun = std::filesystem::path(st::python()).parent_path() / "torchrun";
+  REQUIRE_MESSAGE(std::filesystem::exists(torchrun), torchrun.string()
+                                                         << " is missing: run scripts/setup.sh");
+  const int port = st::free_port();
+  auto r = st::run_command(
+      "cd " + st::shell_quote(dir.path().string()) + " && OMP_NUM_THREADS=1 " +
+      st::shell_quote(torchrun.string()) + " --nproc-per-node 1 --master-addr 127.0.0.1 --master-port " +
+      std::to_string(port) + " --no-python " + st::shell_quote(st::segflow_bin()) + " train job.yaml 2>&1");
+  INFO(r.out.substr(r.out.size() > 4000 ? r.out.size() - 4000 : 0));
+  REQUIRE(r.exit_code == 0);
+  // The distributed path ran (not the single-process trainer), with one rank.
+  CHECK(st::contains(r.out, "distributed run"));
+  CHECK(st::contains(r.out, ": 1 ranks"));
+  std::vector<std::filesystem::path> runs;
+  for (auto& e : std::filesystem::directory_iterator(dir.path() / "root" / "runs")) runs.push_back(e.path());
+  REQUIRE(runs.size() == 1);
+  CHECK(std::filesystem::exists(runs[0] / "last.pt"));
+  std::ifstream metrics(runs[0] / "metrics.jsonl");
+  int epochs = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("type", "") != "epoch") continue;
+    ++epochs;
+    CHECK(std::isfinite(j.at("loss").get<double>()));
+  }
   CHECK(epochs == 2);
 }
