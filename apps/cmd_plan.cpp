@@ -1,7 +1,5 @@
 // segflow plan: dataset fingerprint -> nnU-Net-style plans and runnable job YAMLs
 // (models/planning/plan.hpp); and the plan step of `segflow train DATASET`.
-#include <torch/cuda.h>
-
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -69,11 +67,9 @@ void print_summary(const planning::PlanResult& r, const fs::path& out) {
 
 }  // namespace
 
-std::string default_plan_device() { return torch::cuda::is_available() ? "cuda:0" : "cpu"; }
-
 Result<planning::PlanOptions> plan_options_from_args(const Args& a) {
   planning::PlanOptions o;
-  o.device = a.get("device", default_plan_device());
+  o.device = a.get("device", planning::default_plan_device());
   if (o.device != "cpu" && o.device != "cuda" && o.device.rfind("cuda:", 0) != 0)
     return invalid_argument("--device: expected cpu, cuda or cuda:N, got '" + o.device + "'");
   if (a.has("configurations")) {
@@ -99,29 +95,13 @@ Result<planning::PlanOptions> plan_options_from_args(const Args& a) {
 
 Result<fs::path> ensure_plan(const fs::path& dataset, const fs::path& out, planning::ConfigurationKind kind,
                              planning::PlanOptions options) {
-  std::error_code ec;
-  fs::create_directories(out, ec);
-  if (ec) return io_error(out.string() + ": cannot create the plan folder: " + ec.message());
-  // One planner at a time per plan folder (ranks of one job, two jobs on one dataset).
-  SEGFLOW_ASSIGN_OR_RETURN(FileLock lock, FileLock::acquire(out / ".plan.lock"));
-  const Status current = planning::plan_is_current(out, dataset, kind);
-  if (current.is_ok()) {
-    std::fprintf(stderr, "segflow train: reusing the plan in %s (its fingerprint matches the data)\n",
-                 out.c_str());
-    return out / planning::yaml_file_name(kind);
-  }
-  std::fprintf(stderr, "segflow train: planning %s into %s (%s)\n", dataset.c_str(), out.c_str(),
-               current.message().c_str());
-  options.configurations = {kind};
-  if (kind == planning::ConfigurationKind::lowres_3d)
-    options.configurations.insert(options.configurations.begin(), planning::ConfigurationKind::fullres_3d);
-  SEGFLOW_ASSIGN_OR_RETURN(planning::PlanResult r, planning::plan_dataset(dataset, options));
-  if (!r.find(kind))
-    return invalid_argument(dataset.string() + ": configuration " + to_string(kind) + " was not planned" +
-                            (r.notes.empty() ? std::string() : ": " + r.notes.front()));
-  SEGFLOW_RETURN_IF_ERROR(planning::write_plan(r, out));
-  print_summary(r, out);
-  return out / planning::yaml_file_name(kind);
+  SEGFLOW_ASSIGN_OR_RETURN(
+      planning::EnsuredPlan e,
+      planning::plan_or_reuse(dataset, out, kind, std::move(options), [](const std::string& line) {
+        std::fprintf(stderr, "segflow train: %s\n", line.c_str());
+      }));
+  if (e.plan) print_summary(*e.plan, out);
+  return e.yaml;
 }
 
 int cmd_plan(int argc, char** argv) {
@@ -137,9 +117,8 @@ int cmd_plan(int argc, char** argv) {
   const fs::path out = a->has("out") ? fs::path(a->get("out")) : dataset / ".segflow-plans";
   auto o = plan_options_from_args(*a);
   if (!o.is_ok()) return fail("plan", o.status());
-  auto r = planning::plan_dataset(dataset, *o);
+  auto r = planning::plan_into_folder(dataset, out, *o);
   if (!r.is_ok()) return fail("plan", r.status());
-  if (Status st = planning::write_plan(*r, out); !st.is_ok()) return fail("plan", st);
   if (a->flag("json"))
     std::cout << r->plans_json().dump() << '\n';
   else

@@ -25,11 +25,8 @@ struct Args;
 /// The planner options of `segflow plan` / `segflow train DATASET` flags (--device,
 /// --memory-gb, --configurations, --memory-model, --max-step-s, --amp, --threads).
 Result<models::planning::PlanOptions> plan_options_from_args(const Args& a);
-/// "cuda:0" when a CUDA device is visible, else "cpu".
-std::string default_plan_device();
-/// The YAML of configuration `kind` in plan folder `out`: the plan there when it is current
-/// for `dataset` (plan_is_current), else a new plan of `kind` written there first. Holds a
-/// lock on the folder while it checks and plans.
+/// models::planning::plan_or_reuse with its notes and a new plan's summary printed ("segflow
+/// train: reusing the plan in DIR ..."); the YAML of configuration `kind`.
 Result<std::filesystem::path> ensure_plan(const std::filesystem::path& dataset,
                                           const std::filesystem::path& out,
                                           models::planning::ConfigurationKind kind,

@@ -23,7 +23,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -131,5 +133,33 @@ Status write_plan(const PlanResult& plan, const std::filesystem::path& out);
 /// planned configuration `k`. The reason it is not reusable otherwise.
 Status plan_is_current(const std::filesystem::path& out, const std::filesystem::path& dataset,
                        ConfigurationKind k);
+
+/// "cuda:0" when a CUDA device is visible, else "cpu" (the default device of a plan).
+std::string default_plan_device();
+
+/// Called with one line before a plan is reused or made ("reusing the plan in DIR (...)",
+/// "planning DATASET into DIR (why the old one is not current)").
+using PlanNoteFn = std::function<void(const std::string& line)>;
+
+/// What plan_or_reuse found or made.
+struct EnsuredPlan {
+  std::filesystem::path yaml;      ///< the YAML of the configuration asked for
+  bool reused = false;             ///< the folder's plan was current and is used as it is
+  std::optional<PlanResult> plan;  ///< the plan made and written (not reused)
+};
+
+/// Fingerprints and plans `dataset`, then writes the plan into `out` (write_plan) holding
+/// `out`/.plan.lock: what `segflow plan` and the daemon's `plan` command do. On a planning
+/// error nothing is written.
+Result<PlanResult> plan_into_folder(const std::filesystem::path& dataset, const std::filesystem::path& out,
+                                    const PlanOptions& options);
+
+/// The YAML of configuration `kind` in plan folder `out`: the plan there when it is current
+/// for `dataset` (plan_is_current), else a new plan of `kind` (with 3d_fullres for
+/// 3d_lowres) written there first. Holds a lock on the folder while it checks and plans (one
+/// planner per folder: ranks of one job, two jobs on one dataset). What `segflow train
+/// DATASET` and the daemon's auto_train call.
+Result<EnsuredPlan> plan_or_reuse(const std::filesystem::path& dataset, const std::filesystem::path& out,
+                                  ConfigurationKind kind, PlanOptions options, const PlanNoteFn& note = {});
 
 }  // namespace segflow::models::planning

@@ -1,4 +1,7 @@
-// A plan folder: written file by file through temporaries, and checked for reuse.
+// A plan folder: written file by file through temporaries, checked for reuse, and made or
+// reused under its lock (plan_or_reuse).
+#include <torch/cuda.h>
+
 #include <fstream>
 
 #include "messages/file_util.hpp"
@@ -40,6 +43,54 @@ Status plan_is_current(const fs::path& out, const fs::path& dataset, Configurati
   if (!fs::exists(out / yaml_file_name(k)))
     return not_found((out / yaml_file_name(k)).string() + ": missing");
   return Status::ok();
+}
+
+std::string default_plan_device() { return torch::cuda::is_available() ? "cuda:0" : "cpu"; }
+
+namespace {
+
+Result<FileLock> lock_plan_folder(const fs::path& out) {
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) return io_error(out.string() + ": cannot create the plan folder: " + ec.message());
+  return FileLock::acquire(out / ".plan.lock");
+}
+
+}  // namespace
+
+Result<PlanResult> plan_into_folder(const fs::path& dataset, const fs::path& out,
+                                    const PlanOptions& options) {
+  // Planned first, so that a refused dataset leaves no folder; written under the lock, so
+  // that plan_or_reuse never reads a folder half replaced.
+  SEGFLOW_ASSIGN_OR_RETURN(PlanResult r, plan_dataset(dataset, options));
+  SEGFLOW_ASSIGN_OR_RETURN(FileLock lock, lock_plan_folder(out));
+  SEGFLOW_RETURN_IF_ERROR(write_plan(r, out));
+  return r;
+}
+
+Result<EnsuredPlan> plan_or_reuse(const fs::path& dataset, const fs::path& out, ConfigurationKind kind,
+                                  PlanOptions options, const PlanNoteFn& note) {
+  // One planner at a time per plan folder (ranks of one job, two jobs on one dataset).
+  SEGFLOW_ASSIGN_OR_RETURN(FileLock lock, lock_plan_folder(out));
+  EnsuredPlan e;
+  e.yaml = out / yaml_file_name(kind);
+  const Status current = plan_is_current(out, dataset, kind);
+  if (current.is_ok()) {
+    if (note) note("reusing the plan in " + out.string() + " (its fingerprint matches the data)");
+    e.reused = true;
+    return e;
+  }
+  if (note) note("planning " + dataset.string() + " into " + out.string() + " (" + current.message() + ")");
+  options.configurations = {kind};
+  if (kind == ConfigurationKind::lowres_3d)
+    options.configurations.insert(options.configurations.begin(), ConfigurationKind::fullres_3d);
+  SEGFLOW_ASSIGN_OR_RETURN(PlanResult r, plan_dataset(dataset, options));
+  if (!r.find(kind))
+    return invalid_argument(dataset.string() + ": configuration " + to_string(kind) + " was not planned" +
+                            (r.notes.empty() ? std::string() : ": " + r.notes.front()));
+  SEGFLOW_RETURN_IF_ERROR(write_plan(r, out));
+  e.plan = std::move(r);
+  return e;
 }
 
 }  // namespace segflow::models::planning
