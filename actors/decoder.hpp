@@ -3,9 +3,9 @@
 // (when configured), else the reader and the deterministic stages, then the disk-cache
 // write (pipeline/cache/sample_cache.hpp decode_case).
 //
-// Concurrency: each decoder is detached (its own thread) and handles one request at a time;
-// a pool of LoaderOptions::decode_workers of them belongs to the cache actor, which spawns
-// them linked and replaces one that dies.
+// Concurrency: each decoder is a detached CAF actor (its own thread) and handles one
+// request at a time; a pool of LoaderOptions::decode_workers of them belongs to the cache
+// actor, which spawns them linked and replaces one that dies.
 // Backpressure: the cache sends a decoder a request only when it is idle, so a decoder's
 // mailbox holds at most one request and the pool at most decode_workers.
 // Errors: a failing case (bad file, a stage that returns an error or throws a

@@ -82,6 +82,7 @@ std::int64_t batch_bytes(const Batch& b) {
 
 /// Child: one measurement; prints one JSON line. Arguments: data dir, pipeline (window |
 /// resampled), cache_dtype, cache_bytes, disk cache dir ("-" = none), epochs.
+/// Longer than a screen: one measurement read top to bottom (as step_bench's main).
 int child(int argc, char** argv) {
   if (argc < 8) return 2;
   torch::set_num_threads(1);

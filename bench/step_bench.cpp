@@ -51,6 +51,8 @@ std::pair<double, double> median_ms(const c10::Device& d, int reps, const std::f
 
 }  // namespace
 
+// Longer than a screen: one straight measurement script (parse, build, warm up, time,
+// print), read top to bottom; cutting it would scatter the timing window.
 int main(int argc, char** argv) {
   std::string device_text = "cpu";
   int reps = 30;

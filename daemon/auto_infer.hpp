@@ -1,6 +1,6 @@
 #pragma once
 // auto_infer: a dataset of data_root names a model that segflowd runs on each case that
-// arrives in it (daemon config `auto_infer`, daemon/config.hpp). No CAF code.
+// arrives in it (daemon config `auto_infer`, daemon/config.hpp). No actor-framework code.
 //
 // What runs: for each case of the dataset that the watcher has indexed (status ok, or bad
 // such as an image without a label: any state but pending, so its files are complete) and

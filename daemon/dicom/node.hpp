@@ -14,7 +14,7 @@
 // bytes than dicom.max_association_bytes (the connection is cut at once) or a protocol
 // error discards them. Garbage on the port costs one failed connection, nothing more.
 //
-// Threads (no CAF): one listener thread accepts connections and reads association requests
+// Threads (no actors): one listener thread accepts connections and reads association requests
 // (a peer that connects and stays silent holds it for at most idle_timeout_s); each
 // admitted association runs on a thread of its own, at most max_associations at once.
 // stats() is safe from any thread.

@@ -10,7 +10,7 @@
 // outbox copy is then removed. Sends go to the destination configured now, so fixing a
 // wrong dicom.send_to and restarting delivers what is still queued.
 //
-// Threads (no CAF): one sender thread; enqueue() and stats() are safe from any thread.
+// Threads (no actors): one sender thread; enqueue() and stats() are safe from any thread.
 
 #include <nlohmann/json.hpp>
 

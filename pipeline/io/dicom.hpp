@@ -38,7 +38,7 @@ struct DicomSkippedStack {
 };
 
 /// What read_dicom decided: the stack it read, how even its slices are, what it skipped.
-/// The rules are in README.md ("DICOM series: tolerance rules and JPEG 2000").
+/// The rules are in docs/reference/readers-and-datasets.md ("DICOM series: tolerance rules").
 struct DicomReadReport {
   std::string series;                         ///< SeriesInstanceUID, else the fallback identity
   std::string identity;                       ///< "SeriesInstanceUID", "FrameOfReferenceUID + ..."

@@ -311,7 +311,7 @@ TEST_CASE(
   CHECK(std::filesystem::exists(run / "best.pt"));
 }
 
-// The recipe's full run (100 epochs, best validation Dice 0.87) is a figure in README and
+// The recipe's full run (100 epochs, best validation Dice 0.87) is a figure in
 // bench/RESULTS.md; this case runs its first 24 epochs, enough to prove that it learns.
 TEST_CASE("the shipped box-prompted SAM recipe learns: validation Dice climbs from nothing within 24 epochs" *
           doctest::test_suite("serial")) {

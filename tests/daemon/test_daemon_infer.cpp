@@ -25,6 +25,8 @@ void make_infer_dataset(const fs::path& root, const std::string& name, int cases
 
 }  // namespace
 
+// One daemon, one story (validate, queue beside training, run, write): longer than a screen
+// because each step needs the state the one before left in the running daemon.
 TEST_CASE("an inference job sent with ctl infer is validated, queued beside training and writes label maps") {
   Setup s;
   s.write_config();

@@ -52,6 +52,7 @@ struct BadCase {
 
 }  // namespace
 
+// Longer than a screen: a table of bad options and the message each must give.
 TEST_CASE("a bad option in any section of a job config names the file, the key and what was expected") {
   const BadCase cases[] = {
       // top level

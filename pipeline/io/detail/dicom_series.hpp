@@ -2,7 +2,7 @@
 // Private to the DICOM reader: what a file's header says about its frames, and series
 // assembly: stacks (slices that can form one volume), the rule that picks the volume of a
 // folder, slice ordering and the tolerance rules for spacing and tilt. The rules (also in
-// README.md, "DICOM series: tolerance rules and JPEG 2000"):
+// docs/reference/readers-and-datasets.md, "DICOM series: tolerance rules" and "JPEG 2000"):
 // - A stack is the slices of one series identity (SeriesInstanceUID; without one,
 //   FrameOfReferenceUID, else nothing) with one ImageOrientationPatient (each cosine within
 //   kOrientationTolerance), one Rows x Columns, SamplesPerPixel and PixelSpacing (within a
