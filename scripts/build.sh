@@ -10,5 +10,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 jobs="${SEGFLOW_JOBS:-$(nproc)}"
 read -r -a targets <<< "${SEGFLOW_TARGETS:-segflow segflowd}"
+start=$(date +%s)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" > build-configure.log 2>&1 || { cat build-configure.log; exit 1; }
 ninja -C build -j"$jobs" "${targets[@]}"
+echo "build: ${targets[*]} configured and built in $(( $(date +%s) - start )) s"
