@@ -124,6 +124,7 @@ Status Trainer::save_checkpoint(const fs::path& path) const {
                  {"skipped_steps", scaler.skipped_value()},
                  {"num_classes", num_classes_},
                  {"saved_on", device_.str()},
+                 {"early_stop", early_stop_state_json(state_.early_stop)},
                  {"config", cfg_.resolved}};
     root.write("meta", string_to_tensor(meta.dump()));
     root.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
@@ -160,6 +161,8 @@ Status Trainer::load_checkpoint(const fs::path& path) {
     state_.best_epoch = meta.at("best_epoch").get<std::int64_t>();
     state_.good_steps = meta.at("good_steps").get<std::int64_t>();
     state_.skipped_steps = meta.value("skipped_steps", std::int64_t{0});
+    // Absent in checkpoints written before early stopping: a fresh count.
+    state_.early_stop = early_stop_state_from_json(meta.value("early_stop", json(nullptr)));
     // A scale from a run in another precision means nothing here: only fp16 keeps one.
     state_.loss_scale = impl_->scaler->options().enabled ? meta.at("loss_scale").get<double>() : 1.0;
     if (!impl_->scaler->options().enabled) state_.good_steps = 0;
@@ -169,6 +172,11 @@ Status Trainer::load_checkpoint(const fs::path& path) {
   } catch (const std::exception& e) {
     return corrupt_data(path.string() + ": checkpoint does not fit this model/optimizer: " + first_line(e));
   }
+}
+
+Result<json> read_checkpoint_meta(const fs::path& checkpoint) {
+  SEGFLOW_ASSIGN_OR_RETURN(auto root, open_archive(checkpoint));
+  return read_meta(root, checkpoint);
 }
 
 Result<std::unique_ptr<Trainer>> load_for_inference(const fs::path& checkpoint, const std::string& device,

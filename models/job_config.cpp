@@ -101,6 +101,38 @@ void TrainSettings::bind(OptionParser& p) {
   p.boolean("cudnn_benchmark", cudnn_benchmark, "cuDNN autotuner on CUDA");
   p.boolean("channels_last", channels_last, "channels-last memory format on CUDA");
   p.integer("log_every", log_every, Range::at_least(1), "steps", "metrics.jsonl step records every N steps");
+  bind_early_stopping(p);
+}
+
+const std::vector<std::string>& early_stopping_metrics() {
+  static const std::vector<std::string> names = {"val/dice_mean"};
+  return names;
+}
+
+void EarlyStoppingSettings::bind(OptionParser& p) {
+  p.choice("metric", metric, early_stopping_metrics(), "the validation figure watched");
+  p.integer("patience", patience, Range::at_least(1), "validations",
+            "validations in a row without an improvement before training stops");
+  if (p.ok() && !p.given("patience"))
+    p.fail("patience", "expected an integer >= 1 (validations without an improvement), got nothing");
+  p.number("min_delta", min_delta, Range::non_negative(), "",
+           "an improvement must exceed the best so far by more than this");
+  p.choice("mode", mode, {"max", "min"}, "max: higher is better; min: lower is better");
+}
+
+/// `early_stopping`: absent or null leaves it off and out of the resolved config (so configs
+/// without it keep their run folder names).
+void TrainSettings::bind_early_stopping(OptionParser& p) {
+  if (!p.given("early_stopping")) {
+    p.mapping("early_stopping", "stop when validation stops improving; absent = off");
+    return;
+  }
+  EarlyStoppingSettings o = early_stopping.value_or(EarlyStoppingSettings{});
+  p.section("early_stopping", o, "stop when validation stops improving; absent = off");
+  early_stopping = o;
+  if (p.ok() && val_interval == 0)
+    p.fail("early_stopping",
+           "expected train.val_interval > 0 (early stopping counts validations), got val_interval 0");
 }
 
 void ValidationSettings::bind(OptionParser& p) {

@@ -24,7 +24,8 @@
 //   train:  {epochs, batch_size, accumulate, grad_clip, amp, device, devices, val_interval,
 //            checkpoint_interval, steps_per_epoch, loader, decode_workers, prefetch,
 //            cache_rate, cache_bytes, disk_cache, cache_dtype, cache_device, threads,
-//            cudnn_benchmark, channels_last, log_every}
+//            cudnn_benchmark, channels_last, log_every,
+//            early_stopping: {metric, patience, min_delta, mode}}
 //   validation: {roi_size, overlap, mode, sw_batch_size}
 //   output: {runs_dir}
 //
@@ -75,6 +76,22 @@ struct DataSettings {
   void bind(pipeline::OptionParser& p);
 };
 
+/// Early stopping on the full-volume validation the trainer runs (`train.early_stopping`;
+/// absent = off), as MONAI's EarlyStopHandler: after `patience` validations in a row
+/// without an improvement larger than `min_delta` over the best so far, training stops
+/// after that epoch (models/early_stopping.hpp).
+struct EarlyStoppingSettings {
+  std::string metric = "val/dice_mean";  ///< the watched figure: one of early_stopping_metrics()
+  std::int64_t patience = 0;             ///< validations without improvement, >= 1 (required)
+  double min_delta = 0.0;                ///< an improvement must exceed it, >= 0 (units of the metric)
+  std::string mode = "max";              ///< max (higher is better) | min
+
+  void bind(pipeline::OptionParser& p);
+};
+
+/// The figures early stopping can watch: what Trainer::validate computes ("val/dice_mean").
+const std::vector<std::string>& early_stopping_metrics();
+
 /// How to train (`train`).
 struct TrainSettings {
   std::int64_t epochs = 10;     ///< >= 1
@@ -107,8 +124,13 @@ struct TrainSettings {
   bool cudnn_benchmark = true;  ///< cuDNN autotuner on CUDA
   bool channels_last = false;   ///< channels-last memory format on CUDA
   std::int64_t log_every = 10;  ///< metrics.jsonl step records every N steps, >= 1
+  /// Early stopping on validation; unset (absent or null) = off. Needs val_interval > 0.
+  std::optional<EarlyStoppingSettings> early_stopping;
 
   void bind(pipeline::OptionParser& p);
+
+ private:
+  void bind_early_stopping(pipeline::OptionParser& p);
 };
 
 /// Sliding-window validation and inference (`validation`).

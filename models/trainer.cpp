@@ -355,31 +355,69 @@ Result<ValidationInfo> Trainer::validate(const std::vector<Sample>& samples) {
   }
 }
 
+Result<std::optional<EarlyStopInfo>> Trainer::validate_epoch(const std::vector<Sample>& val,
+                                                             const fs::path& run_dir,
+                                                             TrainObserver& observer) {
+  const auto& es = cfg_.train.early_stopping;
+  bool reached = false;
+  double value = std::numeric_limits<double>::quiet_NaN();
+  if (!val.empty()) {  // rank 0 of a data-parallel run; the others validate nothing
+    SEGFLOW_ASSIGN_OR_RETURN(ValidationInfo v, validate(val));
+    if (es) {
+      value = v.mean_dice;  // the one metric validation computes (early_stopping_metrics)
+      early_stop_update(state_.early_stop, *es, value, v.epoch);
+      reached = early_stop_reached(state_.early_stop, *es);
+    }
+    if (std::isfinite(v.mean_dice) && v.mean_dice > state_.best_metric) {
+      state_.best_metric = v.mean_dice;
+      state_.best_epoch = v.epoch;
+      v.best = true;
+      SEGFLOW_RETURN_IF_ERROR(save_checkpoint(run_dir / kBestCheckpoint));
+      observer.on_checkpoint(run_dir / kBestCheckpoint, "best");
+    }
+    observer.on_validation(v);
+  }
+  if (!es) return std::optional<EarlyStopInfo>();
+  if (sync_) reached = sync_->any(reached);  // every rank stops with the one that validates
+  if (!reached) return std::optional<EarlyStopInfo>();
+  EarlyStopInfo info = early_stop_info(state_.early_stop, *es, state_.epoch - 1, value);
+  log::info("early stopping after epoch " + std::to_string(state_.epoch) + ": " + early_stop_reason(info));
+  observer.on_early_stop(info);
+  return std::optional<EarlyStopInfo>(info);
+}
+
+bool Trainer::stopped_early_before(TrainObserver& observer) {
+  const auto& es = cfg_.train.early_stopping;
+  if (!es) return false;
+  early_stop_align(state_.early_stop, *es);
+  if (!early_stop_reached(state_.early_stop, *es)) return false;
+  EarlyStopInfo info = early_stop_info(state_.early_stop, *es, state_.epoch - 1, state_.early_stop.best);
+  info.earlier = true;
+  log::info("early stopping: the run had stopped after epoch " + std::to_string(state_.epoch) + " (" +
+            early_stop_reason(info) + "); raise train.early_stopping.patience to train on");
+  observer.on_early_stop(info);
+  return true;
+}
+
 Status Trainer::fit(pipeline::BatchSource& source, std::int64_t steps_per_epoch,
                     const std::vector<Sample>& val, const fs::path& run_dir, TrainObserver& observer) {
   const auto& tr = cfg_.train;
+  if (stopped_early_before(observer)) return Status::ok();
   while (state_.epoch < tr.epochs) {
     observer.on_epoch_start(state_.epoch, tr.epochs);
     SEGFLOW_ASSIGN_OR_RETURN(EpochInfo ep, train_epoch(source, steps_per_epoch, observer));
     observer.on_epoch_end(ep);
     const bool last = state_.epoch >= tr.epochs;
     const bool stopping = observer.should_stop();
-    if (!val.empty() && tr.val_interval > 0 && (state_.epoch % tr.val_interval == 0 || last)) {
-      SEGFLOW_ASSIGN_OR_RETURN(ValidationInfo v, validate(val));
-      if (std::isfinite(v.mean_dice) && v.mean_dice > state_.best_metric) {
-        state_.best_metric = v.mean_dice;
-        state_.best_epoch = v.epoch;
-        v.best = true;
-        SEGFLOW_RETURN_IF_ERROR(save_checkpoint(run_dir / kBestCheckpoint));
-        observer.on_checkpoint(run_dir / kBestCheckpoint, "best");
-      }
-      observer.on_validation(v);
+    std::optional<EarlyStopInfo> early;
+    if (tr.val_interval > 0 && (state_.epoch % tr.val_interval == 0 || last)) {
+      SEGFLOW_ASSIGN_OR_RETURN(early, validate_epoch(val, run_dir, observer));
     }
-    if (state_.epoch % tr.checkpoint_interval == 0 || last || stopping) {
+    if (state_.epoch % tr.checkpoint_interval == 0 || last || stopping || early) {
       SEGFLOW_RETURN_IF_ERROR(save_checkpoint(run_dir / kLastCheckpoint));
       observer.on_checkpoint(run_dir / kLastCheckpoint, "last");
     }
-    if (stopping) break;
+    if (stopping || early) break;
   }
   return Status::ok();
 }

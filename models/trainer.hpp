@@ -38,6 +38,7 @@
 #include "messages/status.hpp"
 #include "models/amp.hpp"
 #include "models/checkpoint.hpp"  // load_for_inference, for the callers of Trainer
+#include "models/early_stopping.hpp"
 #include "models/fwd.hpp"
 #include "models/job_config.hpp"
 #include "models/registry.hpp"
@@ -103,6 +104,9 @@ class TrainObserver {
   virtual void on_validation(const ValidationInfo& info) {}
   virtual void on_checkpoint(const std::filesystem::path& path, const std::string& kind) {}
   virtual void on_case_failure(const pipeline::CaseFailure& failure) {}
+  /// train.early_stopping ended the run after the epoch's validation (before its last.pt is
+  /// written), or had ended it before this attempt (info.earlier: a resume trains nothing).
+  virtual void on_early_stop(const EarlyStopInfo& info) {}
   /// Polled between steps: true stops training after writing a checkpoint. Must answer
   /// from host state (a flag), never by reading the device.
   virtual bool should_stop() { return false; }
@@ -121,6 +125,9 @@ class GradientSync {
   virtual bool all_have(bool have_batch) = 0;
   virtual void before_backward(const at::Tensor& loss, bool sync) = 0;
   virtual void after_backward(bool synced) = 0;
+  /// True on every rank when `flag` is true on any (a collective; every rank calls it at the
+  /// same point): the early-stopping decision of the rank that validates. One rank: `flag`.
+  virtual bool any(bool flag) { return flag; }
 };
 
 /// Resolves "auto" / "cpu" / "cuda" / "cuda:N"; "auto" is cuda:0 when available.
@@ -135,6 +142,7 @@ struct TrainState {
   double loss_scale = 65536.0;     ///< fp16 dynamic loss scale (as of the last read)
   std::int64_t good_steps = 0;     ///< fp16 steps since the last scale change (idem)
   std::int64_t skipped_steps = 0;  ///< steps skipped for inf/NaN gradients (idem)
+  EarlyStopState early_stop;       ///< train.early_stopping's best and count (models/early_stopping.hpp)
 };
 
 class Trainer {
@@ -176,7 +184,9 @@ class Trainer {
 
   /// The whole loop: epochs from state().epoch to cfg.train.epochs with validation every
   /// val_interval and checkpoints every checkpoint_interval into `run_dir` (last.pt,
-  /// best.pt), honouring observer.should_stop().
+  /// best.pt), honouring observer.should_stop() and train.early_stopping (which stops after
+  /// the epoch whose validation reached the patience, with last.pt written; a run resumed
+  /// after such a stop trains nothing unless the patience was raised).
   Status fit(pipeline::BatchSource& source, std::int64_t steps_per_epoch, const std::vector<Sample>& val,
              const std::filesystem::path& run_dir, TrainObserver& observer);
 
@@ -210,6 +220,13 @@ class Trainer {
 
  private:
   Trainer(JobConfig cfg, c10::Device device, ModelHandle model);
+  /// fit's validation of the epoch just trained: best.pt, on_validation, and early stopping
+  /// agreed by all ranks (its report when the run stops here).
+  Result<std::optional<EarlyStopInfo>> validate_epoch(const std::vector<Sample>& val,
+                                                      const std::filesystem::path& run_dir,
+                                                      TrainObserver& observer);
+  /// True when train.early_stopping had already stopped the run a checkpoint resumed.
+  bool stopped_early_before(TrainObserver& observer);
   struct Impl;
   JobConfig cfg_;
   c10::Device device_;

@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "actors/jobs/validation_predictions.hpp"
 #include "actors/run/run_folder.hpp"
 #include "actors/run/run_outputs.hpp"
 #include "messages/log.hpp"
@@ -52,6 +53,9 @@ class AgreedStopObserver : public models::TrainObserver {
   }
   void on_case_failure(const pipeline::CaseFailure& f) override {
     if (inner_) inner_->on_case_failure(f);
+  }
+  void on_early_stop(const models::EarlyStopInfo& i) override {
+    if (inner_) inner_->on_early_stop(i);
   }
   bool should_stop() override {
     const bool local = inner_ && inner_->should_stop();
@@ -234,6 +238,9 @@ Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOption
   for (std::size_t i = 0; i < results.size(); ++i)
     if (order[i] >= 0 && (!first || order[i] < order[*first])) first = i;
   if (first) return results[*first];
+  if (!observer.should_stop())
+    SEGFLOW_RETURN_IF_ERROR(
+        write_validation_predictions(cfg, jobs[0].split, rf.dir(), jobs[0].trainer->device().str()));
   return rf.dir();
 }
 
@@ -267,6 +274,9 @@ Result<fs::path> run_distributed_from_env(const models::JobConfig& cfg, const Ru
               ", global batch " + std::to_string(cfg.train.batch_size * env.world_size) + " x " +
               std::to_string(cfg.train.accumulate));
     SEGFLOW_RETURN_IF_ERROR(train_rank(job, coll, options, rf.resume(), &rf.events(), rf.dir()));
+    if (!observer.should_stop())
+      SEGFLOW_RETURN_IF_ERROR(
+          write_validation_predictions(cfg, job.split, rf.dir(), job.trainer->device().str()));
     return rf.dir();
   }
   ScratchDir scratch(env.rank);

@@ -53,6 +53,10 @@ void EventBus::on_case_failure(const pipeline::CaseFailure& f) {
   deliver();
   for (auto* s : sinks_) s->on_case_failure(f);
 }
+void EventBus::on_early_stop(const models::EarlyStopInfo& i) {
+  deliver();
+  for (auto* s : sinks_) s->on_early_stop(i);
+}
 bool EventBus::should_stop() {
   bool stop = false;
   for (auto* s : sinks_) stop |= s->should_stop();

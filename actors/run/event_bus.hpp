@@ -59,6 +59,7 @@ class EventBus : public models::TrainObserver {
   void on_validation(const models::ValidationInfo& i) override;
   void on_checkpoint(const std::filesystem::path& p, const std::string& kind) override;
   void on_case_failure(const pipeline::CaseFailure& f) override;
+  void on_early_stop(const models::EarlyStopInfo& i) override;
   /// Any sink asks to stop. Host state only: delivers nothing.
   bool should_stop() override;
 

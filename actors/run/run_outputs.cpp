@@ -115,6 +115,12 @@ void JsonlMetricsObserver::on_checkpoint(const fs::path& p, const std::string& k
 void JsonlMetricsObserver::on_case_failure(const pipeline::CaseFailure& f) {
   impl_->write({{"type", "case_failure"}, {"case", f.case_id}, {"reason", f.reason}});
 }
+void JsonlMetricsObserver::on_early_stop(const models::EarlyStopInfo& i) {
+  if (i.earlier) return;
+  json j = {{"type", "early_stop"}};
+  j.update(models::early_stop_info_json(i));
+  impl_->write(j);
+}
 void JsonlMetricsObserver::on_data_event(const Event& e) {
   json j = event_to_json(e);
   j["type"] = "data_event";
@@ -322,7 +328,8 @@ bool keep_metrics_line(const std::string& line, const models::TrainState& at) {
   if (j.is_discarded() || !j.is_object()) return false;  // torn by the crash
   const std::string type = j.value("type", "");
   if (type == "step") return j.value("step", std::int64_t{0}) <= at.step;
-  if (type == "epoch" || type == "validation") return j.value("epoch", std::int64_t{0}) < at.epoch;
+  if (type == "epoch" || type == "validation" || type == "early_stop")
+    return j.value("epoch", std::int64_t{0}) < at.epoch;
   if (type == "data_event") return j.value("epoch", std::int64_t{-1}) < at.epoch;
   return true;  // checkpoints written, cases skipped: facts of the earlier run
 }

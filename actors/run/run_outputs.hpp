@@ -29,7 +29,7 @@
 namespace segflow::actors {
 
 /// Writes metrics.jsonl: one JSON object per line with "type" step|epoch|validation|
-/// checkpoint|case_failure|data_event, flushed per line. A sink of the run's event bus.
+/// checkpoint|case_failure|data_event|early_stop, flushed per line. A sink of the run's event bus.
 class JsonlMetricsObserver : public RunSink {
  public:
   explicit JsonlMetricsObserver(const std::filesystem::path& file, std::int64_t log_every = 10);
@@ -42,6 +42,10 @@ class JsonlMetricsObserver : public RunSink {
   void on_validation(const models::ValidationInfo& i) override;
   void on_checkpoint(const std::filesystem::path& p, const std::string& kind) override;
   void on_case_failure(const pipeline::CaseFailure& f) override;
+  /// {"type": "early_stop", "epoch", "metric", "mode", "value", "best", "best_epoch",
+  /// "patience", "min_delta", "validations_without_improvement", "reason"}; nothing for a
+  /// stop an earlier attempt already recorded (info.earlier).
+  void on_early_stop(const models::EarlyStopInfo& i) override;
   /// {"type": "data_event", "kind", "source", "message", "case_id", "epoch", "time_ns"}
   void on_data_event(const Event& e) override;
 
@@ -90,7 +94,7 @@ class TensorBoardObserver : public models::TrainObserver {
 
 /// What a resumed run drops from the outputs the interrupted run left in its folder, so that
 /// nothing is counted twice: step records past `at.step` (train/*, memory/*), epoch,
-/// validation and data-path event records of epoch `at.epoch` on (those epochs run again;
+/// validation, early_stop and data-path event records of epoch `at.epoch` on (those epochs run again;
 /// data-path events without an epoch are kept), and a record torn by
 /// the crash. Rewrites metrics.jsonl and every TensorBoard event file under run_dir/tb
 /// (temp file + rename; files with nothing to drop are left untouched). Returns the number

@@ -91,6 +91,12 @@ bool DdpGradientSync::all_have(bool have_batch) {
   return *r;
 }
 
+bool DdpGradientSync::any(bool flag) {
+  auto r = collective_->any(flag);
+  throw_if_error(r.status());
+  return *r;
+}
+
 void DdpGradientSync::before_backward(const at::Tensor& loss, bool sync) {
   if (!sync) return;  // no_sync: the hooks stay idle, gradients accumulate locally
   // Once, after the first synchronised backward: buckets in the order gradients arrived

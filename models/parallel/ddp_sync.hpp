@@ -74,6 +74,7 @@ class DdpGradientSync final : public GradientSync {
   ~DdpGradientSync() override;
 
   bool all_have(bool have_batch) override;
+  bool any(bool flag) override;
   void before_backward(const at::Tensor& loss, bool sync) override;
   void after_backward(bool synced) override;
 
