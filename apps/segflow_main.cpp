@@ -46,6 +46,9 @@ commands:
   eval     --pred P --gt G [--tolerance-mm T] [--classes 1,2,...] [--json] [--csv FILE]
                          Dice, IoU, HD95, ASSD, surface Dice and volumes per case and class
                          (files, or folders / datasets matched by case id)
+  cv       RUN... [--out DIR] [--json] [--bootstrap N] [--confidence 0.95] [--seed S]
+                         the folds' out-of-fold scores pooled: per class Dice, HD95, NSD with
+                         bootstrap intervals, and a row per case
   export   --checkpoint best.pt --to pytorch OUT.pt
                          the trained network as a PyTorch state dict for MONAI's UNet or
                          segment_anything's Sam, and OUT.json with its arguments
@@ -68,7 +71,7 @@ int main(int argc, char** argv) {
   static const std::map<std::string, std::function<int(int, char**)>> commands = {
       {"synth", cmd_synth},   {"inspect", cmd_inspect}, {"stages", cmd_stages}, {"train", cmd_train},
       {"infer", cmd_infer},   {"ctl", cmd_ctl},         {"bench", cmd_bench},   {"eval", cmd_eval},
-      {"export", cmd_export}, {"plan", cmd_plan},
+      {"export", cmd_export}, {"plan", cmd_plan},       {"cv", cmd_cv},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);

@@ -319,6 +319,11 @@ Status check_options(const EvaluateOptions& o) {
       return invalid_argument("--classes: expected label values in 1.." + std::to_string(kMaxLabelValue) +
                               ", got " + std::to_string(c));
   std::error_code ec;
+  for (const auto& pair : o.pairs)
+    for (const auto* p : {&pair.pred, &pair.gt})
+      if (!fs::exists(*p, ec))
+        return not_found(p->string() + ": no such file or folder (case " + pair.id + ")");
+  if (!o.pairs.empty()) return Status::ok();
   for (const auto* p : {&o.pred, &o.gt})
     if (!fs::exists(*p, ec)) return not_found(p->string() + ": no such file or folder");
   return Status::ok();
@@ -408,16 +413,31 @@ Result<EvaluationReport> evaluate(const EvaluateOptions& o) {
     std::error_code ec;
     EvaluationReport r;
     r.tolerance_mm = o.tolerance_mm;
-    r.names = find_label_names(o.gt);
+    if (o.pairs.empty()) r.names = find_label_names(o.gt);
     Seen seen;
-    const bool gt_collection = fs::is_directory(o.gt, ec) && !pipeline::is_dicom_case_folder(o.gt);
+    if (!o.pairs.empty()) {
+      for (const auto& pair : o.pairs) {
+        auto c = evaluate_case(pair.id, pair.pred, pair.gt, o, seen.pred_values, seen.gt_values, seen.notes);
+        if (c.is_ok()) {
+          r.cases.push_back(std::move(*c));
+        } else {
+          r.failed.emplace_back(pair.id, c.status().message());
+          note(o, "case " + pair.id + " not scored: " + c.status().message());
+        }
+      }
+      r.names = find_label_names(o.pairs.front().gt);
+    }
+    const bool gt_collection =
+        o.pairs.empty() && fs::is_directory(o.gt, ec) && !pipeline::is_dicom_case_folder(o.gt);
     const bool pred_collection = fs::is_directory(o.pred, ec) && !pipeline::is_dicom_case_folder(o.pred);
-    if (gt_collection != pred_collection)
+    if (o.pairs.empty() && gt_collection != pred_collection)
       return invalid_argument(std::string("--pred ") + o.pred.string() + " is " +
                               (pred_collection ? "a folder of cases" : "one case") + " but --gt " +
                               o.gt.string() + " is " + (gt_collection ? "a folder of cases" : "one case") +
                               ": expected two files or two folders");
-    if (!gt_collection) {
+    if (!o.pairs.empty()) {
+      // scored above
+    } else if (!gt_collection) {
       fs::path g = o.gt;
       if (g.filename().empty()) g = g.parent_path();  // "case_000/"
       std::string id = fs::is_directory(g, ec) ? g.filename().string() : case_id_of(g);

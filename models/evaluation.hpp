@@ -27,6 +27,13 @@ struct EvaluateOptions {
   /// Called with one line per note (a partial grid overlap, a label value only one side
   /// has, a case that failed); may be empty.
   std::function<void(const std::string&)> note;
+  /// Explicit (case id, prediction, ground truth) pairs scored instead of `pred` / `gt`
+  /// (a run's validation cases, whose labels are wherever the dataset keeps them).
+  struct Pair {
+    std::string id;
+    std::filesystem::path pred, gt;
+  };
+  std::vector<Pair> pairs;
 };
 
 /// One scored case.

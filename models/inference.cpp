@@ -538,7 +538,10 @@ Result<InferBatchResult> run_inference_batch(const InferOptions& o,
   if (!o.format.empty() && o.format != "nifti" && o.format != "seg")
     return invalid_argument("--format: expected nifti or seg, got '" + o.format + "'");
   InferBatchResult result;
-  SEGFLOW_ASSIGN_OR_RETURN(auto cases, list_inference_cases(o.input, &result.skipped));
+  std::vector<InferCase> cases = o.cases;
+  if (cases.empty()) {
+    SEGFLOW_ASSIGN_OR_RETURN(cases, list_inference_cases(o.input, &result.skipped));
+  }
   std::error_code ec;
   if (fs::exists(o.output, ec) && !fs::is_directory(o.output, ec))
     return invalid_argument(o.output.string() + ": --output: expected a folder for the " +

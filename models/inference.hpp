@@ -47,6 +47,13 @@ Result<TtaMode> parse_tta(const std::string& text);
 /// resolved). Ascending.
 std::vector<int> tta_mirror_axes(TtaMode tta, const nlohmann::json& training_stages, int spatial_dims);
 
+/// One case of a folder or dataset: its image channels.
+struct InferCase {
+  std::string id;
+  std::vector<std::filesystem::path> channels;  ///< one file or DICOM series folder per channel
+  bool dicom = false;                           ///< a DICOM series (DICOM SEG output by default)
+};
+
 /// Options of one inference run.
 struct InferOptions {
   std::filesystem::path checkpoint;  ///< best.pt / last.pt of a run (the first of an ensemble)
@@ -80,6 +87,9 @@ struct InferOptions {
   /// Where the windows are stitched: "" = the model's device; "cpu" = host memory, for
   /// volumes whose class maps do not fit the device.
   std::string stitch_device;
+  /// run_inference_batch: these cases instead of the scans listed under `input` (a run's
+  /// validation cases, written as NIfTI unless `format` says otherwise).
+  std::vector<InferCase> cases;
 };
 
 /// What was written for one case.
@@ -96,13 +106,6 @@ struct InferResult {
 /// Runs inference on one scan. A folder output gets "<input name>_seg.nii.gz" (NIfTI input)
 /// or "seg.dcm" (DICOM input).
 Result<InferResult> run_inference(const InferOptions& options);
-
-/// One case of a folder or dataset: its image channels.
-struct InferCase {
-  std::string id;
-  std::vector<std::filesystem::path> channels;  ///< one file or DICOM series folder per channel
-  bool dicom = false;                           ///< a DICOM series (DICOM SEG output by default)
-};
 
 /// The scans under `input`: a file or a DICOM series folder (one case); a dataset root
 /// (its imagesTs/, else imagesTr/, else imgs/); or a folder of scans: image files (NIfTI,

@@ -142,6 +142,8 @@ void ValidationSettings::bind(OptionParser& p) {
            "fraction of the window shared by neighbours");
   p.choice("mode", mode, {"gaussian", "constant"}, "blending of overlapping windows");
   p.integer("sw_batch_size", sw_batch_size, Range::at_least(1), "windows", "windows per forward pass");
+  p.boolean("save_predictions", save_predictions,
+            "at the end of training, predict and score the validation cases into the run's validation/");
 }
 
 namespace {

@@ -26,7 +26,7 @@
 //            cache_rate, cache_bytes, disk_cache, cache_dtype, cache_device, threads,
 //            cudnn_benchmark, channels_last, log_every,
 //            early_stopping: {metric, patience, min_delta, mode}}
-//   validation: {roi_size, overlap, mode, sw_batch_size}
+//   validation: {roi_size, overlap, mode, sw_batch_size, save_predictions}
 //   output: {runs_dir}
 //
 // JobConfig::resolved is the whole config after overrides with every default filled in: run
@@ -140,6 +140,10 @@ struct ValidationSettings {
   double overlap = 0.25;           ///< fraction of the window shared by neighbours, [0, 1)
   std::string mode = "gaussian";   ///< blending: gaussian | constant
   std::int64_t sw_batch_size = 1;  ///< windows per forward pass, >= 1
+  /// At the end of training, predict the validation cases with the final model (sliding
+  /// window, on each case's own grid) into the run's validation/ folder and score them:
+  /// the out-of-fold predictions `segflow cv` collects.
+  bool save_predictions = true;
 
   void bind(pipeline::OptionParser& p);
 };

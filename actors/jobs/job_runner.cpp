@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "actors/jobs/batch_sources.hpp"
+#include "actors/jobs/validation_predictions.hpp"
 #include "actors/run/run_folder.hpp"
 #include "actors/run/run_outputs.hpp"
 #include "messages/log.hpp"
@@ -210,6 +211,10 @@ Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& op
             cfg.train.loader + " loader)");
   SEGFLOW_RETURN_IF_ERROR(
       trainer->fit(*job.source, job.steps_per_epoch, job.validation, run.dir(), run.events()));
+  // Out-of-fold predictions, unless the run was stopped from outside (a paused or stopped
+  // daemon job resumes later and predicts then).
+  if (!observer.should_stop())
+    SEGFLOW_RETURN_IF_ERROR(write_validation_predictions(cfg, job.split, run.dir(), device.str()));
   return run.dir();
 }
 
