@@ -24,7 +24,8 @@ namespace segflow::apps {
 namespace {
 
 /// The progress bar of `segflow train`: one updating line on a terminal (a line per epoch
-/// otherwise), with epoch, step, loss, samples/s and ETA; a line per validation.
+/// otherwise), with epoch, step, loss, samples/s and ETA; a line per validation; why
+/// train.early_stopping ended the run (summary(), printed with the run folder at the end).
 class ProgressObserver : public models::TrainObserver {
  public:
   ProgressObserver(std::int64_t steps_hint, bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0) {
@@ -74,6 +75,13 @@ class ProgressObserver : public models::TrainObserver {
                  static_cast<long long>(v.epoch + 1), v.mean_dice, per.c_str(),
                  static_cast<long long>(v.cases), v.seconds, v.best ? " (best)" : "");
   }
+  void on_early_stop(const models::EarlyStopInfo& i) override {
+    const std::string after = "stopped early after epoch " + std::to_string(i.epoch + 1);
+    summary_ = i.earlier ? "nothing to train: the run had " + after : after + " of " + std::to_string(total_);
+    summary_ += ": " + models::early_stop_reason(i);
+  }
+  /// "stopped early after epoch 3 of 10: val/dice_mean did not improve ..."; "" = it did not.
+  const std::string& summary() const { return summary_; }
   void on_case_failure(const pipeline::CaseFailure& f) override {
     std::fprintf(stderr, "%sskipped %s: %s\n", tty_ ? "\r\033[K" : "", f.case_id.c_str(), f.reason.c_str());
   }
@@ -94,6 +102,7 @@ class ProgressObserver : public models::TrainObserver {
   std::chrono::steady_clock::time_point start_;
   std::int64_t epoch_ = 0, total_ = 0, first_epoch_ = 0, steps_per_epoch_ = 0, last_steps_ = 0;
   double samples_ = 0;
+  std::string summary_;
 };
 
 }  // namespace
@@ -268,6 +277,7 @@ int train_one(const Args& args, Result<models::JobConfig> cfg) {
     run = actors::run_training(*cfg, ro, progress);
   if (!run.is_ok()) return fail("train", run.status());
   if (!run->empty()) std::printf("run folder: %s\n", run->string().c_str());
+  if (!progress.summary().empty()) std::printf("%s\n", progress.summary().c_str());
   std::fflush(stdout);
   return 0;
 }

@@ -87,12 +87,19 @@ std::string followed_dataset(const std::string& data_root_of_job, const fs::path
   return "";
 }
 
+/// The start of a job's reason when train.early_stopping ended it.
+constexpr const char* kStoppedEarly = "stopped early";
+
 /// How a training attempt ended: its state and reason from the result and the job's request.
 /// Nothing when the followed dataset changed (kReload): the job goes on from its checkpoint.
 std::optional<std::pair<JobState, std::string>> attempt_outcome(detail::Job& j, const Status& st) {
   const int req = j.request.load();
   const std::string at_epoch = " at epoch " + std::to_string(j.rec.epoch);
   if (!st.is_ok()) return std::pair{JobState::failed, st.message()};
+  // train.early_stopping ended it (Observer::on_early_stop left the reason): completed at
+  // the epoch it stopped after, with that reason.
+  if (req == kNone && j.rec.reason.rfind(kStoppedEarly, 0) == 0)
+    return std::pair{JobState::completed, j.rec.reason};
   if (j.rec.epoch >= j.rec.epochs || req == kNone) {
     j.rec.epoch = std::max(j.rec.epoch, j.rec.epochs);
     return std::pair{JobState::completed, std::string()};
@@ -208,6 +215,19 @@ class JobManager::Observer : public actors::RunSink {
     body["job"] = j_.rec.id;
     body["type"] = "data_event";
     std::lock_guard<std::mutex> lock(m_.mu_);
+    m_.publish_(topic(), body);
+  }
+
+  /// train.early_stopping ended the run: an "early_stop" event (models::early_stop_info_json,
+  /// with "earlier" when a resumed run had already stopped) and the job's finished reason.
+  void on_early_stop(const models::EarlyStopInfo& i) override {
+    json body = models::early_stop_info_json(i);
+    body["job"] = j_.rec.id;
+    body["type"] = "early_stop";
+    body["earlier"] = i.earlier;
+    std::lock_guard<std::mutex> lock(m_.mu_);
+    j_.rec.reason = std::string(kStoppedEarly) + " after epoch " + std::to_string(i.epoch + 1) + ": " +
+                    models::early_stop_reason(i);
     m_.publish_(topic(), body);
   }
 

@@ -158,6 +158,24 @@ TEST_CASE(
   CHECK(early_stop_records(split).size() == 2);
 }
 
+TEST_CASE("segflow train ends with the reason when early stopping ended the run") {
+  TempDir dir("early_stop_cli");
+  {
+    std::ofstream f(dir / "job.yaml");
+    f << job(dir.path(), "{patience: 1}", 10);
+  }
+  const auto r = testing::run_segflow("train " + testing::shell_quote((dir / "job.yaml").string()) +
+                                      " --quiet --run-dir " + testing::shell_quote((dir / "run").string()));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  CHECK(r.out.find("stopped early after epoch 2 of 10: val/dice_mean did not improve") != std::string::npos);
+  // Again on the stopped run: nothing to train, and the output says why.
+  const auto again = testing::run_segflow("train " + testing::shell_quote((dir / "job.yaml").string()) +
+                                          " --quiet --resume-last --run-dir " +
+                                          testing::shell_quote((dir / "run").string()));
+  REQUIRE_MESSAGE(again.exit_code == 0, again.out);
+  CHECK(again.out.find("nothing to train: the run had stopped early after epoch 2") != std::string::npos);
+}
+
 TEST_CASE("bad train.early_stopping settings are refused naming the key") {
   const fs::path root = "/nonexistent";
   auto with = [&](const std::string& es, const std::string& val_interval = "1") {
