@@ -138,6 +138,21 @@ void print_job(const json& j) {
     line("reason", str(field(j, "reason")));
     return;
   }
+  if (field(j, "kind") == daemon::to_string(daemon::JobKind::plan)) {
+    line("kind", "plan");
+    line("dataset", str(field(j, "dataset_path")));
+    line("plan folder", str(field(j, "plan_dir")));
+    std::string configs;
+    for (const auto& c : field(j, "configurations")) configs += (configs.empty() ? "" : ", ") + str(c);
+    line("planned", configs);
+    for (const auto& e : field(j, "excluded")) line("left out", str(field(e, "message")));
+    std::string ids;
+    for (const auto& id : field(j, "train_jobs")) ids += (ids.empty() ? "" : ", ") + str(id);
+    line("train jobs", ids);
+    line("devices", devices_text(j));
+    line("reason", str(field(j, "reason")));
+    return;
+  }
   line("epoch", str(field(j, "epoch")) + "/" + str(field(j, "epochs")));
   line("step", str(field(j, "step")));
   line("loss", num(field(j, "loss")));
@@ -282,6 +297,46 @@ Result<json> infer_request(const Args& a) {
   return req;
 }
 
+/// The planner's flags of `ctl plan` and `ctl train` into a request for DATASET (sent
+/// absolute when it is a folder here, else as a name of the daemon's data_root).
+Result<json> dataset_request(const Args& a, const char* cmd) {
+  if (a.positional.size() != 2)
+    return invalid_argument(std::string(cmd) + ": expected one DATASET folder or name");
+  const std::string d = a.positional[1];
+  json req = {{"cmd", cmd}, {"dataset", fs::is_directory(d) ? absolute(d) : d}};
+  if (a.has("out")) req["out"] = absolute(a.get("out"));
+  if (a.has("memory-gb")) {
+    char* end = nullptr;
+    const double g = std::strtod(a.get("memory-gb").c_str(), &end);
+    if (*end != '\0' || !(g > 0))
+      return invalid_argument("--memory-gb: expected a number > 0, got '" + a.get("memory-gb") + "'");
+    req["memory_gb"] = g;
+  }
+  if (a.has("memory-model")) req["memory_model"] = a.get("memory-model");
+  if (a.has("device")) req["device"] = a.get("device");
+  return req;
+}
+
+Result<json> plan_request(const Args& a) {
+  SEGFLOW_ASSIGN_OR_RETURN(json req, dataset_request(a, "plan"));
+  if (a.has("configurations")) {
+    json list = json::array();
+    std::stringstream ss(a.get("configurations"));
+    for (std::string c; std::getline(ss, c, ',');)
+      if (!c.empty()) list.push_back(c);
+    req["configurations"] = list;
+  }
+  return req;
+}
+
+Result<json> train_request(const Args& a) {
+  SEGFLOW_ASSIGN_OR_RETURN(json req, dataset_request(a, "train"));
+  if (a.has("configuration")) req["configuration"] = a.get("configuration");
+  if (a.has("fold")) req["folds"] = a.all("fold");
+  req["set"] = a.all("set");
+  return req;
+}
+
 /// {"cmd": cmd, "job": JOB} from `ctl CMD JOB`.
 Result<json> job_request(const Args& a, const std::string& cmd) {
   SEGFLOW_ASSIGN_OR_RETURN(std::int64_t id, job_arg(a, cmd));
@@ -342,6 +397,12 @@ void print_infer_submitted(const json& r) {
               str(field(r, "output")).c_str());
 }
 
+void print_plan_submitted(const json& r) {
+  std::printf("job %s %s (plan of %s into %s)\n", str(field(r, "job")).c_str(),
+              str(field(r, "state")).c_str(), str(field(r, "dataset")).c_str(),
+              str(field(r, "plan_dir")).c_str());
+}
+
 /// stop, pause, resume: the state, and the request still pending.
 void print_job_state(const json& r) {
   const json pending = field(r, "pending");
@@ -389,6 +450,13 @@ const CtlCommand kCtlCommands[] = {
      start_request, print_submitted, nullptr},
     {"infer", "infer --checkpoint PT --input PATH --output PATH [--tta none|mirror|mirror-all] [--device D]",
      "queue an inference job (a scan, a folder or a dataset)", infer_request, print_infer_submitted, nullptr},
+    {"plan", "plan DATASET [--configurations 2d,3d_fullres,3d_lowres] [--memory-gb G] [--memory-model M]\n"
+             "       [--device D] [--out DIR]",
+     "queue a plan job: fingerprint and plan a dataset (default into DATASET/.segflow-plans)",
+     plan_request, print_plan_submitted, nullptr},
+    {"train", "train DATASET [--configuration C] [--fold K|all ...] [--set key=value ...] [plan flags]",
+     "plan (or reuse a current plan), then queue one training job per fold (default 0)",
+     train_request, print_plan_submitted, nullptr},
     {"stop", "stop JOB", "", [](const Args& a) { return job_request(a, "stop"); }, print_job_state, nullptr},
     {"pause", "pause JOB [--now]", "", pause_request, print_job_state, nullptr},
     {"resume", "resume JOB", "", [](const Args& a) { return job_request(a, "resume"); },
@@ -502,10 +570,11 @@ int show_reply(const CtlCommand& c, const json& r, bool raw, const std::string& 
 }  // namespace
 
 int cmd_ctl(int argc, char** argv) {
-  auto parsed = parse_args(argc, argv, 2,
-                           {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out",
-                            "checkpoint", "input", "output", "tta", "device"},
-                           {"json", "now", "help"});
+  auto parsed = parse_args(
+      argc, argv, 2,
+      {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out", "checkpoint", "input",
+       "output", "tta", "device", "configuration", "configurations", "memory-gb", "memory-model", "fold"},
+      {"json", "now", "help"});
   if (!parsed.is_ok()) return fail("ctl", parsed.status());
   const Args& a = *parsed;
   if (a.flag("help") || a.positional.empty()) {

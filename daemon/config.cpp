@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "models/job_config.hpp"
+#include "models/planning/plan.hpp"
 #include "pipeline/options.hpp"
 #include "pipeline/pipeline_spec.hpp"
 
@@ -70,6 +72,59 @@ void AutoInferRule::bind(OptionParser& p) {
   if (p.ok() && device.empty()) p.fail("device", "expected auto, cpu or cuda:N, got \"\"");
 }
 
+namespace {
+
+/// auto_train folds: "all" or a list of distinct fold numbers >= 0.
+void bind_folds(OptionParser& p, AutoTrainRule& r) {
+  const nlohmann::json* v = p.given("folds");
+  if (v && v->is_string() && v->get<std::string>() == "all") {
+    json ignored;
+    p.json_value("folds", ignored, "list of integers or all", "folds to train");
+    r.all_folds = true;
+    r.folds.clear();
+    return;
+  }
+  p.integer_list("folds", r.folds, Range::at_least(0), true, "folds to train, or all");
+  if (p.ok() && v && r.folds.empty()) p.fail("folds", "expected a list of fold numbers or all, got []");
+}
+
+/// auto_train set: a mapping of job config keys to values, as "key=value" overrides that a job
+/// config must accept.
+void bind_set(OptionParser& p, AutoTrainRule& r) {
+  json set = json::object();
+  p.json_value("set", set, "mapping", "overrides of the training jobs: {train.epochs: 2, ...}");
+  if (!p.ok()) return;
+  if (!set.is_object())
+    return p.fail("set", "expected a mapping {key: value}, got " + pipeline::format_value(set));
+  r.set.clear();
+  for (auto it = set.begin(); it != set.end(); ++it)
+    r.set.push_back(it.key() + "=" +
+                    (it.value().is_string() ? it.value().get<std::string>() : it.value().dump()));
+  // The keys and values are checked against a job config as the plans write them.
+  auto cfg = models::parse_job_config(
+      "name: auto_train\ndata: {root: .}\nstages: []\nmodel: {name: plain_unet}\n", p.path_of("set"), r.set);
+  if (!cfg.is_ok()) p.add_error(invalid_config(cfg.status().message()));
+}
+
+}  // namespace
+
+void AutoTrainRule::bind(OptionParser& p) {
+  if (!p.given("dataset")) return p.fail("dataset", "missing (auto_train entries need a dataset)");
+  p.string("dataset", dataset, "dataset folder under data_root (a name or a path), or \"*\" for any");
+  if (p.ok() && (dataset.empty() || dataset[0] == '.'))
+    return p.fail("dataset", "expected a folder of data_root or \"*\", got \"" + dataset + "\"");
+  p.string("configuration", configuration, "configuration to train: 2d, 3d_fullres or 3d_lowres");
+  if (p.ok())
+    if (auto k = models::planning::parse_configuration(configuration); !k.is_ok())
+      return p.fail("configuration", k.status().message());
+  bind_folds(p, *this);
+  bind_set(p, *this);
+  p.number("memory_gb", memory_gb, Range::non_negative(), "GB", "the plan's memory target; 0 = 8");
+  p.choice("memory_model", memory_model, {"", "nnunet", "measured"}, "the plan's memory model");
+  p.string("device", device, "device of the plan and training jobs: auto, cpu, cuda:N");
+  if (p.ok() && device.empty()) p.fail("device", "expected auto, cpu or cuda:N, got \"\"");
+}
+
 void DaemonConfig::bind(OptionParser& p) {
   folder(p, "data_root", data_root, "watched folder; each top-level folder is a dataset");
   folder(p, "state_dir", state_dir, "state.db, runs/, control.sock, events.sock");
@@ -116,6 +171,33 @@ void DaemonConfig::bind(OptionParser& p) {
       if (other.dataset == rule.dataset)
         return p.fail(key + ".dataset", "dataset \"" + rule.dataset + "\" already has an auto_infer entry");
     auto_infer.push_back(std::move(rule));
+  }
+  bind_auto_train(p);
+}
+
+void DaemonConfig::bind_auto_train(OptionParser& p) {
+  json rules = json::array();
+  p.json_value("auto_train", rules, "list of mappings",
+               "datasets planned and trained when they appear: [{dataset, configuration, folds, set, ...}]");
+  if (!p.ok()) return;
+  if (!rules.is_array())
+    return p.fail("auto_train", "expected a list of mappings, got " + pipeline::format_value(rules));
+  auto_train.clear();
+  for (std::size_t i = 0; i < rules.size(); ++i) {
+    const std::string key = "auto_train[" + std::to_string(i) + "]";
+    if (!rules[i].is_object())
+      return p.fail(key, "expected a mapping {dataset, configuration, folds, set}, got " +
+                             pipeline::format_value(rules[i]));
+    OptionParser nested(rules[i], p.path_of(key));
+    nested.name_keys("key");
+    AutoTrainRule rule;
+    rule.bind(nested);
+    p.add_error(nested.finish());
+    if (!p.ok()) return;
+    for (const auto& other : auto_train)
+      if (other.dataset == rule.dataset)
+        return p.fail(key + ".dataset", "dataset \"" + rule.dataset + "\" already has an auto_train entry");
+    auto_train.push_back(std::move(rule));
   }
 }
 
@@ -224,6 +306,16 @@ Status finalize_daemon_config(DaemonConfig& c) {
       return invalid_config(key + ".checkpoint: " + r.checkpoint.string() + ": no such file");
     if (fs::exists(r.output, ec) && !fs::is_directory(r.output, ec))
       return invalid_config(key + ".output: " + r.output.string() + ": expected a folder, got a file");
+  }
+  for (std::size_t i = 0; i < c.auto_train.size(); ++i) {
+    AutoTrainRule& r = c.auto_train[i];
+    if (r.dataset == "*" || r.dataset.find('/') == std::string::npos) continue;
+    const fs::path p = fs::absolute(r.dataset, ec).lexically_normal();
+    if (p.parent_path() != c.data_root)
+      return invalid_config(where + ": auto_train[" + std::to_string(i) +
+                            "].dataset: expected a folder of data_root " + c.data_root.string() + ", got " +
+                            p.string());
+    r.dataset = p.filename().string();
   }
   SEGFLOW_RETURN_IF_ERROR(check_endpoint(c.control, where + ": control"));
   SEGFLOW_RETURN_IF_ERROR(check_endpoint(c.events, where + ": events"));

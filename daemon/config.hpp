@@ -18,6 +18,9 @@
 //   dicom: {port, ae_title, dataset, allowed_calling_aes, ...}   # daemon/dicom/config.hpp
 //   auto_infer:                    # models run on each new case of a dataset (auto_infer.hpp)
 //     - {dataset: NAME, checkpoint: PATH, output: DIR, tta: none|mirror|mirror-all, device: auto}
+//   auto_train:                    # datasets planned and trained when they appear (auto_train.hpp)
+//     - {dataset: NAME|PATH|"*", configuration: 3d_fullres, folds: [0] | all, set: {key: value},
+//        memory_gb: 8, memory_model: measured, device: auto}
 //
 // Relative paths are relative to the daemon's working folder; finalize_daemon_config makes
 // them absolute. A tcp endpoint on a non-loopback address is refused without CURVE keys.
@@ -58,6 +61,24 @@ struct AutoInferRule {
   void bind(pipeline::OptionParser& p);
 };
 
+/// One `auto_train` entry: plan a dataset of data_root when it appears (or its files change)
+/// and train folds of one configuration, once per dataset signature.
+struct AutoTrainRule {
+  std::string dataset;                       ///< folder name under data_root, or "*": any other dataset
+  std::string configuration = "3d_fullres";  ///< 2d | 3d_fullres | 3d_lowres
+  std::vector<std::int64_t> folds = {0};     ///< folds to train, each >= 0 (< the plan's data.folds)
+  bool all_folds = false;                    ///< folds: all (every fold of the plan)
+  std::vector<std::string> set;              ///< overrides of the training jobs, "key=value"
+  double memory_gb = 0;                      ///< the plan's memory target, GB; 0 = the planner's (8)
+  std::string memory_model;                  ///< nnunet | measured; "" = the planner's (measured)
+  std::string device = "auto";               ///< a device of the pool (cpu, cuda:N) or auto
+  /// Reads one entry (pipeline/options.hpp): dataset is required; configuration, folds and
+  /// the set keys are checked (a job config with the overrides must parse).
+  void bind(pipeline::OptionParser& p);
+  /// True when this entry names `dataset` (or is "*").
+  bool matches(const std::string& dataset) const { return this->dataset == "*" || this->dataset == dataset; }
+};
+
 /// The whole daemon configuration.
 struct DaemonConfig {
   std::filesystem::path file;                    ///< where it came from ("" = defaults)
@@ -77,10 +98,14 @@ struct DaemonConfig {
   CurveSettings curve;
   dicom::DicomSettings dicom;             ///< DICOM storage node and result sender; off by default
   std::vector<AutoInferRule> auto_infer;  ///< models run on new cases; at most one per dataset
+  std::vector<AutoTrainRule> auto_train;  ///< datasets planned and trained; at most one per dataset
 
   /// Reads every key but `file` (pipeline/options.hpp): unknown keys and bad values are
   /// errors naming the file and the key.
   void bind(pipeline::OptionParser& p);
+
+ private:
+  void bind_auto_train(pipeline::OptionParser& p);
 };
 
 /// Reads a daemon config from a YAML file. Unknown keys and bad values are errors naming
@@ -92,6 +117,7 @@ Result<DaemonConfig> parse_daemon_config(const std::string& yaml_text, const std
 /// Makes paths absolute, fills the default endpoints and checks them: ipc or tcp only; a
 /// tcp endpoint on an address other than loopback needs CURVE keys. Each auto_infer
 /// checkpoint must be an existing file; a missing output becomes <state_dir>/inferred/<dataset>.
+/// An auto_train dataset given as a path must be a folder of data_root (it becomes its name).
 Status finalize_daemon_config(DaemonConfig& cfg);
 
 /// "ipc://<state_dir>/control.sock" (absolute when state_dir is).

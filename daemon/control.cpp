@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -33,6 +34,7 @@ enum class FieldType {
   string,   ///< any string
   boolean,  ///< true or false
   strings,  ///< a list of strings
+  number,   ///< a number > 0
 };
 
 /// One field of a command. Null counts as absent.
@@ -129,6 +131,12 @@ void read_field(pipeline::OptionParser& p, const Field& f, json& values) {
       if (given) values[f.name] = v;
       break;
     }
+    case FieldType::number: {
+      double v = 0;
+      p.number(f.name, v, pipeline::Range::positive(), "", f.doc);
+      if (given) values[f.name] = v;
+      break;
+    }
   }
 }
 
@@ -202,6 +210,54 @@ Result<JobConfigText> start_config(const json& fields) {
   return JobConfigText{ss.str(), path};
 }
 
+/// The fields `plan` and `train` share, in reading order: the planner's options.
+std::vector<Field> plan_fields(bool train) {
+  std::vector<Field> f = {
+      {"dataset", FieldType::string, true, "a dataset folder, or a dataset of data_root"},
+      {"out", FieldType::string, false, "the plan folder (default DATASET/.segflow-plans)"}};
+  if (train) {
+    f.push_back(
+        {"configuration", FieldType::string, false, "the configuration to train (default 3d_fullres)"});
+    f.push_back(
+        {"folds", FieldType::strings, false, "the folds to train: numbers, or [\"all\"] (default [\"0\"])"});
+    f.push_back({"set", FieldType::strings, false, "--set overrides of the training jobs: key=value"});
+  } else {
+    f.push_back(
+        {"configurations", FieldType::strings, false, "configurations to plan: 2d, 3d_fullres, 3d_lowres"});
+  }
+  f.push_back({"memory_gb", FieldType::number, false, "the plan's memory target in GB (default 8)"});
+  f.push_back({"memory_model", FieldType::string, false, "nnunet or measured (default measured)"});
+  f.push_back(
+      {"device", FieldType::string, false, "where the plan's trials run: a device (cpu, cuda:0) or auto"});
+  return f;
+}
+
+/// A plan request from the checked fields of `plan`, or of `train` (then it trains too).
+Result<PlanJobSpec> plan_spec(const json& v, bool train) {
+  PlanJobSpec s;
+  s.dataset = v.at("dataset").get<std::string>();
+  s.out = v.value("out", std::string());
+  s.configurations = v.value("configurations", std::vector<std::string>());
+  s.memory_gb = v.value("memory_gb", 0.0);
+  s.memory_model = v.value("memory_model", std::string());
+  s.device = v.value("device", std::string("auto"));
+  if (!train) return s;
+  s.train = v.value("configuration", std::string("3d_fullres"));
+  s.overrides = v.value("set", std::vector<std::string>());
+  for (const auto& f : v.value("folds", std::vector<std::string>{"0"})) {
+    if (f == "all") {
+      s.all_folds = true;
+      continue;
+    }
+    char* end = nullptr;
+    const long long k = std::strtoll(f.c_str(), &end, 10);
+    if (f.empty() || *end != '\0' || k < 0)
+      return invalid_argument("folds: expected fold numbers >= 0 or \"all\", got \"" + f + "\"");
+    s.folds.push_back(k);
+  }
+  return s;
+}
+
 /// A `list` entry: the short form of a job's status.
 json list_entry(const json& j) {
   return {{"id", j["id"]},       {"name", j["name"]},     {"kind", j["kind"]},       {"state", j["state"]},
@@ -248,6 +304,16 @@ const ControlHandler::Command ControlHandler::kCommands[] = {
        if (r.has("tta")) spec.tta = r.text("tta");
        if (r.has("device")) spec.device = r.text("device");
        return h.jobs_.submit_infer(std::move(spec));
+     }},
+    {"plan", plan_fields(false),
+     [](ControlHandler& h, const Request& r) -> Result<json> {
+       SEGFLOW_ASSIGN_OR_RETURN(PlanJobSpec spec, plan_spec(r.values, false));
+       return h.jobs_.submit_plan(std::move(spec));
+     }},
+    {"train", plan_fields(true),
+     [](ControlHandler& h, const Request& r) -> Result<json> {
+       SEGFLOW_ASSIGN_OR_RETURN(PlanJobSpec spec, plan_spec(r.values, true));
+       return h.jobs_.submit_plan(std::move(spec));
      }},
     {"stop", {kJobField}, [](ControlHandler& h, const Request& r) { return h.jobs_.stop(r.job()); }},
     {"pause",

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "daemon/auto_infer.hpp"
+#include "daemon/auto_train.hpp"
 #include "daemon/control.hpp"
 #include "daemon/curve.hpp"
 #include "daemon/dataset_watcher.hpp"
@@ -237,16 +238,17 @@ void log_ready(const DaemonConfig& cfg, const std::vector<std::string>& pool) {
             ", state_dir " + cfg.state_dir.string() + ", devices " + devices);
 }
 
-/// Answers control requests (and polls auto_infer each second) until a stop signal or the
-/// shutdown command.
+/// Answers control requests (and polls auto_infer and auto_train each second) until a stop
+/// signal or the shutdown command.
 void control_loop(const DaemonConfig& cfg, ControlHandler& handler, AutoInfer& auto_infer,
-                  zmq::socket_t& rep) {
-  auto next_auto_infer = std::chrono::steady_clock::now();
+                  AutoTrain& auto_train, zmq::socket_t& rep) {
+  auto next_auto = std::chrono::steady_clock::now();
   while (g_stop_requests.load() == 0 && !handler.shutdown_requested()) {
     try {
-      if (!cfg.auto_infer.empty() && std::chrono::steady_clock::now() >= next_auto_infer) {
-        auto_infer.poll();  // reads the case records; lists a dataset only when they changed
-        next_auto_infer = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      if (std::chrono::steady_clock::now() >= next_auto) {
+        if (!cfg.auto_infer.empty()) auto_infer.poll();  // lists a dataset only when its records changed
+        auto_train.poll();                               // nothing without auto_train entries
+        next_auto = std::chrono::steady_clock::now() + std::chrono::seconds(1);
       }
       zmq::pollitem_t items[] = {{rep.handle(), 0, ZMQ_POLLIN, 0}};
       zmq::poll(items, 1, std::chrono::milliseconds(200));
@@ -269,11 +271,14 @@ void control_loop(const DaemonConfig& cfg, ControlHandler& handler, AutoInfer& a
 int serve(const DaemonConfig& cfg, StateDb& db, const pipeline::StageRegistry& registry, zmq::socket_t& rep,
           Publisher& publisher) {
   const PublishFn publish = [&publisher](const std::string& t, const json& b) { publisher.publish(t, b); };
-  // The watcher's change callback asks auto_infer (made below, once jobs exist) to look again.
+  // The watcher's change callback asks auto_infer and auto_train (made below, once jobs exist)
+  // to look again.
   std::atomic<AutoInfer*> auto_infer_ptr{nullptr};
+  std::atomic<AutoTrain*> auto_train_ptr{nullptr};
   DatasetWatcher watcher({cfg.data_root, cfg.rescan_interval_s, cfg.settle_s}, db,
-                         [&auto_infer_ptr](const std::string& dataset) {
+                         [&auto_infer_ptr, &auto_train_ptr](const std::string& dataset) {
                            if (AutoInfer* a = auto_infer_ptr.load()) a->mark_dirty(dataset);
+                           if (AutoTrain* a = auto_train_ptr.load()) a->mark_dirty(dataset);
                          });
   if (Status st = watcher.start(); !st.is_ok()) return start_failure(st.message());
   ::signal(SIGPIPE, SIG_IGN);  // before the DICOM threads write to peers that may be gone
@@ -285,18 +290,21 @@ int serve(const DaemonConfig& cfg, StateDb& db, const pipeline::StageRegistry& r
   AutoInfer auto_infer(cfg.auto_infer, cfg.data_root, db, jobs, publish);
   if (Status st = auto_infer.prepare(); !st.is_ok()) return start_failure(st.message());
   auto_infer_ptr.store(&auto_infer);
+  AutoTrain auto_train(cfg.auto_train, db, jobs, publish);
+  auto_train_ptr.store(&auto_train);
   ControlHandler handler(cfg, jobs, db, watcher, registry);
   handler.set_dicom(&dicom);
 
   install_stop_signals();
   log_ready(cfg, jobs.devices());
   publisher.publish("daemon", {{"state", "ready"}, {"pid", static_cast<std::int64_t>(::getpid())}});
-  control_loop(cfg, handler, auto_infer, rep);
+  control_loop(cfg, handler, auto_infer, auto_train, rep);
 
   log::info(std::string("segflowd shutting down (") +
             (handler.shutdown_requested() ? "shutdown command" : "signal") + ")");
   publisher.publish("daemon", {{"state", "stopping"}});
   auto_infer_ptr.store(nullptr);
+  auto_train_ptr.store(nullptr);
   jobs.shutdown(handler.shutdown_now() || g_stop_requests.load() >= 2,
                 [] { return g_stop_requests.load() >= 2; });
   dicom.stop();

@@ -33,8 +33,10 @@ std::string device_key(const std::string& text) {
 
 std::string job_text(std::int64_t id) { return "job " + std::to_string(id); }
 
-Status running_inference_error(std::int64_t id) {
-  return invalid_argument(job_text(id) + " is a running inference job; it runs to its end");
+Status runs_to_end_error(std::int64_t id, JobKind kind) {
+  return invalid_argument(job_text(id) + " is a running " +
+                          (kind == JobKind::infer ? std::string("inference") : to_string(kind)) +
+                          " job; it runs to its end");
 }
 
 }  // namespace
@@ -74,6 +76,7 @@ void JobManager::publish_state_locked(const Job& j) {
                {"reason", j.rec.reason}, {"epoch", j.rec.epoch},          {"epochs", j.rec.epochs},
                {"device", j.rec.device}};
   if (j.is_infer()) detail::add_infer_event_fields(j, body);
+  if (j.is_plan()) detail::add_plan_fields(j, body);
   publish_(j.state_topic(), body);
 }
 
@@ -103,6 +106,7 @@ json JobManager::describe_locked(const Job& j) const {
       {"created", r.created},
       {"updated", r.updated}};
   if (j.is_infer()) detail::add_infer_status_fields(j, d);
+  if (j.is_plan()) detail::add_plan_fields(j, d);
   return d;
 }
 
@@ -131,6 +135,8 @@ Status JobManager::recover() {
     j->rec = std::move(rec);
     if (j->is_infer())
       restore_infer_locked(*j);
+    else if (j->is_plan())
+      restore_plan_locked(*j);
     else if (restore_train_locked(*j))
       ++resumed;
     jobs_[j->rec.id] = std::move(j);
@@ -152,7 +158,7 @@ bool JobManager::infer_submitted(const std::string& output, double since) const 
 }
 
 std::string JobManager::wanted_device_locked(const Job& j) const {
-  return device_key(j.is_infer() ? j.infer.device : j.cfg.train.device);
+  return device_key(j.is_infer() ? j.infer.device : j.is_plan() ? j.plan.device : j.cfg.train.device);
 }
 
 void JobManager::end_job_locked(Job& j, JobState state, const std::string& reason) {
@@ -209,6 +215,8 @@ void JobManager::start_locked(Job& j, const std::string& device) {
 void JobManager::run_job(Job* j) {
   if (j->is_infer())
     run_infer_job(j);
+  else if (j->is_plan())
+    run_plan_job(j);
   else
     run_train_job(j);
 }
@@ -217,7 +225,7 @@ Result<json> JobManager::stop(std::int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   SEGFLOW_ASSIGN_OR_RETURN(Job * j, find_locked(id));
   const JobState s = j->rec.state;
-  if (s == JobState::running && j->is_infer()) return running_inference_error(id);
+  if (s == JobState::running && j->runs_to_end()) return runs_to_end_error(id, j->rec.kind);
   if (s == JobState::running) {
     j->raise(kStop);
     return json{{"job", id}, {"state", to_string(s)}, {"pending", "stop"}};
@@ -237,7 +245,7 @@ Result<json> JobManager::pause(std::int64_t id, bool now) {
   std::lock_guard<std::mutex> lock(mu_);
   SEGFLOW_ASSIGN_OR_RETURN(Job * j, find_locked(id));
   const JobState s = j->rec.state;
-  if (s == JobState::running && j->is_infer()) return running_inference_error(id);
+  if (s == JobState::running && j->runs_to_end()) return runs_to_end_error(id, j->rec.kind);
   if (s == JobState::running) {
     j->raise(kPause);
     if (now) j->now.store(true);

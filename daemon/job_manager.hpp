@@ -28,7 +28,8 @@
 // the folder again at each start).
 //
 // Sources: job_manager.cpp (queue, states, requests), training_job.cpp (submit, the
-// training worker and its observer), inference_job.cpp (submit_infer, the inference worker).
+// training worker and its observer), inference_job.cpp (submit_infer, the inference worker),
+// plan_job.cpp (submit_plan, the planning worker and the training jobs it queues).
 //
 // Threading: every public method is thread-safe (one mutex; the database and the publish
 // function are called with it held, never the other way round).
@@ -77,6 +78,25 @@ struct InferJobSpec {
   std::string case_id;  ///< auto_infer: the case
 };
 
+/// A plan job (`segflow ctl plan`, `ctl train DATASET`, auto_train): models::planning on a
+/// dataset folder into a plan folder; with `train` set, then one training job per fold of
+/// that configuration's YAML (its run folder gets a copy of the plan in plan/). Paths are
+/// absolute once submitted.
+struct PlanJobSpec {
+  std::string dataset;                      ///< the dataset folder (a name: a folder of data_root)
+  std::string out;                          ///< the plan folder; "" = <dataset>/.segflow-plans
+  std::vector<std::string> configurations;  ///< planned (without train): 2d, 3d_fullres, 3d_lowres; [] = all
+  double memory_gb = 0;                     ///< the plan's memory target, GB; 0 = the planner's (8)
+  std::string memory_model;                 ///< nnunet | measured; "" = the planner's (measured)
+  std::string device = "auto";              ///< where the plan's trials run: a device of the pool or auto
+  std::string train;                        ///< configuration to train after planning; "" = plan only
+  std::vector<std::int64_t> folds;          ///< with train: folds to train ([] with all_folds: every fold)
+  bool all_folds = false;                   ///< with train: every fold of the plan (data.folds)
+  std::vector<std::string> overrides;       ///< with train: --set key=value of the training jobs
+  std::string trigger;                      ///< "" (ctl) or "auto_train"
+  std::string signature;                    ///< auto_train: pipeline::dataset_signature at submission
+};
+
 /// Where jobs live and run.
 struct JobManagerOptions {
   std::filesystem::path state_dir;   ///< run folders go to state_dir/runs by default
@@ -99,14 +119,25 @@ class JobManager {
   /// Validates and queues a job: the config is parsed (with overrides), its pipeline built,
   /// its device and data checked. On error nothing is stored. Returns {job, state, run_dir,
   /// dataset}.
+  /// With `plan_yaml` (a plan folder's YAML, what `yaml` was read from), its YAML, plans.json
+  /// and fingerprint.json are copied into RUN/plan/.
   Result<nlohmann::json> submit(const std::string& yaml, const std::string& file,
-                                const std::vector<std::string>& overrides);
+                                const std::vector<std::string>& overrides,
+                                const std::filesystem::path& plan_yaml = {});
   /// Validates and queues an inference job beside the training jobs (same ids, queue,
   /// devices, states and events; kind "infer"): the checkpoint must load, the input hold at
   /// least one scan, the output's folder exist, tta and device parse. Errors name the field;
   /// on error nothing is stored. Returns {job, state, kind, output}. A running inference job
   /// runs to its end (stop and pause act on it only while it is queued).
   Result<nlohmann::json> submit_infer(InferJobSpec spec);
+  /// Validates and queues a plan job (kind "plan", beside the others: same ids, queue, devices,
+  /// states and events): the dataset must be a folder, configurations, memory model, device
+  /// and folds parse. Errors name the field; on error nothing is stored. Returns {job, state,
+  /// kind, dataset, plan_dir}. A running plan job runs to its end (plan_job.cpp).
+  Result<nlohmann::json> submit_plan(PlanJobSpec spec);
+  /// True when an auto_train plan job of `dataset` (absolute) for data `signature` exists,
+  /// whatever became of it (the jobs are in the state database: this holds across restarts).
+  bool plan_submitted(const std::string& dataset, const std::string& signature) const;
   /// True when an inference job writing `output` (absolute) is queued, paused or running,
   /// or was submitted at or after `since` (unix seconds), whatever became of it.
   bool infer_submitted(const std::string& output, double since) const;
@@ -165,6 +196,15 @@ class JobManager {
   /// not), queued again from its first case when it was active.
   void restore_infer_locked(Job& job);
   void run_infer_job(Job* job);
+
+  // Plan jobs (plan_job.cpp).
+  /// A stored plan job read again at start: failed when its request does not parse, queued
+  /// again (planned again; a current plan is reused) when it was active.
+  void restore_plan_locked(Job& job);
+  void run_plan_job(Job* job);
+  /// The training jobs of a plan job with `train`: one per fold, queued; their ids.
+  Result<std::vector<std::int64_t>> submit_planned_training(const PlanJobSpec& spec,
+                                                            const std::filesystem::path& yaml);
 
   JobManagerOptions o_;
   StateDb& db_;

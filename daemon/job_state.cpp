@@ -16,9 +16,10 @@ constexpr std::array<std::pair<JobState, const char*>, 6> kStates = {{
     {JobState::completed, "completed"},
     {JobState::failed,    "failed"},
 }};
-constexpr std::array<std::pair<JobKind, const char*>, 2> kKinds = {{
+constexpr std::array<std::pair<JobKind, const char*>, 3> kKinds = {{
     {JobKind::train, "train"},
     {JobKind::infer, "infer"},
+    {JobKind::plan,  "plan"},
 }};
 // clang-format on
 

@@ -24,11 +24,12 @@ enum class JobState {
 enum class JobKind {
   train,  ///< actors::run_training on a job config
   infer,  ///< models::run_inference(_batch) on a checkpoint (the record's config_yaml holds the request)
+  plan,   ///< models::planning on a dataset folder, then (ctl train, auto_train) training jobs queued
 };
 
 /// "queued", "running", ... as stored and sent.
 const char* to_string(JobState state) noexcept;
-/// "train" or "infer".
+/// "train", "infer" or "plan".
 const char* to_string(JobKind kind) noexcept;
 
 /// The state named `text`; an error that lists the names otherwise.

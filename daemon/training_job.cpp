@@ -20,6 +20,7 @@ namespace segflow::daemon {
 
 namespace fs = std::filesystem;
 using detail::absolute_path;
+using detail::followed_dataset;
 using detail::kNone;
 using detail::kPause;
 using detail::kReload;
@@ -78,13 +79,19 @@ Result<CheckedConfig> check_config(const std::string& yaml, const std::string& f
   return CheckedConfig{std::move(cfg), std::move(stored)};
 }
 
-/// The dataset the job follows: data.root's name when it is a folder of data_root, else "".
-std::string followed_dataset(const std::string& data_root_of_job, const fs::path& data_root) {
+/// Copies a plan's YAML, plans.json and fingerprint.json into RUN/plan/ (what `segflow
+/// train DATASET` keeps in its run folder).
+Status copy_plan_into_run_dir(const fs::path& plan_yaml, const fs::path& run_dir) {
   std::error_code ec;
-  const fs::path root = fs::weakly_canonical(data_root_of_job, ec);
-  const fs::path data = fs::weakly_canonical(data_root, ec);
-  if (!ec && root.parent_path() == data) return root.filename().string();
-  return "";
+  fs::create_directories(run_dir / "plan", ec);
+  if (ec) return io_error((run_dir / "plan").string() + ": cannot create: " + ec.message());
+  for (const fs::path& f :
+       {plan_yaml, plan_yaml.parent_path() / "plans.json", plan_yaml.parent_path() / "fingerprint.json"}) {
+    fs::copy_file(f, run_dir / "plan" / f.filename(), fs::copy_options::overwrite_existing, ec);
+    if (ec)
+      return io_error(f.string() + ": cannot copy into " + (run_dir / "plan").string() + ": " + ec.message());
+  }
+  return Status::ok();
 }
 
 /// The start of a job's reason when train.early_stopping ended it.
@@ -250,7 +257,7 @@ class JobManager::Observer : public actors::RunSink {
 };
 
 Result<json> JobManager::submit(const std::string& yaml, const std::string& file,
-                                const std::vector<std::string>& overrides) {
+                                const std::vector<std::string>& overrides, const fs::path& plan_yaml) {
   SEGFLOW_ASSIGN_OR_RETURN(CheckedConfig checked, check_config(yaml, file, overrides, registry_));
   models::JobConfig& cfg = checked.cfg;
   const fs::path runs_root =
@@ -272,6 +279,9 @@ Result<json> JobManager::submit(const std::string& yaml, const std::string& file
   job->rec.run_dir =
       (runs_root / ("job" + std::to_string(job->rec.id) + "-" + models::run_name(cfg))).string();
   job->cfg = std::move(cfg);
+  if (!plan_yaml.empty())
+    if (Status st = copy_plan_into_run_dir(plan_yaml, job->rec.run_dir); !st.is_ok())
+      log::warn("job " + std::to_string(job->rec.id) + ": " + st.message());
   save_locked(*job);
   log::info("job " + std::to_string(job->rec.id) + " (" + job->rec.name + ") queued; run folder " +
             job->rec.run_dir + (dataset.empty() ? "" : "; follows dataset " + dataset));

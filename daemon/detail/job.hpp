@@ -44,6 +44,9 @@ struct Job {
   models::JobConfig cfg;                             ///< kind train
   InferJobSpec infer;                                ///< kind infer
   nlohmann::json outputs = nlohmann::json::array();  ///< kind infer: what the last run wrote
+  PlanJobSpec plan;                                  ///< kind plan
+  nlohmann::json planned =
+      nlohmann::json::object();  ///< kind plan: plan_dir, configurations, ... once planned
   std::atomic<int> request{kNone};
   std::atomic<bool> now{false};  ///< stop at the next step instead of the next epoch boundary
   bool thread_running = false;   ///< a worker thread is working on this job
@@ -52,6 +55,9 @@ struct Job {
   std::chrono::steady_clock::time_point last_save{};
 
   bool is_infer() const { return rec.kind == JobKind::infer; }
+  bool is_plan() const { return rec.kind == JobKind::plan; }
+  /// Inference and plan jobs run to their end once started (stop and pause act while queued).
+  bool runs_to_end() const { return rec.kind != JobKind::train; }
   /// "job.<id>" (state events) and "metrics.<id>" (progress).
   std::string state_topic() const { return "job." + std::to_string(rec.id); }
   std::string metrics_topic() const { return "metrics." + std::to_string(rec.id); }
@@ -74,6 +80,19 @@ inline std::filesystem::path absolute_path(const std::string& p) {
   std::error_code ec;
   return std::filesystem::absolute(p, ec).lexically_normal();
 }
+
+/// The dataset a job follows: `job_root`'s name when it is a folder of `data_root`, else "".
+inline std::string followed_dataset(const std::string& job_root, const std::filesystem::path& data_root) {
+  std::error_code ec;
+  const std::filesystem::path root = std::filesystem::weakly_canonical(job_root, ec);
+  const std::filesystem::path data = std::filesystem::weakly_canonical(data_root, ec);
+  if (!ec && root.parent_path() == data) return root.filename().string();
+  return "";
+}
+
+/// The plan fields of a state event and a status: dataset_path, plan_dir, train, trigger and,
+/// once planned, configurations, excluded, reused, train_jobs (plan_job.cpp).
+void add_plan_fields(const Job& j, nlohmann::json& body);
 
 /// The inference fields of a state event: output, outputs once written, trigger (inference_job.cpp).
 void add_infer_event_fields(const Job& j, nlohmann::json& body);
