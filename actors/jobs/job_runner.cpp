@@ -214,7 +214,7 @@ Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& op
   // Out-of-fold predictions, unless the run was stopped from outside (a paused or stopped
   // daemon job resumes later and predicts then).
   if (!observer.should_stop())
-    SEGFLOW_RETURN_IF_ERROR(write_validation_predictions(cfg, job.split, run.dir(), device.str()));
+    SEGFLOW_RETURN_IF_ERROR(write_validation_predictions(cfg, job.split, run.dir(), *trainer));
   return run.dir();
 }
 

@@ -66,8 +66,13 @@ Status score(const pipeline::Split& split, const models::InferBatchResult& writt
 }  // namespace
 
 Status write_validation_predictions(const models::JobConfig& cfg, const pipeline::Split& split,
-                                    const fs::path& run_dir, const std::string& device) {
+                                    const fs::path& run_dir, const models::Trainer& trainer) {
   if (!cfg.validation.save_predictions || split.val.empty()) return Status::ok();
+  if (trainer.model().info().needs_box) {
+    log::info("validation predictions: none for a box-prompted model (segflow infer takes no boxes yet)");
+    return Status::ok();
+  }
+  const std::string device = trainer.device().str();
   std::error_code ec;
   if (!fs::is_regular_file(run_dir / "last.pt", ec))
     return not_found((run_dir / "last.pt").string() +

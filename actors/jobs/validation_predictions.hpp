@@ -11,6 +11,7 @@
 
 #include "messages/status.hpp"
 #include "models/job_config.hpp"
+#include "models/trainer.hpp"
 #include "pipeline/split.hpp"
 
 namespace segflow::actors {
@@ -18,12 +19,13 @@ namespace segflow::actors {
 /// The name of the folder in a run folder.
 inline constexpr const char* kValidationFolder = "validation";
 
-/// Writes and scores the predictions of split.val with <run_dir>/last.pt on `device`.
-/// Nothing to do (ok) when validation.save_predictions is off or there is no validation
-/// case. Errors: no last.pt, or no case could be predicted or scored; a case that fails is
-/// listed in summary.json's "failed" and the others are kept. Written to a temporary folder
-/// and renamed, so a run folder never holds half a validation/.
+/// Writes and scores the predictions of split.val with <run_dir>/last.pt on the trainer's
+/// device. Nothing to do (ok) when validation.save_predictions is off, there is no
+/// validation case, or the model is box-prompted (segflow infer takes no boxes yet). Errors: no last.pt, or
+/// no case could be predicted or scored; a case that fails is listed in summary.json's "failed" and the
+/// others are kept. Written to a temporary folder and renamed, so a run folder never holds half a
+/// validation/.
 Status write_validation_predictions(const models::JobConfig& cfg, const pipeline::Split& split,
-                                    const std::filesystem::path& run_dir, const std::string& device);
+                                    const std::filesystem::path& run_dir, const models::Trainer& trainer);
 
 }  // namespace segflow::actors

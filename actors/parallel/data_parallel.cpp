@@ -239,8 +239,7 @@ Result<fs::path> run_data_parallel(const models::JobConfig& cfg, const RunOption
     if (order[i] >= 0 && (!first || order[i] < order[*first])) first = i;
   if (first) return results[*first];
   if (!observer.should_stop())
-    SEGFLOW_RETURN_IF_ERROR(
-        write_validation_predictions(cfg, jobs[0].split, rf.dir(), jobs[0].trainer->device().str()));
+    SEGFLOW_RETURN_IF_ERROR(write_validation_predictions(cfg, jobs[0].split, rf.dir(), *jobs[0].trainer));
   return rf.dir();
 }
 
@@ -275,8 +274,7 @@ Result<fs::path> run_distributed_from_env(const models::JobConfig& cfg, const Ru
               std::to_string(cfg.train.accumulate));
     SEGFLOW_RETURN_IF_ERROR(train_rank(job, coll, options, rf.resume(), &rf.events(), rf.dir()));
     if (!observer.should_stop())
-      SEGFLOW_RETURN_IF_ERROR(
-          write_validation_predictions(cfg, job.split, rf.dir(), job.trainer->device().str()));
+      SEGFLOW_RETURN_IF_ERROR(write_validation_predictions(cfg, job.split, rf.dir(), *job.trainer));
     return rf.dir();
   }
   ScratchDir scratch(env.rank);
