@@ -1,5 +1,7 @@
 // segflow infer: one scan, a folder of scans or a dataset through one checkpoint or an
 // ensemble, with optional mirroring TTA and saved probabilities (models/inference.hpp).
+#include <ATen/ATen.h>
+
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
@@ -9,10 +11,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "models/inference.hpp"
+#include "models/postprocessing.hpp"
+#include "pipeline/io/image_io.hpp"
 
 namespace segflow::apps {
 
@@ -84,12 +89,43 @@ std::vector<std::string> split_commas(const std::string& text) {
   return out;
 }
 
+/// The postprocessing to apply: --postprocess FILE, none with "none", else the
+/// postprocessing.json beside the (first) checkpoint when there is one.
+Result<std::optional<models::PostprocessPlan>> postprocess_plan(const Args& a,
+                                                                const models::InferOptions& o) {
+  std::filesystem::path file = a.get("postprocess");
+  if (file == "none") return std::optional<models::PostprocessPlan>();
+  std::error_code ec;
+  if (file.empty()) {
+    file = o.checkpoint.parent_path() / "postprocessing.json";
+    if (!std::filesystem::exists(file, ec)) return std::optional<models::PostprocessPlan>();
+    std::fprintf(stderr, "segflow infer: applying %s (--postprocess none: do not)\n", file.c_str());
+  }
+  if (o.format == "seg") return invalid_argument("--postprocess: applies to NIfTI outputs, got --format seg");
+  auto plan = models::read_postprocessing(file);
+  if (!plan.is_ok()) return plan.status();
+  return std::optional<models::PostprocessPlan>(*plan);
+}
+
+/// Applies the plan to a written label map and updates its distinct values.
+Status postprocess_output(models::InferResult& r, const std::optional<models::PostprocessPlan>& plan) {
+  if (!plan) return Status::ok();
+  if (r.output.extension() == ".dcm")
+    return invalid_argument("--postprocess: applies to NIfTI outputs, got " + r.output.string());
+  SEGFLOW_RETURN_IF_ERROR(models::apply_postprocessing_file(r.output, r.output, *plan));
+  auto img = pipeline::read_image(r.output);
+  if (!img.is_ok()) return img.status();
+  const at::Tensor values = std::get<0>(at::_unique(img->voxels.flatten().to(at::kLong)));
+  r.labels.assign(values.data_ptr<std::int64_t>(), values.data_ptr<std::int64_t>() + values.numel());
+  return Status::ok();
+}
+
 }  // namespace
 
 int cmd_infer(int argc, char** argv) {
   auto a = parse_args(argc, argv, 2,
                       {"checkpoint", "input", "output", "device", "tta", "class-names", "format", "amp",
-                       "channels-last", "overlap", "stitch-device"},
+                       "channels-last", "overlap", "stitch-device", "postprocess"},
                       {"save-probabilities", "quiet"});
   if (!a.is_ok()) return fail("infer", a.status());
   for (const char* k : {"checkpoint", "input", "output"})
@@ -126,16 +162,21 @@ int cmd_infer(int argc, char** argv) {
   o.stitch_device = a->get("stitch-device");
   if (!o.format.empty() && o.format != "nifti" && o.format != "seg")
     return fail("infer", invalid_argument("--format: expected nifti or seg, got '" + o.format + "'"));
+  auto plan = postprocess_plan(*a, o);
+  if (!plan.is_ok()) return fail("infer", plan.status());
 
   if (models::is_single_scan(o.input)) {
     auto r = models::run_inference(o);
     if (!r.is_ok()) return fail("infer", r.status());
+    if (Status st = postprocess_output(*r, *plan); !st.is_ok()) return fail("infer", st);
     std::cout << result_json(*r).dump() << '\n';
     return 0;
   }
   ProgressBar bar(a->flag("quiet"));
   auto r = models::run_inference_batch(o, [&](const models::InferProgress& p) { bar(p); });
   if (!r.is_ok()) return fail("infer", r.status());
+  for (auto& c : r->outputs)
+    if (Status st = postprocess_output(c, *plan); !st.is_ok()) return fail("infer", st);
   nlohmann::json j = {{"cases", nlohmann::json::array()},
                       {"failed", nlohmann::json::array()},
                       {"skipped", nlohmann::json::array()},

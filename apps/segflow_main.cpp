@@ -41,6 +41,7 @@ commands:
            --output out.nii.gz|seg.dcm|DIR [--tta none|mirror|mirror-all] [--save-probabilities]
            [--format nifti|seg] [--class-names bg,liver,...] [--device D] [--quiet]
            [--amp auto|none|bf16|fp16] [--channels-last on|off] [--overlap F] [--stitch-device cpu]
+           [--postprocess postprocessing.json|none]
                          sliding-window inference (an ensemble with several checkpoints);
                          label maps in each input's geometry, one per case into DIR
   eval     --pred P --gt G [--tolerance-mm T] [--classes 1,2,...] [--json] [--csv FILE]
@@ -49,6 +50,13 @@ commands:
   cv       RUN... [--out DIR] [--json] [--bootstrap N] [--confidence 0.95] [--seed S]
                          the folds' out-of-fold scores pooled: per class Dice, HD95, NSD with
                          bootstrap intervals, and a row per case
+  postprocess determine RUN... [--out postprocessing.json] [--metric dice|iou|nsd]
+           [--min-voxels 10,50,100,500,1000|none]
+                         on the folds' out-of-fold predictions, keep each of: largest component
+                         of all foreground, per class largest component, per class removal of
+                         small components, only if it raises the metric (nnU-Net's rule)
+  postprocess apply --plan postprocessing.json --input PRED|DIR --output OUT|DIR
+                         apply a postprocessing.json to label maps
   export   --checkpoint best.pt --to pytorch OUT.pt
                          the trained network as a PyTorch state dict for MONAI's UNet or
                          segment_anything's Sam, and OUT.json with its arguments
@@ -69,9 +77,10 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   static const std::map<std::string, std::function<int(int, char**)>> commands = {
-      {"synth", cmd_synth},   {"inspect", cmd_inspect}, {"stages", cmd_stages}, {"train", cmd_train},
-      {"infer", cmd_infer},   {"ctl", cmd_ctl},         {"bench", cmd_bench},   {"eval", cmd_eval},
-      {"export", cmd_export}, {"plan", cmd_plan},       {"cv", cmd_cv},
+      {"synth", cmd_synth}, {"inspect", cmd_inspect}, {"stages", cmd_stages},
+      {"train", cmd_train}, {"infer", cmd_infer},     {"ctl", cmd_ctl},
+      {"bench", cmd_bench}, {"eval", cmd_eval},       {"export", cmd_export},
+      {"plan", cmd_plan},   {"cv", cmd_cv},           {"postprocess", cmd_postprocess},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);

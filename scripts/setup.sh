@@ -55,6 +55,8 @@ fi
 # MONAI's surface metrics (HD95, ASSD, surface Dice) need scipy's EDT and erosion: the
 # reference `segflow eval` is checked against (tests/tools/monai_metrics.py).
 .venv/bin/python -m pip install -q "scipy>=1.11"
+# cc3d: the third baseline of bench/cc_bench.py (connected components; scipy is the other).
+.venv/bin/python -m pip install -q "connected-components-3d>=3.12"
 # nnU-Net v2, the reference `segflow plan` is compared with (tests/tools/nnunet_plan.py) and
 # the baseline of bench/nnunet-bench.sh. Its dependencies would move numpy to 2.x (MONAI 1.4
 # needs numpy < 2); the constraints keep numpy and the pinned torch as they are (torch is not
