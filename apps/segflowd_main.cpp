@@ -21,6 +21,12 @@ usage: segflowd [--config FILE] [--data-root DIR] [--state-dir DIR] [--control E
                      control ipc://state/control.sock, events ipc://state/events.sock
   the other options override the config's keys of the same name.
 
+The config's sections (configs/daemon.yaml, docs/reference/daemon-config.md): the watched
+data_root and its datasets, devices and the job queue, control/events endpoints and CURVE,
+auto_infer (run a model on each new case, NIfTI or SEG out), auto_train (plan and train a
+dataset that appears, with no config written), and dicom (a DICOM node: C-ECHO and C-STORE
+into a dataset folder, results sent on to a PACS with retries).
+
 Talk to it with `segflow ctl COMMAND` (`segflow ctl --help` lists the commands). SIGTERM
 or SIGINT stop it gracefully (jobs checkpoint at the end of their epoch; a second signal
 makes them stop at the next step).

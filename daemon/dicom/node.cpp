@@ -273,8 +273,8 @@ class AssociationWorker : public DcmThreadSCP {
       std::error_code ec;
       fs::remove(tmp, ec);
       si.status = 0xA900;
-      si.error = std::string("C-STORE of ") + req.AffectedSOPClassUID + " on a presentation context for " +
-                 info.abstractSyntax.c_str();
+      si.error = std::string("SOP class not the presentation context's: ") + req.AffectedSOPClassUID +
+                 " vs " + info.abstractSyntax.c_str();
     } else {
       si = batch_->add(tmp, req.AffectedSOPClassUID, req.AffectedSOPInstanceUID);
     }
@@ -282,6 +282,12 @@ class AssociationWorker : public DcmThreadSCP {
     if (si.status == 0) {
       ++rec_.instances;
       rec_.bytes += si.bytes;
+      if (!si.derived_series.empty() && !derived_noted_) {
+        derived_noted_ = true;
+        log::info("dicom: association " + std::to_string(rec_.id) + ": instance " +
+                  req.AffectedSOPInstanceUID + " has no SeriesInstanceUID; filed by its " +
+                  si.derived_series + " (case " + si.case_id + ")");
+      }
     } else {
       ++rec_.refused_instances;
       log::warn("dicom: association " + std::to_string(rec_.id) + ": instance " + req.AffectedSOPInstanceUID +
@@ -344,10 +350,18 @@ class AssociationWorker : public DcmThreadSCP {
   }
   Uint32 timeout() const { return static_cast<Uint32>(node_.s.idle_timeout_s); }
 
+  /// ErrorComment is an LO: at most 64 characters, no backslash or control characters. The
+  /// refusals put their reason first, so the cut keeps it.
+  static std::string error_comment(std::string text) {
+    for (char& c : text)
+      if (c == '\\' || static_cast<unsigned char>(c) < 0x20) c = ' ';
+    return text.substr(0, 64);
+  }
+
   OFCondition respond(T_ASC_PresentationContextID pc, const T_DIMSE_C_StoreRQ& req, std::uint16_t status,
                       const std::string& error) {
     DcmDataset detail;
-    if (status != 0) detail.putAndInsertString(DCM_ErrorComment, error.substr(0, 64).c_str());
+    if (status != 0) detail.putAndInsertString(DCM_ErrorComment, error_comment(error).c_str());
     return sendSTOREResponse(pc, req.MessageID, req.AffectedSOPClassUID, req.AffectedSOPInstanceUID, status,
                              status != 0 ? &detail : nullptr);
   }
@@ -358,6 +372,7 @@ class AssociationWorker : public DcmThreadSCP {
   std::unique_ptr<DicomStore::Batch> batch_;
   std::int64_t done_bytes_ = 0;
   bool over_limit_ = false;
+  bool derived_noted_ = false;  ///< the derived series identity was logged for this association
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -33,6 +34,13 @@ using nlohmann::json;
 namespace {
 
 constexpr std::int64_t kPerAssociation = 16;
+
+/// A retry delay for the log: "2 s", "7.5 s".
+std::string retry_delay_text(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s", seconds);
+  return buf;
+}
 
 /// The UIDs a send needs from a file's header.
 struct FileHeader {
@@ -94,8 +102,7 @@ struct DicomSender::Impl {
       const double delay = retry_delay_s(d, r.attempts);
       r.next_attempt = StateDb::now() + delay;
       log::warn("dicom: send " + std::to_string(r.id) + " to " + r.destination + " failed (attempt " +
-                std::to_string(r.attempts) + "): " + why + "; next attempt in " + std::to_string(delay) +
-                " s");
+                std::to_string(r.attempts) + "): " + why + "; next attempt in " + retry_delay_text(delay));
     }
     if (Status st = db.update_dicom_send(r); !st.is_ok()) log::error("dicom: " + st.message());
   }

@@ -109,14 +109,18 @@ StoredInstance DicomStore::Batch::add(const fs::path& received, const std::strin
   OFCondition c = ff.loadFile(OFFilename(received.c_str()), EXS_Unknown, EGL_noChange, 256);
   if (c.bad()) return refuse(kCannotUnderstand, std::string("cannot parse the data set: ") + c.text());
   DcmDataset& ds = *ff.getDataset();
-  const std::string sop_class = tag_text(ds, DCM_SOPClassUID);
-  const std::string sop_instance = tag_text(ds, DCM_SOPInstanceUID);
+  // Blank SOP UIDs in the data set (exports that keep them only in the file meta header, as
+  // the reader accepts): the C-STORE request's. Given ones must match the request.
+  std::string sop_class = tag_text(ds, DCM_SOPClassUID);
+  std::string sop_instance = tag_text(ds, DCM_SOPInstanceUID);
+  if (sop_class.empty()) sop_class = sop_class_uid;
+  if (sop_instance.empty()) sop_instance = sop_instance_uid;
   if (sop_class != sop_class_uid)
-    return refuse(kDoesNotMatchSopClass, "SOPClassUID " + sop_class + " of the data set differs from " +
-                                             sop_class_uid + " of the C-STORE request");
+    return refuse(kDoesNotMatchSopClass, "SOP class of the data set differs from the C-STORE request's: " +
+                                             sop_class + " vs " + sop_class_uid);
   if (sop_instance.empty() || sop_instance != sop_instance_uid)
-    return refuse(kCannotUnderstand, "SOPInstanceUID '" + sop_instance + "' of the data set differs from '" +
-                                         sop_instance_uid + "' of the C-STORE request");
+    return refuse(kCannotUnderstand, "SOP instance of the data set differs from the C-STORE request's: '" +
+                                         sop_instance + "' vs '" + sop_instance_uid + "'");
   out.seg = sop_class == UID_SegmentationStorage;
   std::string series = tag_text(ds, DCM_SeriesInstanceUID);
   if (out.seg) {
@@ -129,7 +133,14 @@ StoredInstance DicomStore::Batch::add(const fs::path& received, const std::strin
           kCannotUnderstand,
           "SEG " + sop_instance + " has no ReferencedSeriesSequence: the series it labels is unknown");
   } else if (series.empty()) {
-    return refuse(kCannotUnderstand, "instance " + sop_instance + " has no SeriesInstanceUID");
+    // The reader's series identity without a SeriesInstanceUID: the frame of reference.
+    series = tag_text(ds, DCM_FrameOfReferenceUID);
+    if (series.empty())
+      return refuse(kCannotUnderstand,
+                    "no SeriesInstanceUID and no FrameOfReferenceUID: the series is unknown "
+                    "(instance " +
+                        sop_instance + ")");
+    out.derived_series = "frame of reference " + series;
   }
   std::string study = tag_text(ds, DCM_StudyInstanceUID);
   if (study.empty()) study = tag_text(ds, DCM_PatientID);

@@ -36,6 +36,9 @@ struct StoredInstance {
   std::string case_id;       ///< the case folder it goes to
   bool seg = false;          ///< a DICOM SEG (the case's label)
   std::int64_t bytes = 0;    ///< file size
+  /// The series identity when the instance has no SeriesInstanceUID ("frame of reference
+  /// UID", the reader's rule); empty otherwise.
+  std::string derived_series;
 };
 
 class DicomStore {

@@ -13,6 +13,7 @@
 #include <dcmtk/oflog/oflog.h>
 
 #include <doctest/doctest.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +26,7 @@
 #include "daemon/dicom/sender.hpp"
 #include "daemon/state_db.hpp"
 #include "dicom_test_data.hpp"
+#include "pipeline/io/image_io.hpp"
 
 using namespace segflow::testing;
 using namespace segflow::testing::daemon;
@@ -700,4 +702,55 @@ TEST_CASE(
   CHECK(got[uid]["sop_class"] == "1.2.840.10008.5.1.4.1.1.66.4");
   CHECK(got[uid]["pixel_sha1"] == sent[uid]["pixel_sha1"]);
   CHECK(got[uid]["ref_series"] == sent[uid]["ref_series"]);
+}
+
+TEST_CASE(
+    "a real CT series without SeriesInstanceUID is filed by its frame of reference and reads as the source") {
+  require_dcmtk_tools();
+  // TotalSegmentator's Siemens example series: Study, Series and SOP UIDs blank in the data
+  // set (only the file meta header has the SOP UIDs). storescu takes the SOP UIDs from the
+  // data set, so they are filled from the meta header here; Study and Series stay blank.
+  const fs::path source = segflow::testing::testdata_path("totalsegmentator/example_ct_dicom");
+  REQUIRE_MESSAGE(fs::is_directory(source), source.string() << " is missing: run scripts/fetch-test-data.sh");
+  Setup s;
+  const int port = free_port();
+  s.write_config(dicom_section(port));
+  const fs::path copy = s.dir / "ts";
+  segflow::testing::run_python(
+      "import pathlib, sys, pydicom\n"
+      "out = pathlib.Path(sys.argv[2]); out.mkdir()\n"
+      "for f in sorted(pathlib.Path(sys.argv[1]).iterdir()):\n"
+      "    d = pydicom.dcmread(f)\n"
+      "    assert not d.get('SeriesInstanceUID') and not d.get('SOPInstanceUID')\n"
+      "    d.SOPClassUID = d.file_meta.MediaStorageSOPClassUID\n"
+      "    d.SOPInstanceUID = d.file_meta.MediaStorageSOPInstanceUID\n"
+      "    d.save_as(out / f.name)\n",
+      {source.string(), copy.string()});
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(copy)) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  REQUIRE(files.size() == 20);
+  auto d = s.start();
+  auto r = storescu(port, files, "-xv");  // the series is JPEG 2000 lossless: propose it
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  wait_node(
+      *d, s.control, [](const json& n) { return n["instances_stored"] == 20 && n["cases_written"] == 1; },
+      "20 instances in one case");
+  // One case folder named after the frame of reference; it reads as the source series does.
+  std::vector<fs::path> cases;
+  for (const auto& e : fs::directory_iterator(s.data / "incoming"))
+    if (e.is_directory()) cases.push_back(e.path());
+  REQUIRE(cases.size() == 1);
+  CHECK(segflow::testing::contains(cases[0].filename().string(),
+                                   "1.3.12.2.1107.5.1.4.60064.30000022120807274275100000041"));
+  REQUIRE_OK_AND_ASSIGN(auto got, segflow::pipeline::read_image(cases[0]));
+  REQUIRE_OK_AND_ASSIGN(auto want, segflow::pipeline::read_image(source));
+  CHECK(got.size() == want.size());
+  CHECK(torch::equal(got.voxels, want.voxels));
+  for (int i = 0; i < 3; ++i) {
+    CHECK(got.geometry.spacing[i] == doctest::Approx(want.geometry.spacing[i]));
+    CHECK(got.geometry.origin[i] == doctest::Approx(want.geometry.origin[i]));
+  }
+  CHECK(
+      segflow::testing::contains(d->log_tail(), "has no SeriesInstanceUID; filed by its frame of reference"));
 }
