@@ -552,6 +552,19 @@ segflow::testing::JobYaml tiny_job(const std::filesystem::path& dir) {
   return job;
 }
 
+/// `segflow train job.yaml` in `dir` under the venv's torchrun with `nproc` processes on
+/// loopback; its output (stdout and stderr).
+segflow::testing::CommandResult run_torchrun(const std::filesystem::path& dir, int nproc) {
+  namespace st = segflow::testing;
+  const auto torchrun = std::filesystem::path(st::python()).parent_path() / "torchrun";
+  REQUIRE_MESSAGE(std::filesystem::exists(torchrun), torchrun.string()
+                                                         << " is missing: run scripts/setup.sh");
+  return st::run_command("cd " + st::shell_quote(dir.string()) + " && OMP_NUM_THREADS=1 " +
+                         st::shell_quote(torchrun.string()) + " --nproc-per-node " + std::to_string(nproc) +
+                         " --master-addr 127.0.0.1 --master-port " + std::to_string(st::free_port()) +
+                         " --no-python " + st::shell_quote(st::segflow_bin()) + " train job.yaml 2>&1");
+}
+
 class CountingObserver : public segflow::models::TrainObserver {
  public:
   explicit CountingObserver(std::int64_t stop_after = -1) : stop_after_(stop_after) {}
@@ -608,14 +621,7 @@ TEST_CASE("torchrun starts 2 processes on a fresh data root; one makes the datas
   auto job = tiny_job(root);
   job.synth = "{cases: 5, size: 96, format: nifti, seed: 9}";
   st::write_file(dir / "job.yaml", job.yaml());
-  const auto torchrun = std::filesystem::path(st::python()).parent_path() / "torchrun";
-  REQUIRE_MESSAGE(std::filesystem::exists(torchrun), torchrun.string()
-                                                         << " is missing: run scripts/setup.sh");
-  const int port = st::free_port();
-  auto r = st::run_command(
-      "cd " + st::shell_quote(dir.path().string()) + " && OMP_NUM_THREADS=1 " +
-      st::shell_quote(torchrun.string()) + " --nproc-per-node 2 --master-addr 127.0.0.1 --master-port " +
-      std::to_string(port) + " --no-python " + st::shell_quote(st::segflow_bin()) + " train job.yaml 2>&1");
+  auto r = run_torchrun(dir.path(), 2);
   INFO(r.out.substr(r.out.size() > 4000 ? r.out.size() - 4000 : 0));
   REQUIRE(r.exit_code == 0);
   // One dataset, complete, and nothing half-made left behind.
@@ -645,14 +651,7 @@ TEST_CASE("torchrun with one process makes a process group of one rank and train
   st::TempDir dir("segflow_torchrun_ws1");
   auto job = tiny_job(dir.path() / "root");
   st::write_file(dir / "job.yaml", job.yaml());
-  const auto torchrun = std::filesystem::path(st::python()).parent_path() / "torchrun";
-  REQUIRE_MESSAGE(std::filesystem::exists(torchrun), torchrun.string()
-                                                         << " is missing: run scripts/setup.sh");
-  const int port = st::free_port();
-  auto r = st::run_command(
-      "cd " + st::shell_quote(dir.path().string()) + " && OMP_NUM_THREADS=1 " +
-      st::shell_quote(torchrun.string()) + " --nproc-per-node 1 --master-addr 127.0.0.1 --master-port " +
-      std::to_string(port) + " --no-python " + st::shell_quote(st::segflow_bin()) + " train job.yaml 2>&1");
+  auto r = run_torchrun(dir.path(), 1);
   INFO(r.out.substr(r.out.size() > 4000 ? r.out.size() - 4000 : 0));
   REQUIRE(r.exit_code == 0);
   // The distributed path ran (not the single-process trainer), with one rank.
