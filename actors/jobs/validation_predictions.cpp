@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 
+#include "messages/file_util.hpp"
 #include "messages/log.hpp"
 #include "models/evaluation.hpp"
 #include "models/inference.hpp"
@@ -30,14 +30,6 @@ models::InferOptions infer_options(const pipeline::Split& split, const fs::path&
   return o;
 }
 
-Status write_text(const fs::path& file, const std::string& text) {
-  std::ofstream f(file, std::ios::binary);
-  f << text;
-  f.close();
-  if (!f) return io_error(file.string() + ": cannot write");
-  return Status::ok();
-}
-
 /// Scores the written predictions; summary.json and scores.csv into `out`.
 Status score(const pipeline::Split& split, const models::InferBatchResult& written, const fs::path& out,
              double seconds) {
@@ -51,7 +43,7 @@ Status score(const pipeline::Split& split, const models::InferBatchResult& writt
   if (!eo.pairs.empty()) {
     SEGFLOW_ASSIGN_OR_RETURN(models::EvaluationReport report, models::evaluate(eo));
     summary = models::evaluation_json(report);
-    SEGFLOW_RETURN_IF_ERROR(write_text(out / "scores.csv", models::evaluation_csv(report)));
+    SEGFLOW_RETURN_IF_ERROR(write_file_atomically(out / "scores.csv", models::evaluation_csv(report)));
   }
   summary["checkpoint"] = "last.pt";
   summary["fold"] = split.fold;
@@ -60,7 +52,7 @@ Status score(const pipeline::Split& split, const models::InferBatchResult& writt
   nlohmann::json failed = nlohmann::json::array();
   for (const auto& [id, why] : written.failed) failed.push_back({{"case", id}, {"error", why}});
   summary["predict_failed"] = failed;
-  return write_text(out / "summary.json", summary.dump(2) + "\n");
+  return write_file_atomically(out / "summary.json", summary.dump(2) + "\n");
 }
 
 }  // namespace
