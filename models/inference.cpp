@@ -213,6 +213,8 @@ Result<PredictOptions> predict_options(const InferOptions& o) {
 class Ensemble {
  public:
   static Result<Ensemble> load(const InferOptions& o) {
+    if (!o.model.empty())
+      return unsupported(o.model.string() + ": model packages are not read yet (models/model_package)");
     if (o.checkpoint.empty()) return invalid_argument("--checkpoint: required");
     Ensemble e;
     std::vector<fs::path> paths = {o.checkpoint};

@@ -57,6 +57,13 @@ struct InferCase {
 /// Options of one inference run.
 struct InferOptions {
   std::filesystem::path checkpoint;  ///< best.pt / last.pt of a run (the first of an ensemble)
+  /// A model package folder (`segflow package`, models/model_package.hpp). When set, its
+  /// members are the ensemble and its TTA, overlap, class names and postprocessing apply;
+  /// `checkpoint` and `ensemble` must be empty. Every file's sha256 is checked first.
+  std::filesystem::path model;
+  /// With `model`: apply the package's postprocessing.json to each label map (false:
+  /// `--no-postprocess`).
+  bool postprocess = true;
   /// A NIfTI / npy / DICOM file or a folder with one DICOM series (run_inference); for
   /// run_inference_batch also a folder of scans or a dataset (see list_inference_cases).
   std::filesystem::path input;
