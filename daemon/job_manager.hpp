@@ -68,7 +68,10 @@ using VersionFn = std::function<std::uint64_t(const std::string& dataset)>;
 /// An inference job (`segflow ctl infer`): models::run_inference on one scan, or
 /// run_inference_batch on a folder or dataset. Paths are absolute once submitted.
 struct InferJobSpec {
-  std::string checkpoint;    ///< best.pt / last.pt of a run
+  std::string checkpoint;    ///< best.pt / last.pt of a run; empty with `model`
+  /// A model package folder (`segflow package`): its members, TTA, overlap and
+  /// postprocessing (models::InferOptions::model); instead of `checkpoint` and `tta`.
+  std::string model;
   std::string input;         ///< a scan, a DICOM series folder, a folder of scans or a dataset
   std::string output;        ///< a label map file (one scan) or a folder
   std::string tta = "none";  ///< none | mirror | mirror-all
