@@ -592,7 +592,7 @@ SamOutput SamImpl::forward_full(const at::Tensor& image, const at::Tensor& boxes
                                            .size(std::vector<int64_t>{image.size(2), image.size(3)})
                                            .mode(torch::kBilinear)
                                            .align_corners(false));
-  return {masks, low_res, iou};
+  return {masks, low_res, iou, embeddings};
 }
 
 at::Tensor SamImpl::forward(const at::Tensor& image, const at::Tensor& boxes) {

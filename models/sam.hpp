@@ -259,9 +259,10 @@ TORCH_MODULE(HyperMlp);
 
 /// Output of the mask decoder / whole model.
 struct SamOutput {
-  at::Tensor masks;            ///< (B, 1, H, W) logits at input resolution
-  at::Tensor low_res_masks;    ///< (B, 1, 4h, 4w) logits
-  at::Tensor iou_predictions;  ///< (B, 1); undefined without the IoU head
+  at::Tensor masks;             ///< (B, 1, H, W) logits at input resolution
+  at::Tensor low_res_masks;     ///< (B, 1, 4h, 4w) logits
+  at::Tensor iou_predictions;   ///< (B, 1); undefined without the IoU head
+  at::Tensor image_embeddings;  ///< (B, out_chans, S/patch, S/patch): the image encoder's output
 };
 
 class MaskDecoderImpl : public torch::nn::Cloneable<MaskDecoderImpl> {
