@@ -57,6 +57,11 @@ commands:
                          small components, only if it raises the metric (nnU-Net's rule)
   postprocess apply --plan postprocessing.json --input PRED|DIR --output OUT|DIR
                          apply a postprocessing.json to label maps
+  select   CV_SUMMARY.json... [--metric dice|hd95|nsd] [--class N|mean] [--max-ensemble K]
+           [--out selection.json] [--json] [--bootstrap N] [--confidence 0.95] [--seed S]
+                         rank configurations (one cv summary each) and every ensemble of 2..K
+                         of them on the same out-of-fold cases; the winner, and whether the
+                         runner-up is within its confidence interval
   export   --checkpoint best.pt --to pytorch OUT.pt
                          the trained network as a PyTorch state dict for MONAI's UNet or
                          segment_anything's Sam, and OUT.json with its arguments
@@ -81,6 +86,7 @@ int main(int argc, char** argv) {
       {"train", cmd_train}, {"infer", cmd_infer},     {"ctl", cmd_ctl},
       {"bench", cmd_bench}, {"eval", cmd_eval},       {"export", cmd_export},
       {"plan", cmd_plan},   {"cv", cmd_cv},           {"postprocess", cmd_postprocess},
+      {"select", cmd_select},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);

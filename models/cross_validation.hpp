@@ -63,6 +63,35 @@ struct CvReport {
   CvClass mean;                  ///< per case the mean over its classes, then as a class
 };
 
+/// A mean with its percentile bootstrap interval over `values` (one per case; NaN = no value,
+/// left out of the means): `resamples` draws of the cases with replacement from a
+/// mt19937_64 seeded with `seed`, so equal seeds and case counts draw the same cases (what
+/// makes `segflow select`'s intervals paired).
+CvInterval bootstrap_interval(const std::vector<double>& values, std::int64_t resamples, double confidence,
+                              std::uint64_t seed);
+
+/// One metric of the cases: per case its value for class `label` (NaN where the case lacks
+/// the class), or with label 0 the mean over the case's classes of their finite values.
+using CvMetric = std::map<std::int64_t, double> CvCase::*;
+std::vector<double> cv_values(const std::vector<CvCase>& cases, CvMetric metric, std::int64_t label);
+
+/// One case of segflow eval's JSON (evaluation_json's "cases" entry) as cv counts it: a class
+/// is kept when it is in the prediction or the ground truth; NaN for a missing distance.
+/// `names` (may be null) gets the class names the entry carries.
+CvCase cv_case_of(const nlohmann::json& evaluated, std::map<std::int64_t, std::string>* names = nullptr);
+
+/// What runs pooled or compared must share: the dataset (canonical path) and the classes
+/// (config.json data.num_classes and data.labels, as one text).
+struct CvRunIdentity {
+  std::string dataset, classes;
+};
+Result<CvRunIdentity> cv_run_identity(const std::filesystem::path& run);
+
+/// Reads a cv_json file back (`segflow cv --out`'s cv_summary.json): runs, folds, dataset,
+/// the cases with their run and scores, confidence and bootstrap; classes and mean are
+/// recomputed by the caller. Errors name the file and the field.
+Result<CvReport> read_cv_summary(const std::filesystem::path& file);
+
 /// Reads the runs and pools them. Errors name the run and what is wrong: no config.json or
 /// validation/summary.json, runs of different datasets or class sets, a case in two runs'
 /// validation (two runs of one fold), a bad option.

@@ -144,6 +144,9 @@ void ValidationSettings::bind(OptionParser& p) {
   p.integer("sw_batch_size", sw_batch_size, Range::at_least(1), "windows", "windows per forward pass");
   p.boolean("save_predictions", save_predictions,
             "at the end of training, predict and score the validation cases into the run's validation/");
+  p.boolean("save_probabilities", save_probabilities,
+            "with save_predictions, also write each validation case's class probabilities "
+            "(<case>_probabilities.nii.gz; segflow select's ensembles)");
 }
 
 namespace {
@@ -368,6 +371,8 @@ std::string run_name(const JobConfig& cfg) {
   // Lossless cache forms give the same batches; float16/bfloat16 do not.
   if (const std::string d = key["train"].value("cache_dtype", ""); d == "exact" || d == "none")
     key["train"].erase("cache_dtype");
+  // Saving the validation probabilities changes no weights (and keeps older runs' names).
+  if (key["validation"].is_object()) key["validation"].erase("save_probabilities");
   // The folds of one config share a hash (the fold is spelled out after it); without
   // cross-validation neither key is hashed, so such runs keep the names they had before.
   if (json& d = key["data"]; d.is_object()) {

@@ -26,7 +26,7 @@
 //            cache_rate, cache_bytes, disk_cache, cache_dtype, cache_device, threads,
 //            cudnn_benchmark, channels_last, log_every,
 //            early_stopping: {metric, patience, min_delta, mode}}
-//   validation: {roi_size, overlap, mode, sw_batch_size, save_predictions}
+//   validation: {roi_size, overlap, mode, sw_batch_size, save_predictions, save_probabilities}
 //   output: {runs_dir}
 //
 // JobConfig::resolved is the whole config after overrides with every default filled in: run
@@ -144,6 +144,10 @@ struct ValidationSettings {
   /// window, on each case's own grid) into the run's validation/ folder and score them:
   /// the out-of-fold predictions `segflow cv` collects.
   bool save_predictions = true;
+  /// With save_predictions: also write each validation case's class probabilities on its
+  /// own grid ("<case id>_probabilities.nii.gz", as `segflow infer --save-probabilities`);
+  /// what `segflow select` averages for ensembles.
+  bool save_probabilities = false;
 
   void bind(pipeline::OptionParser& p);
 };

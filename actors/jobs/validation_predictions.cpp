@@ -19,9 +19,10 @@ namespace {
 
 /// The validation cases as inference cases (their channels) and evaluation pairs (their
 /// labels); cases without a label are predicted but not scored.
-models::InferOptions infer_options(const pipeline::Split& split, const fs::path& run_dir, const fs::path& out,
-                                   const std::string& device) {
+models::InferOptions infer_options(const models::JobConfig& cfg, const pipeline::Split& split,
+                                   const fs::path& run_dir, const fs::path& out, const std::string& device) {
   models::InferOptions o;
+  o.save_probabilities = cfg.validation.save_probabilities;
   o.checkpoint = run_dir / "last.pt";
   o.output = out;
   o.device = device;
@@ -75,7 +76,7 @@ Status write_validation_predictions(const models::JobConfig& cfg, const pipeline
   if (ec) return io_error(tmp.string() + ": cannot create the folder: " + ec.message());
   const auto t0 = std::chrono::steady_clock::now();
   SEGFLOW_ASSIGN_OR_RETURN(models::InferBatchResult written,
-                           models::run_inference_batch(infer_options(split, run_dir, tmp, device)));
+                           models::run_inference_batch(infer_options(cfg, split, run_dir, tmp, device)));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (written.outputs.empty())
     return internal_error(run_dir.string() + ": no validation case could be predicted; first error: " +

@@ -3,7 +3,9 @@
 // the final model (last.pt; sliding window with the run's validation settings, each case
 // written on its own grid) into <run>/validation/<case id>.nii.gz and scored against their
 // labels with segflow eval's metrics: <run>/validation/summary.json (evaluation_json: per
-// case and class Dice, IoU, HD95, ASSD, NSD, volumes; class means) and scores.csv.
+// case and class Dice, IoU, HD95, ASSD, NSD, volumes; class means) and scores.csv. With
+// validation.save_probabilities also each case's class probabilities on the same grid
+// (<case id>_probabilities.nii.gz, inference's writer), which `segflow select` averages.
 // `segflow cv` (models/cross_validation.hpp) pools the folds' summaries.
 // Not an actor: it runs in the job's thread after fit() returns.
 

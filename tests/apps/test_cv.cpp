@@ -54,10 +54,6 @@ std::vector<fs::path> train_folds(const fs::path& dir, const segflow::testing::J
   return runs;
 }
 
-}  // namespace cv_test
-
-using namespace cv_test;
-
 TEST_CASE("every fold writes its out-of-fold predictions and scores; segflow cv pools them with intervals" *
           doctest::test_suite("serial")) {
   segflow::testing::TempDir dir("cv_folds");
@@ -193,3 +189,5 @@ TEST_CASE("cv refuses runs of different datasets; validation.save_predictions fa
   CHECK(segflow::testing::contains(r.err, "runs of different datasets"));
   CHECK(segflow::testing::contains(r.err, (dir.path() / "other").string()));
 }
+
+}  // namespace cv_test
