@@ -102,6 +102,11 @@ void TrainSettings::bind(OptionParser& p) {
   p.boolean("channels_last", channels_last, "channels-last memory format on CUDA");
   p.integer("log_every", log_every, Range::at_least(1), "steps", "metrics.jsonl step records every N steps");
   bind_early_stopping(p);
+  p.strings("freeze", freeze, false, "regexes over parameter names that get no gradient (fine-tuning)");
+  p.integer("unfreeze_epoch", unfreeze_epoch, Range::non_negative(), "epochs",
+            "the epoch from which frozen parameters train too; 0 = frozen for the whole run");
+  if (p.ok() && unfreeze_epoch > 0 && freeze.empty())
+    p.fail("unfreeze_epoch", "expected train.freeze rules to go with it, got none");
 }
 
 const std::vector<std::string>& early_stopping_metrics() {
@@ -351,6 +356,8 @@ Status validate_job_config(const JobConfig& cfg, const pipeline::StageRegistry& 
     m.weights.clear();  // exists (checked above); read when the job builds its trainer
     auto model = create_model(m);
     if (!model.is_ok()) return model.status().with_context(label + ": model");
+    if (auto frozen = frozen_parameters(model->module(), cfg.train.freeze, "train.freeze"); !frozen.is_ok())
+      return invalid_config(label + ": " + frozen.status().message());
     SEGFLOW_RETURN_IF_ERROR(check_input_sizes(model->info(), cfg.stages, cfg.validation.roi_size, label));
     auto loss = make_loss(cfg.loss);
     if (!loss.is_ok()) return loss.status().with_context(label + ": loss");
@@ -368,6 +375,11 @@ std::string run_name(const JobConfig& cfg) {
   for (const char* k :
        {"loader", "decode_workers", "prefetch", "cache_bytes", "disk_cache", "cache_device", "log_every"})
     key["train"].erase(k);
+  // No freezing is what runs without these keys did (their folders keep their names).
+  if (cfg.train.freeze.empty()) {
+    key["train"].erase("freeze");
+    key["train"].erase("unfreeze_epoch");
+  }
   // Lossless cache forms give the same batches; float16/bfloat16 do not.
   if (const std::string d = key["train"].value("cache_dtype", ""); d == "exact" || d == "none")
     key["train"].erase("cache_dtype");

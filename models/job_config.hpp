@@ -17,7 +17,8 @@
 //   data:   {root, synth: {cases, size, format, compress, seed}, val_fraction, val_cases,
 //            num_classes, folds, fold}
 //   stages: [...]                 # pipeline (pipeline/pipeline_spec.hpp)
-//   model:  {name: unet|plain_unet|sam, ...options}   # models/registry.hpp
+//   model:  {name: unet|plain_unet|sam, ...options,    # models/registry.hpp
+//            weights: PATH | {path, names, skip, reinit_head, channels}}  # models/pretrained.hpp
 //   loss:   {name: dice_ce, ...}  # models/losses.hpp
 //   optimizer: {name: sgd|adam|adamw, lr, ...}        # models/optim.hpp
 //   schedule:  {name: constant|poly|cosine, warmup_steps, poly_exponent, min_lr}
@@ -25,7 +26,7 @@
 //            checkpoint_interval, steps_per_epoch, loader, decode_workers, prefetch,
 //            cache_rate, cache_bytes, disk_cache, cache_dtype, cache_device, threads,
 //            cudnn_benchmark, channels_last, log_every,
-//            early_stopping: {metric, patience, min_delta, mode}}
+//            early_stopping: {metric, patience, min_delta, mode}, freeze, unfreeze_epoch}
 //   validation: {roi_size, overlap, mode, sw_batch_size, save_predictions, save_probabilities}
 //   output: {runs_dir}
 //
@@ -126,6 +127,12 @@ struct TrainSettings {
   std::int64_t log_every = 10;  ///< metrics.jsonl step records every N steps, >= 1
   /// Early stopping on validation; unset (absent or null) = off. Needs val_interval > 0.
   std::optional<EarlyStoppingSettings> early_stopping;
+  /// Parameters that get no gradient (fine-tuning): regexes (ECMAScript) matched against
+  /// whole parameter names (YAML: ['^down\.0\.', '^encoder_stages\.[01]\.']); each must match one.
+  std::vector<std::string> freeze;
+  /// The epoch (0-based) from which the frozen parameters train too; 0 = frozen for the
+  /// whole run. > 0 needs freeze rules.
+  std::int64_t unfreeze_epoch = 0;
 
   void bind(pipeline::OptionParser& p);
 

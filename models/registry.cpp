@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <regex>
 
 #include "models/weights.hpp"
 #include "pipeline/options.hpp"
@@ -183,11 +184,48 @@ void bind(OptionParser& p, SamModelOptions& m) {
   if (p.ok()) p.check(m.sam.validate(), "sam");
 }
 
+/// `model.weights` as a mapping: {path, names, skip, reinit_head, channels}.
+struct WeightsSection {
+  ModelOptions& m;
+  void bind(OptionParser& p) {
+    WeightsOptions& w = m.weights_options;
+    p.string("path", m.weights, "segflow tensor archive (.sfta)");
+    p.choice("names", w.names, weights_name_schemes(),
+             "whose names the archive holds: auto, segflow, monai (MONAI's UNet), nnunet (PlainConvUNet)");
+    p.strings("skip", w.skip, false, "regexes over segflow names: those tensors keep their fresh init");
+    p.boolean("reinit_head", w.reinit_head, "the output layer keeps its fresh init (another class count)");
+    p.choice("channels", w.channels, channel_adaptations(),
+             "first-conv input-channel adaptation when the channel counts differ: none, repeat, mean");
+    for (const auto& r : w.skip) {
+      try {
+        std::regex re(r, std::regex::ECMAScript);
+      } catch (const std::regex_error& e) {
+        p.fail("skip", "expected regular expressions, got '" + r + "' (" + e.what() + ")");
+      }
+    }
+    if (p.ok() && m.weights.empty()) p.fail("path", "expected the path of a tensor archive, got nothing");
+  }
+};
+
+/// `weights`: a path, or a mapping (resolved as a mapping when it holds more than a path).
+void bind_weights(OptionParser& p, ModelOptions& m) {
+  static constexpr const char* kDoc =
+      "segflow tensor archive loaded after construction, or {path, names, skip, reinit_head, channels}; "
+      "\"\" = none";
+  const nlohmann::json* given = p.given("weights");
+  if ((given && given->is_object()) || (!given && !m.weights_options.is_default())) {
+    WeightsSection section{m};
+    p.section("weights", section, kDoc);
+  } else {
+    p.string("weights", m.weights, kDoc);
+  }
+}
+
 /// The network's keys, then the keys every model has.
 template <class Net>
 void bind_model(OptionParser& p, Net& net, ModelOptions& m) {
   bind(p, net);
-  p.string("weights", m.weights, "segflow tensor archive loaded after construction; \"\" = none");
+  bind_weights(p, m);
   p.boolean("weights_strict", m.weights_strict, "every archive tensor must match a parameter or buffer");
 }
 
@@ -336,7 +374,7 @@ void to_json(nlohmann::json& j, const ModelOptions& options) {
   j = p.resolved();
 }
 
-Result<ModelHandle> create_model(const ModelOptions& options) {
+Result<ModelHandle> create_model(const ModelOptions& options, WeightsReport* report) {
   Result<ModelHandle> made = invalid_argument("");
   try {
     made = std::visit([](const auto& net) { return build(net); }, options.net);
@@ -345,9 +383,10 @@ Result<ModelHandle> create_model(const ModelOptions& options) {
   }
   if (!made.is_ok()) return made;
   if (!options.weights.empty()) {
-    SEGFLOW_ASSIGN_OR_RETURN(auto tensors, read_tensor_archive(options.weights));
-    SEGFLOW_RETURN_IF_ERROR(
-        load_into(made->module(), tensors, options.weights_strict).with_context(options.weights));
+    SEGFLOW_ASSIGN_OR_RETURN(
+        WeightsReport r, load_pretrained(made->module(), options, options.weights, options.weights_options,
+                                         options.weights_strict));
+    if (report) *report = std::move(r);
   }
   return made;
 }

@@ -5,7 +5,8 @@
 // clang-format off
 // Option keys (all optional; unknown keys are errors that list the known ones):
 //   every model: spatial_dims, in_channels, out_channels, weights (path of a segflow tensor
-//     archive loaded after construction), weights_strict (default true)
+//     archive loaded after construction, or {path, names, skip, reinit_head, channels}:
+//     models/pretrained.hpp), weights_strict (default true)
 //   unet:        channels, strides, kernel_size, up_kernel_size, num_res_units, norm
 //                (batch|instance|none), act (relu|prelu|leakyrelu), dropout, bias
 //   plain_unet:  n_stages, base_features, max_features, n_conv_per_stage,
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "messages/status.hpp"
+#include "models/pretrained.hpp"
 #include "models/sam.hpp"
 #include "models/unet.hpp"
 #include "pipeline/fwd.hpp"
@@ -120,6 +122,8 @@ struct ModelOptions {
 
   /// "unet", "plain_unet" or "sam".
   std::string name() const;
+  /// How `weights` is mapped and adapted when given as a mapping (models/pretrained.hpp).
+  WeightsOptions weights_options;
 };
 
 /// Reads a `model` section: "name" (unet | plain_unet | sam; required) and that network's
@@ -129,9 +133,10 @@ Result<ModelOptions> parse_model_options(const nlohmann::json& j, const std::str
 /// Every option with "name", defaults included (what a run folder's config.json holds).
 void to_json(nlohmann::json& j, const ModelOptions& options);
 
-/// Builds a model from its options (on the CPU), then loads `weights` when set. Errors of
-/// weights loading pass through with the path.
-Result<ModelHandle> create_model(const ModelOptions& options);
+/// Builds a model from its options (on the CPU), then loads `weights` when set, as
+/// weights_options says (models/pretrained.hpp); what the load did goes to `report` when
+/// given. Errors of weights loading pass through with the path.
+Result<ModelHandle> create_model(const ModelOptions& options, WeightsReport* report = nullptr);
 
 /// The same from a name and a JSON object of that network's options (no "name" key).
 /// invalid_argument for an unknown name (listing the known ones); unknown option keys (listing

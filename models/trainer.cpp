@@ -4,10 +4,12 @@
 #include <ATen/ops/_foreach_mul.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
 
+#include "messages/file_util.hpp"
 #include "messages/log.hpp"
 #include "models/checkpoint.hpp"
 #include "models/detail/trainer_impl.hpp"
@@ -91,7 +93,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
       at::globalContext().setFloat32MatmulPrecision("high");
       at::globalContext().setAllowTF32CuDNN(true);
     }
-    auto model = create_model(cfg.model);
+    WeightsReport report;
+    auto model = create_model(cfg.model, &report);
     if (!model.is_ok()) return model.status().with_context(cfg.file + ": model");
     JobConfig run_cfg = cfg;
     run_cfg.train.amp = amp->mode;
@@ -126,6 +129,17 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
     GradScalerOptions go;
     go.enabled = amp->mode == "fp16";
     t->impl_->scaler = std::make_unique<GradScaler>(go, device);
+    // Frozen parameters stay in the optimizer (so unfreeze_epoch can train them); without a
+    // gradient it leaves them, and their state, alone (train_epoch sets requires_grad).
+    auto frozen = frozen_parameters(t->model_.module(), cfg.train.freeze, "train.freeze");
+    if (!frozen.is_ok()) return frozen.status().with_context(cfg.file);
+    report.frozen = *frozen;
+    report.unfreeze_epoch = cfg.train.unfreeze_epoch;
+    for (const auto& p : t->model_.module().named_parameters(true))
+      if (std::find(frozen->begin(), frozen->end(), p.key()) != frozen->end())
+        t->impl_->frozen.push_back(p.value());
+    if (!report.path.empty() || !report.frozen.empty()) log::info(report.summary());
+    t->impl_->weights_report = std::move(report);
     t->state_.loss_scale = go.enabled ? go.init_scale : 1.0;
     t->impl_->last_scale = t->state_.loss_scale;
     t->impl_->loss_sums = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(device));
@@ -264,6 +278,8 @@ Result<EpochInfo> Trainer::train_epoch(pipeline::BatchSource& source, std::int64
     const std::int64_t skipped_at_start = state_.skipped_steps;
     const auto t_epoch = Clock::now();
     EpochInfo ep;
+    const bool frozen = tr.unfreeze_epoch == 0 || state_.epoch < tr.unfreeze_epoch;
+    for (auto& p : impl_->frozen) p.set_requires_grad(!frozen);
     ep.epoch = state_.epoch;
     std::int64_t samples_total = 0;
     while (true) {
@@ -410,6 +426,9 @@ Status Trainer::fit(pipeline::BatchSource& source, std::int64_t steps_per_epoch,
     const bool last = state_.epoch >= tr.epochs;
     const bool stopping = observer.should_stop();
     std::optional<EarlyStopInfo> early;
+  if (const auto& r = impl_->weights_report; !r.path.empty() || !r.frozen.empty())
+    SEGFLOW_RETURN_IF_ERROR(
+        write_file_atomically(run_dir / "weights_report.json", r.to_json().dump(2) + '\n'));
     if (tr.val_interval > 0 && (state_.epoch % tr.val_interval == 0 || last)) {
       SEGFLOW_ASSIGN_OR_RETURN(early, validate_epoch(val, run_dir, observer));
     }

@@ -16,6 +16,7 @@
 
 #include "models/losses.hpp"
 #include "models/optim.hpp"
+#include "models/pretrained.hpp"
 #include "models/trainer.hpp"
 
 namespace segflow::models {
@@ -53,6 +54,10 @@ struct Trainer::Impl {
   double last_scale = 1.0;
   std::int64_t window_steps = 0;  ///< steps since the last logged read
   std::int64_t epoch_steps = 0;   ///< steps of the current epoch
+  /// What model.weights loaded and train.freeze froze (weights_report.json).
+  WeightsReport weights_report;
+  /// The parameters train.freeze matches (no gradient before train.unfreeze_epoch).
+  std::vector<at::Tensor> frozen;
 
   /// What one device read of the training loop returns.
   struct StatsRead {
