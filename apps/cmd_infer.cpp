@@ -15,6 +15,7 @@
 
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
+#include "apps/infer_boxes.hpp"
 #include "models/inference.hpp"
 #include "models/postprocessing.hpp"
 #include "pipeline/io/image_io.hpp"
@@ -125,13 +126,15 @@ Status postprocess_output(models::InferResult& r, const std::optional<models::Po
 int cmd_infer(int argc, char** argv) {
   auto a = parse_args(argc, argv, 2,
                       {"checkpoint", "input", "output", "device", "tta", "class-names", "format", "amp",
-                       "channels-last", "overlap", "stitch-device", "postprocess"},
-                      {"save-probabilities", "quiet"});
+                       "channels-last", "overlap", "stitch-device", "postprocess", "boxes", "boxes-from",
+                       "box-margin"},
+                      {"save-probabilities", "quiet", "propagate"});
   if (!a.is_ok()) return fail("infer", a.status());
   for (const char* k : {"checkpoint", "input", "output"})
     if (!a->has(k)) return fail("infer", invalid_argument(std::string("--") + k + ": required"));
   if (!a->positional.empty())
     return fail("infer", invalid_argument("unexpected argument '" + a->positional.front() + "'"));
+  if (wants_box_inference(*a)) return infer_with_boxes(*a);  // box-prompted (SAM) checkpoints
   models::InferOptions o;
   const auto checkpoints = a->all("checkpoint");
   o.checkpoint = checkpoints.front();
