@@ -130,6 +130,7 @@ void print_job(const json& j) {
     line("kind", infer);
     line("cases", str(field(j, "epoch")) + "/" + str(field(j, "epochs")));
     line("checkpoint", str(field(j, "checkpoint")));
+    line("model", str(field(j, "model")));
     line("input", str(field(j, "input")));
     line("output", str(field(j, "output")));
     line("tta", str(field(j, "tta")));
@@ -286,12 +287,14 @@ Result<json> start_request(const Args& a) {
 
 Result<json> infer_request(const Args& a) {
   SEGFLOW_RETURN_IF_ERROR(no_more_arguments(a, 1));
-  for (const char* k : {"checkpoint", "input", "output"})
+  for (const char* k : {"input", "output"})
     if (!a.has(k)) return invalid_argument(std::string("--") + k + ": required");
-  json req = {{"cmd", "infer"},
-              {"checkpoint", absolute(a.get("checkpoint"))},
-              {"input", absolute(a.get("input"))},
-              {"output", absolute(a.get("output"))}};
+  if (a.has("checkpoint") == a.has("model"))
+    return invalid_argument(
+        "--checkpoint or --model: expected one (a checkpoint, or a segflow package folder)");
+  json req = {{"cmd", "infer"}, {"input", absolute(a.get("input"))}, {"output", absolute(a.get("output"))}};
+  if (a.has("checkpoint")) req["checkpoint"] = absolute(a.get("checkpoint"));
+  if (a.has("model")) req["model"] = absolute(a.get("model"));
   if (a.has("tta")) req["tta"] = a.get("tta");
   if (a.has("device")) req["device"] = a.get("device");
   return req;
@@ -448,8 +451,10 @@ struct CtlCommand {
 const CtlCommand kCtlCommands[] = {
     {"start", "start CONFIG [--set key=value ...]", "submit a job (the config is sent inline); prints its id",
      start_request, print_submitted, nullptr},
-    {"infer", "infer --checkpoint PT --input PATH --output PATH [--tta none|mirror|mirror-all] [--device D]",
-     "queue an inference job (a scan, a folder or a dataset)", infer_request, print_infer_submitted, nullptr},
+    {"infer", "infer (--checkpoint PT [--tta none|mirror|mirror-all] | --model MODEL_DIR) --input PATH\n"
+              "       --output PATH [--device D]",
+     "queue an inference job (a scan, a folder or a dataset; --model: a segflow package)", infer_request,
+     print_infer_submitted, nullptr},
     {"plan", "plan DATASET [--configurations 2d,3d_fullres,3d_lowres] [--memory-gb G] [--memory-model M]\n"
              "       [--device D] [--out DIR]",
      "queue a plan job: fingerprint and plan a dataset (default into DATASET/.segflow-plans)",
@@ -570,11 +575,11 @@ int show_reply(const CtlCommand& c, const json& r, bool raw, const std::string& 
 }  // namespace
 
 int cmd_ctl(int argc, char** argv) {
-  auto parsed = parse_args(
-      argc, argv, 2,
-      {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out", "checkpoint", "input",
-       "output", "tta", "device", "configuration", "configurations", "memory-gb", "memory-model", "fold"},
-      {"json", "now", "help"});
+  auto parsed = parse_args(argc, argv, 2,
+                           {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out",
+                            "checkpoint", "input", "model", "output", "tta", "device", "configuration",
+                            "configurations", "memory-gb", "memory-model", "fold"},
+                           {"json", "now", "help"});
   if (!parsed.is_ok()) return fail("ctl", parsed.status());
   const Args& a = *parsed;
   if (a.flag("help") || a.positional.empty()) {

@@ -15,7 +15,6 @@
 
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
-#include "apps/infer_boxes.hpp"
 #include "models/inference.hpp"
 #include "models/postprocessing.hpp"
 #include "pipeline/io/image_io.hpp"
@@ -95,7 +94,8 @@ std::vector<std::string> split_commas(const std::string& text) {
 Result<std::optional<models::PostprocessPlan>> postprocess_plan(const Args& a,
                                                                 const models::InferOptions& o) {
   std::filesystem::path file = a.get("postprocess");
-  if (file == "none") return std::optional<models::PostprocessPlan>();
+  // A package's postprocessing is applied by models::run_inference.
+  if (file == "none" || !o.model.empty()) return std::optional<models::PostprocessPlan>();
   std::error_code ec;
   if (file.empty()) {
     file = o.checkpoint.parent_path() / "postprocessing.json";
@@ -121,24 +121,39 @@ Status postprocess_output(models::InferResult& r, const std::optional<models::Po
   return Status::ok();
 }
 
+/// --model MODEL_DIR (a `segflow package`): its members, TTA and postprocessing replace
+/// --checkpoint, --tta and --postprocess; --no-postprocess skips its postprocessing.
+Status model_package_options(const Args& a, models::InferOptions& o) {
+  o.postprocess = !a.flag("no-postprocess");
+  if (!a.has("model")) return Status::ok();
+  for (const char* k : {"checkpoint", "tta", "postprocess"})
+    if (a.has(k))
+      return invalid_argument(std::string("--") + k + ": not with --model (the package sets it" +
+                              (k == std::string("postprocess") ? "; --no-postprocess skips it)" : ")"));
+  o.model = a.get("model");
+  return Status::ok();
+}
+
 }  // namespace
 
 int cmd_infer(int argc, char** argv) {
   auto a = parse_args(argc, argv, 2,
                       {"checkpoint", "input", "output", "device", "tta", "class-names", "format", "amp",
-                       "channels-last", "overlap", "stitch-device", "postprocess", "boxes", "boxes-from",
-                       "box-margin"},
-                      {"save-probabilities", "quiet", "propagate"});
+                       "channels-last", "overlap", "stitch-device", "postprocess", "model"},
+                      {"save-probabilities", "quiet", "no-postprocess"});
   if (!a.is_ok()) return fail("infer", a.status());
   for (const char* k : {"checkpoint", "input", "output"})
-    if (!a->has(k)) return fail("infer", invalid_argument(std::string("--") + k + ": required"));
+    if (!a->has(k) && !(a->has("model") && k == std::string("checkpoint")))
+      return fail("infer",
+                  invalid_argument(std::string("--") + k + ": required" +
+                                   (k == std::string("checkpoint") ? " (or --model MODEL_DIR)" : "")));
   if (!a->positional.empty())
     return fail("infer", invalid_argument("unexpected argument '" + a->positional.front() + "'"));
-  if (wants_box_inference(*a)) return infer_with_boxes(*a);  // box-prompted (SAM) checkpoints
   models::InferOptions o;
+  if (Status st = model_package_options(*a, o); !st.is_ok()) return fail("infer", st);
   const auto checkpoints = a->all("checkpoint");
-  o.checkpoint = checkpoints.front();
-  o.ensemble.assign(checkpoints.begin() + 1, checkpoints.end());
+  if (o.model.empty()) o.checkpoint = checkpoints.front();
+  if (o.model.empty()) o.ensemble.assign(checkpoints.begin() + 1, checkpoints.end());
   o.input = a->get("input");
   o.output = a->get("output");
   o.device = a->get("device", "auto");

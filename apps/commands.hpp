@@ -22,6 +22,7 @@ int cmd_eval(int argc, char** argv);         ///< apps/cmd_eval.cpp: score predi
 int cmd_export(int argc, char** argv);       ///< apps/cmd_export.cpp: a checkpoint out to PyTorch
 int cmd_plan(int argc, char** argv);         ///< apps/cmd_plan.cpp: fingerprint and plan a dataset
 int cmd_postprocess(int argc, char** argv);  ///< apps/cmd_postprocess.cpp: determine / apply postprocessing
+int cmd_package(int argc, char** argv);      ///< apps/cmd_package.cpp: checkpoints into one model folder
 int cmd_select(int argc, char** argv);       ///< apps/cmd_select.cpp: choose a configuration on cv evidence
 
 struct Args;

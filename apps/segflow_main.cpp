@@ -44,6 +44,8 @@ commands:
            [--postprocess postprocessing.json|none]
                          sliding-window inference (an ensemble with several checkpoints);
                          label maps in each input's geometry, one per case into DIR
+  infer    --model MODEL_DIR --input ... --output ... [--no-postprocess] [infer flags]
+                         a package's members as an ensemble, with its TTA and postprocessing
   eval     --pred P --gt G [--tolerance-mm T] [--classes 1,2,...] [--json] [--csv FILE]
                          Dice, IoU, HD95, ASSD, surface Dice and volumes per case and class
                          (files, or folders / datasets matched by case id)
@@ -57,6 +59,10 @@ commands:
                          small components, only if it raises the metric (nnU-Net's rule)
   postprocess apply --plan postprocessing.json --input PRED|DIR --output OUT|DIR
                          apply a postprocessing.json to label maps
+  package  --out MODEL_DIR (RUN... | --cv cv_summary.json ... | --selection selection.json)
+           [--postprocessing postprocessing.json] [--checkpoint last|best] [--tta none|mirror]
+                         the chosen checkpoints, class names, TTA, postprocessing and CV figures
+                         in one folder with a manifest and sha256s (infer --model takes it)
   select   CV_SUMMARY.json... [--metric dice|hd95|nsd] [--class N|mean] [--max-ensemble K]
            [--out selection.json] [--json] [--bootstrap N] [--confidence 0.95] [--seed S]
                          rank configurations (one cv summary each) and every ensemble of 2..K
@@ -86,6 +92,7 @@ int main(int argc, char** argv) {
       {"train", cmd_train}, {"infer", cmd_infer},     {"ctl", cmd_ctl},
       {"bench", cmd_bench}, {"eval", cmd_eval},       {"export", cmd_export},
       {"plan", cmd_plan},   {"cv", cmd_cv},           {"postprocess", cmd_postprocess},
+      {"package", cmd_package},
       {"select", cmd_select},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {

@@ -291,6 +291,7 @@ const ControlHandler::Command ControlHandler::kCommands[] = {
      }},
     {"infer",
      {{"checkpoint", FieldType::string, false, "a checkpoint (best.pt, last.pt) of a run"},
+      {"model", FieldType::string, false, "a model package folder (segflow package) instead of checkpoint"},
       {"input", FieldType::string, false, "a scan, a folder of scans or a dataset"},
       {"output", FieldType::string, false, "a label map file (one scan) or a folder"},
       {"tta", FieldType::string, false, "test-time augmentation: none, mirror or mirror-all"},
@@ -299,6 +300,7 @@ const ControlHandler::Command ControlHandler::kCommands[] = {
        // checkpoint, input and output: submit_infer says which is missing.
        InferJobSpec spec;
        spec.checkpoint = r.text("checkpoint");
+       spec.model = r.text("model");
        spec.input = r.text("input");
        spec.output = r.text("output");
        if (r.has("tta")) spec.tta = r.text("tta");

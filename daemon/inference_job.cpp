@@ -10,6 +10,7 @@
 #include "daemon/job_manager.hpp"
 #include "messages/log.hpp"
 #include "models/inference.hpp"
+#include "models/model_package.hpp"
 #include "models/trainer.hpp"
 
 namespace segflow::daemon {
@@ -21,8 +22,11 @@ using nlohmann::json;
 namespace {
 
 json spec_to_json(const InferJobSpec& s) {
-  return {{"checkpoint", s.checkpoint}, {"input", s.input},     {"output", s.output},   {"tta", s.tta},
-          {"device", s.device},         {"trigger", s.trigger}, {"dataset", s.dataset}, {"case", s.case_id}};
+  json j = {
+      {"checkpoint", s.checkpoint}, {"input", s.input},     {"output", s.output},   {"tta", s.tta},
+      {"device", s.device},         {"trigger", s.trigger}, {"dataset", s.dataset}, {"case", s.case_id}};
+  if (!s.model.empty()) j["model"] = s.model;
+  return j;
 }
 
 Result<InferJobSpec> spec_from_json(const std::string& text) {
@@ -30,6 +34,7 @@ Result<InferJobSpec> spec_from_json(const std::string& text) {
     const json j = json::parse(text);
     InferJobSpec s;
     s.checkpoint = j.at("checkpoint").get<std::string>();
+    s.model = j.value("model", std::string());
     s.input = j.at("input").get<std::string>();
     s.output = j.at("output").get<std::string>();
     s.tta = j.value("tta", std::string("none"));
@@ -61,10 +66,18 @@ json infer_output_json(const models::InferResult& r) {
 
 /// The request's own fields: present, absolute, tta and device parsed.
 Status check_request(InferJobSpec& spec) {
-  if (spec.checkpoint.empty()) return invalid_argument("checkpoint: missing (a best.pt or last.pt of a run)");
+  if (!spec.model.empty() && !spec.checkpoint.empty())
+    return invalid_argument("model: a package names its checkpoints; got checkpoint " + spec.checkpoint +
+                            " too");
+  if (!spec.model.empty() && !spec.tta.empty() && spec.tta != "none")
+    return invalid_argument("model: a package sets its TTA; got tta " + spec.tta + " too");
+  if (spec.checkpoint.empty() && spec.model.empty())
+    return invalid_argument(
+        "checkpoint: missing (a best.pt or last.pt of a run, or model: a package folder)");
+  if (!spec.model.empty()) spec.model = absolute_path(spec.model).string();
   if (spec.input.empty()) return invalid_argument("input: missing (a scan, a folder of scans or a dataset)");
   if (spec.output.empty()) return invalid_argument("output: missing (a label map file or a folder)");
-  spec.checkpoint = absolute_path(spec.checkpoint).string();
+  if (!spec.checkpoint.empty()) spec.checkpoint = absolute_path(spec.checkpoint).string();
   spec.input = absolute_path(spec.input).string();
   spec.output = absolute_path(spec.output).string();
   if (spec.tta.empty()) spec.tta = "none";
@@ -82,9 +95,13 @@ Status check_request(InferJobSpec& spec) {
 /// whose folder exists (a folder for a batch).
 Status check_paths(const InferJobSpec& spec) {
   std::error_code ec;
-  if (!fs::is_regular_file(spec.checkpoint, ec))
+  if (!spec.model.empty()) {
+    // The whole package: its manifest and every file's sha256.
+    auto package = models::read_model_package(spec.model);
+    if (!package.is_ok()) return invalid_argument("model: " + package.status().message());
+  } else if (!fs::is_regular_file(spec.checkpoint, ec)) {
     return not_found("checkpoint: " + spec.checkpoint + ": no such file");
-  {
+  } else {
     auto model = models::load_for_inference(spec.checkpoint, "cpu");
     if (!model.is_ok())
       return invalid_argument("checkpoint: " + spec.checkpoint +
@@ -167,6 +184,7 @@ void add_infer_event_fields(const Job& j, json& body) {
 
 void add_infer_status_fields(const Job& j, json& body) {
   body["checkpoint"] = j.infer.checkpoint;
+  if (!j.infer.model.empty()) body["model"] = j.infer.model;
   body["input"] = j.infer.input;
   body["output"] = j.infer.output;
   body["tta"] = j.infer.tta;
@@ -183,7 +201,7 @@ Result<json> JobManager::submit_infer(InferJobSpec spec) {
   JobRecord rec;
   rec.kind = JobKind::infer;
   rec.name = "infer " + fs::path(spec.input).filename().string();
-  rec.file = spec.checkpoint;
+  rec.file = spec.model.empty() ? spec.checkpoint : spec.model;
   rec.config_yaml = spec_to_json(spec).dump();
   rec.state = JobState::queued;
   rec.run_dir = spec.output;
@@ -229,6 +247,7 @@ void JobManager::run_infer_job(Job* j) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     io.checkpoint = j->infer.checkpoint;
+    io.model = j->infer.model;
     io.input = j->infer.input;
     io.output = j->infer.output;
     io.device = j->rec.device;

@@ -68,7 +68,7 @@ using VersionFn = std::function<std::uint64_t(const std::string& dataset)>;
 /// An inference job (`segflow ctl infer`): models::run_inference on one scan, or
 /// run_inference_batch on a folder or dataset. Paths are absolute once submitted.
 struct InferJobSpec {
-  std::string checkpoint;    ///< best.pt / last.pt of a run; empty with `model`
+  std::string checkpoint;  ///< best.pt / last.pt of a run; empty with `model`
   /// A model package folder (`segflow package`): its members, TTA, overlap and
   /// postprocessing (models::InferOptions::model); instead of `checkpoint` and `tta`.
   std::string model;

@@ -15,6 +15,8 @@
 
 #include "models/amp.hpp"
 #include "models/class_names.hpp"
+#include "models/model_package.hpp"
+#include "models/postprocessing.hpp"
 #include "models/sliding_window.hpp"
 #include "models/trainer.hpp"
 #include "pipeline/io/case_files.hpp"
@@ -212,11 +214,18 @@ Result<PredictOptions> predict_options(const InferOptions& o) {
 /// The checkpoints of a run, loaded once.
 class Ensemble {
  public:
-  static Result<Ensemble> load(const InferOptions& o) {
-    if (!o.model.empty())
-      return unsupported(o.model.string() + ": model packages are not read yet (models/model_package)");
-    if (o.checkpoint.empty()) return invalid_argument("--checkpoint: required");
+  static Result<Ensemble> load(const InferOptions& given) {
+    // A model package: its members, TTA, overlap, names and postprocessing (sha256s checked).
     Ensemble e;
+    InferOptions o = given;
+    if (!given.model.empty()) {
+      if (!given.checkpoint.empty() || !given.ensemble.empty())
+        return invalid_argument("--model: the package names its checkpoints; got --checkpoint as well");
+      SEGFLOW_ASSIGN_OR_RETURN(ModelPackage package, read_model_package(given.model));
+      o = package_infer_options(package, given);
+      if (given.postprocess) e.postprocess_ = std::move(package.postprocessing);
+    }
+    if (o.checkpoint.empty()) return invalid_argument("--checkpoint: required");
     std::vector<fs::path> paths = {o.checkpoint};
     paths.insert(paths.end(), o.ensemble.begin(), o.ensemble.end());
     pipeline::StageRegistry registry = pipeline::builtin_registry();
@@ -228,8 +237,8 @@ class Ensemble {
       const ModelInfo& info = trainer->model().info();
       if (info.needs_box)
         return unsupported(p.string() +
-                           ": a box-prompted model needs boxes: give --boxes FILE or --boxes-from "
-                           "LABELMAP (optionally --propagate; docs/how-to/box-prompted.md)");
+                           ": box-prompted models need a box per slice; segflow infer runs UNet "
+                           "checkpoints (use the Trainer API with boxes for SAM-style models)");
       const std::int64_t k = info.out_channels == 1 ? 2 : info.out_channels;
       if (e.members_.empty()) {
         e.family_ = info.name;
@@ -312,6 +321,9 @@ class Ensemble {
     CasePrediction out;
     const bool same = same_grid(ref_geometry, ref_size, geometry, input_size);
     out.labels = same ? labels : resample_to_grid(labels, ref_geometry, geometry, input_size);
+    if (postprocess_) {
+      SEGFLOW_ASSIGN_OR_RETURN(out.labels, apply_postprocessing(out.labels, *postprocess_));
+    }
     if (want_probabilities) {
       if (same) {
         out.probabilities = probs;
@@ -331,6 +343,7 @@ class Ensemble {
   std::int64_t classes_ = 2, in_channels_ = 1;
   std::vector<std::string> names_;
   PredictOptions predict_;  ///< amp, overlap, stitching (InferOptions, resolved for the device)
+  std::optional<PostprocessPlan> postprocess_;  ///< a model package's, applied to each label map
 };
 
 /// "<dir>/x.nii.gz" -> "<dir>/x_probabilities.nii.gz" (also for .nii and .dcm).
