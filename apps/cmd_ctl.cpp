@@ -174,11 +174,14 @@ void print_datasets(const json& r) {
     std::printf("no datasets under %s\n", str(r.value("data_root", json())).c_str());
     return;
   }
-  std::printf("%-20s %-11s %-6s %-4s %-8s %s\n", "DATASET", "LAYOUT", "CASES", "BAD", "PENDING", "PATH");
+  std::printf("%-20s %-11s %-6s %-9s %-11s %-4s %-8s %s\n", "DATASET", "LAYOUT", "CASES", "LABELLED",
+              "UNLABELLED", "BAD", "PENDING", "PATH");
   for (const auto& d : ds) {
-    std::printf("%-20s %-11s %-6s %-4s %-8s %s\n", str(field(d, "name")).c_str(),
-                str(field(d, "layout")).c_str(), str(field(d, "cases")).c_str(), str(field(d, "bad")).c_str(),
-                str(field(d, "pending")).c_str(), str(field(d, "path")).c_str());
+    std::printf("%-20s %-11s %-6s %-9s %-11s %-4s %-8s %s\n", str(field(d, "name")).c_str(),
+                str(field(d, "layout")).c_str(), str(field(d, "cases")).c_str(),
+                str(field(d, "labelled")).c_str(), str(field(d, "unlabelled")).c_str(),
+                str(field(d, "bad")).c_str(), str(field(d, "pending")).c_str(),
+                str(field(d, "path")).c_str());
     if (d.value("error", std::string()) != "")
       std::printf("  not a dataset: %s\n", str(field(d, "error")).c_str());
     for (const auto& b : field(d, "bad_files"))

@@ -1,22 +1,69 @@
 #include "daemon/auto_infer.hpp"
 
-#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <cstdio>
 
+#include "daemon/dicom/service.hpp"
 #include "messages/log.hpp"
-#include "pipeline/io/dataset.hpp"
 
 namespace segflow::daemon {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+
+/// The state database key of a DICOM case's record.
+std::string meta_key(const std::string& dataset, const std::string& case_id) {
+  return "auto_infer:" + dataset + "/" + case_id;
+}
+
+/// The stored record of a DICOM case; an empty object when there is none (or it is unreadable).
+json read_record(StateDb& db, const std::string& key) {
+  auto v = db.meta(key);
+  if (!v.is_ok() || v->empty()) return json::object();
+  json j = json::parse(*v, nullptr, false);
+  return j.is_object() ? j : json::object();
+}
+
+/// seg and/or nifti for one case: the rule's format, or seg for a DICOM series.
+std::vector<std::string> formats_of(const AutoInferRule& rule, bool dicom_series) {
+  const std::string f = rule.output_format.empty() ? (dicom_series ? "seg" : "nifti") : rule.output_format;
+  if (f == "both") return {"nifti", "seg"};
+  return {f};
+}
+
+bool is_final(const std::string& state) {
+  return state == "completed" || state == "failed" || state == "stopped";
+}
+
+}  // namespace
+
+std::string series_signature(const CaseRecord& rec, const std::string& label_path) {
+  std::vector<std::string> parts;
+  for (const auto& f : rec.files) {
+    const std::string path = f.value("path", std::string());
+    if (path.empty() || path == label_path) continue;
+    parts.push_back(fs::path(path).filename().string() + '\x1f' + std::to_string(f.value("size", 0LL)) +
+                    '\x1f' + std::to_string(f.value("mtime_ns", 0LL)));
+  }
+  std::sort(parts.begin(), parts.end());
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
+  for (const auto& p : parts)
+    for (const char ch : p + '\x1e') h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%zu-%016llx", parts.size(), static_cast<unsigned long long>(h));
+  return buf;
+}
+
 AutoInfer::AutoInfer(std::vector<AutoInferRule> rules, fs::path data_root, StateDb& db, JobManager& jobs,
-                     PublishFn publish)
+                     PublishFn publish, dicom::DicomService* dicom)
     : rules_(std::move(rules)),
       data_root_(std::move(data_root)),
       db_(db),
       jobs_(jobs),
-      publish_(std::move(publish)) {}
+      publish_(std::move(publish)),
+      dicom_(dicom) {}
 
 Status AutoInfer::prepare() {
   for (const auto& r : rules_) {
@@ -26,7 +73,7 @@ Status AutoInfer::prepare() {
       return io_error("auto_infer: output " + r.output.string() + " (dataset " + r.dataset +
                       "): cannot create the folder");
     log::info("auto_infer: new cases of " + r.dataset + " are inferred with " + r.checkpoint.string() +
-              " into " + r.output.string());
+              " into " + r.output.string() + (r.send_to.empty() ? "" : ", SEGs sent to " + r.send_to));
   }
   return Status::ok();
 }
@@ -43,28 +90,51 @@ void AutoInfer::mark_dirty(const std::string& dataset) {
   dirty_.insert(dataset);
 }
 
+void AutoInfer::publish(const std::string& event, const std::string& dataset, const std::string& case_id,
+                        json body) {
+  body["event"] = event;
+  body["dataset"] = dataset;
+  body["case"] = case_id;
+  if (event == "failed")
+    log::error("auto_infer: " + dataset + "/" + case_id + ": " + body.value("stage", "") +
+               " failed: " + body.value("error", ""));
+  if (publish_) publish_("auto_infer", body);
+}
+
+void AutoInfer::store(const Tracked& t) {
+  if (Status st = db_.set_meta(meta_key(t.dataset, t.case_id), t.record.dump()); !st.is_ok())
+    log::error("auto_infer: " + st.message());
+}
+
 void AutoInfer::poll() {
   std::set<std::string> dirty;
   {
     std::lock_guard<std::mutex> lock(mu_);
     dirty.swap(dirty_);
   }
-  for (const auto& r : rules_) {
+  for (std::size_t i = 0; i < rules_.size(); ++i) {
     try {
-      poll_rule(r, dirty.count(r.dataset) > 0);
+      poll_rule(i, dirty.count(rules_[i].dataset) > 0);
     } catch (const std::exception& e) {
-      log::error("auto_infer: " + r.dataset + ": " + e.what());
+      log::error("auto_infer: " + rules_[i].dataset + ": " + e.what());
     }
+  }
+  try {
+    follow_jobs();
+  } catch (const std::exception& e) {
+    log::error(std::string("auto_infer: ") + e.what());
   }
 }
 
-void AutoInfer::poll_rule(const AutoInferRule& rule, bool dirty) {
+void AutoInfer::poll_rule(std::size_t index, bool dirty) {
+  const AutoInferRule& rule = rules_[index];
   auto records = db_.cases(rule.dataset);
   if (!records.is_ok()) {
     log::warn("auto_infer: " + rule.dataset + ": " + records.status().message());
     return;
   }
-  // The case records change when the watcher indexes something: only then list the dataset.
+  // The case records change when the watcher indexes something: only then list the dataset
+  // (or while a series waits for its quiet period to end).
   std::string signature;
   std::map<std::string, const CaseRecord*> by_id;
   for (const auto& c : *records) {
@@ -72,55 +142,229 @@ void AutoInfer::poll_rule(const AutoInferRule& rule, bool dirty) {
     by_id[c.case_id] = &c;
   }
   auto it = seen_.find(rule.dataset);
-  if (!dirty && it != seen_.end() && it->second == signature) return;
+  if (!dirty && !quiet_.count(rule.dataset) && it != seen_.end() && it->second == signature) return;
   seen_[rule.dataset] = signature;
+  quiet_.erase(rule.dataset);
   if (records->empty()) return;
 
   const fs::path root = data_root_ / rule.dataset;
-  auto index = pipeline::scan_dataset(root, pipeline::ScanOptions{.validate = false});
-  if (!index.is_ok()) {
-    log::warn("auto_infer: " + rule.dataset + ": " + index.status().message());
+  auto index_r = pipeline::scan_dataset(root, pipeline::ScanOptions{.validate = false});
+  if (!index_r.is_ok()) {
+    log::warn("auto_infer: " + rule.dataset + ": " + index_r.status().message());
     return;
   }
-  for (const auto& c : index->cases) {
+  for (const auto& c : index_r->cases) {
     auto rec = by_id.find(c.id);
     if (rec == by_id.end() || rec->second->status == "pending") continue;  // not complete yet
-    const std::string key = rule.dataset + "/" + c.id;
-    const std::int64_t mtime = rec->second->mtime_ns;
-    if (auto t = tried_.find(key); t != tried_.end() && t->second == mtime) continue;
-    tried_[key] = mtime;
+    consider_case(index, c, *rec->second);
+  }
+}
+
+void AutoInfer::consider_case(std::size_t index, const pipeline::CaseEntry& c, const CaseRecord& rec) {
+  const AutoInferRule& rule = rules_[index];
+  const std::string key = rule.dataset + "/" + c.id;
+  std::error_code ec;
+  const bool series = c.images.size() == 1 && fs::is_directory(c.images.front(), ec);
+  if (series && StateDb::now() - static_cast<double>(rec.mtime_ns) * 1e-9 < rule.quiet_seconds) {
+    quiet_.insert(rule.dataset);  // look again at the next poll
+    return;
+  }
+  if (auto t = tried_.find(key); t != tried_.end() && t->second == rec.mtime_ns) return;
+  tried_[key] = rec.mtime_ns;
+  if (c.images.size() != 1) {
+    log::warn("auto_infer: " + key + ": " + std::to_string(c.images.size()) +
+              " image channels; auto_infer runs single-channel cases only (skipped)");
+    return;
+  }
+  if (series)
+    submit_series(index, c, rec);
+  else
+    submit_nifti_case(rule, c, rec);
+}
+
+Result<std::int64_t> AutoInfer::submit(const AutoInferRule& rule, const pipeline::CaseEntry& c,
+                                       const fs::path& out) {
+  InferJobSpec spec;
+  spec.checkpoint = rule.checkpoint.string();
+  spec.input = c.images.front().string();
+  spec.output = out.string();
+  spec.tta = rule.tta;
+  spec.device = rule.device;
+  spec.trigger = "auto_infer";
+  spec.dataset = rule.dataset;
+  spec.case_id = c.id;
+  auto r = jobs_.submit_infer(spec);
+  if (!r.is_ok()) {
+    publish("failed", rule.dataset, c.id,
+            {{"stage", "submit"},
+             {"input", spec.input},
+             {"output", spec.output},
+             {"error", r.status().message()}});
+    return r.status();
+  }
+  const std::int64_t job = (*r)["job"].get<std::int64_t>();
+  log::info("auto_infer: " + rule.dataset + "/" + c.id + ": job " + std::to_string(job) + " -> " +
+            out.string());
+  return job;
+}
+
+void AutoInfer::submit_nifti_case(const AutoInferRule& rule, const pipeline::CaseEntry& c,
+                                  const CaseRecord& rec) {
+  std::error_code ec;
+  for (const auto& format : formats_of(rule, false)) {
+    if (format == "seg") {
+      log::warn("auto_infer: " + rule.dataset + "/" + c.id +
+                ": a DICOM SEG needs a DICOM series as input; this case is not one (no SEG written)");
+      continue;
+    }
     const fs::path out = rule.output / (c.id + ".nii.gz");
-    std::error_code ec;
     // A job in flight, or one submitted since the case's newest file was written (this
     // daemon's or a previous one's, failed or not), is not repeated.
-    if (fs::exists(out, ec) || jobs_.infer_submitted(out.string(), static_cast<double>(mtime) * 1e-9))
+    if (fs::exists(out, ec) || jobs_.infer_submitted(out.string(), static_cast<double>(rec.mtime_ns) * 1e-9))
       continue;
-    if (c.images.size() != 1) {
-      log::warn("auto_infer: " + key + ": " + std::to_string(c.images.size()) +
-                " image channels; auto_infer runs single-channel cases only (skipped)");
+    auto job = submit(rule, c, out);
+    if (job.is_ok())
+      publish("received", rule.dataset, c.id,
+              {{"input", c.images.front().string()}, {"jobs", json::array({*job})}});
+  }
+}
+
+void AutoInfer::submit_series(std::size_t index, const pipeline::CaseEntry& c, const CaseRecord& rec) {
+  const AutoInferRule& rule = rules_[index];
+  Tracked t;
+  t.rule = index;
+  t.dataset = rule.dataset;
+  t.case_id = c.id;
+  t.last_instance = static_cast<double>(rec.mtime_ns) * 1e-9;
+  const std::string key = meta_key(rule.dataset, c.id);
+  const std::string signature = series_signature(rec, c.label ? c.label->string() : std::string());
+  t.record = read_record(db_, key);
+  if (t.record.value("signature", "") == signature) {
+    // Seen before with these very instances: follow what is left of it (after a restart).
+    const std::string state = t.record.value("state", "");
+    t.last_instance = t.record.value("last_instance", t.last_instance);
+    if (state == "submitted") active_[rule.dataset + "/" + c.id] = t;
+    if (state == "queued") {
+      std::lock_guard<std::mutex> lock(mu_);
+      sends_[t.record.value("send", std::int64_t{0})] = t;
+    }
+    log::info("auto_infer: " + rule.dataset + "/" + c.id + ": the same instances as before (" + signature +
+              "): no new SEG");
+    return;
+  }
+  t.record = {{"signature", signature},
+              {"jobs", json::array()},
+              {"state", "submitted"},
+              {"last_instance", t.last_instance},
+              {"outputs", json::array()}};
+  for (const auto& format : formats_of(rule, true)) {
+    const fs::path out = rule.output / (c.id + (format == "seg" ? ".dcm" : ".nii.gz"));
+    auto job = submit(rule, c, out);
+    if (!job.is_ok()) continue;
+    t.record["jobs"].push_back(*job);
+    t.record["outputs"].push_back(out.string());
+  }
+  if (t.record["jobs"].empty()) t.record["state"] = "failed";
+  store(t);
+  if (t.record["jobs"].empty()) return;
+  publish("received", rule.dataset, c.id,
+          {{"input", c.images.front().string()},
+           {"instances", std::stoll(signature.substr(0, signature.find('-')))},
+           {"signature", signature},
+           {"jobs", t.record["jobs"]}});
+  active_[rule.dataset + "/" + c.id] = std::move(t);
+}
+
+void AutoInfer::follow_jobs() {
+  for (auto it = active_.begin(); it != active_.end();) {
+    if (follow(it->second))
+      it = active_.erase(it);
+    else
+      ++it;
+  }
+}
+
+/// True when every job of `t` ended (then inferred or failed is published and the SEG queued).
+bool AutoInfer::follow(Tracked& t) {
+  std::string error;
+  for (const auto& id : t.record["jobs"]) {
+    auto st = jobs_.status(id.get<std::int64_t>());
+    if (!st.is_ok()) {
+      error = st.status().message();
       continue;
     }
-    InferJobSpec spec;
-    spec.checkpoint = rule.checkpoint.string();
-    spec.input = c.images.front().string();
-    spec.output = out.string();
-    spec.tta = rule.tta;
-    spec.device = rule.device;
-    spec.trigger = "auto_infer";
-    spec.dataset = rule.dataset;
-    spec.case_id = c.id;
-    auto r = jobs_.submit_infer(spec);
-    if (r.is_ok()) {
-      log::info("auto_infer: " + key + ": job " + std::to_string((*r)["job"].get<std::int64_t>()) + " -> " +
-                out.string());
-    } else {
-      log::error("auto_infer: " + key + ": not submitted: " + r.status().message());
-      if (publish_)
-        publish_("auto_infer", {{"dataset", rule.dataset},
-                                {"case", c.id},
-                                {"input", spec.input},
-                                {"error", r.status().message()}});
-    }
+    const std::string state = (*st)["state"].get<std::string>();
+    if (!is_final(state)) return false;
+    if (state != "completed" && error.empty())
+      error =
+          "job " + std::to_string(id.get<std::int64_t>()) + " " + state + ": " + (*st).value("reason", "");
+  }
+  const double since = StateDb::now() - t.last_instance;
+  if (!error.empty()) {
+    t.record["state"] = "failed";
+    store(t);
+    publish("failed", t.dataset, t.case_id,
+            {{"stage", "inference"}, {"jobs", t.record["jobs"]}, {"error", error}});
+    return true;
+  }
+  publish(
+      "inferred", t.dataset, t.case_id,
+      {{"jobs", t.record["jobs"]}, {"outputs", t.record["outputs"]}, {"seconds_since_last_instance", since}});
+  std::string seg;
+  for (const auto& o : t.record["outputs"])
+    if (fs::path(o.get<std::string>()).extension() == ".dcm") seg = o.get<std::string>();
+  if (rules_[t.rule].send_to.empty() || seg.empty()) {
+    t.record["state"] = "inferred";
+    store(t);
+    return true;
+  }
+  queue_seg(t, seg);
+  return true;
+}
+
+void AutoInfer::queue_seg(Tracked& t, const std::string& seg) {
+  if (!dicom_) {
+    t.record["state"] = "failed";
+    store(t);
+    publish("failed", t.dataset, t.case_id, {{"stage", "send"}, {"error", "segflowd has no DICOM sender"}});
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);  // on_send_done must find the send once it exists
+  auto r = dicom_->enqueue(seg);
+  if (!r.is_ok()) {
+    t.record["state"] = "failed";
+    store(t);
+    publish("failed", t.dataset, t.case_id,
+            {{"stage", "send"}, {"output", seg}, {"error", r.status().message()}});
+    return;
+  }
+  t.record["state"] = "queued";
+  t.record["send"] = r->id;
+  store(t);
+  sends_[r->id] = t;
+}
+
+void AutoInfer::on_send_done(const DicomSendRecord& send) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sends_.find(send.id);
+  if (it == sends_.end()) return;  // not a SEG of auto_infer
+  Tracked t = std::move(it->second);
+  sends_.erase(it);
+  const json common = {{"send", send.id},
+                       {"destination", send.destination},
+                       {"sop_instance_uid", send.sop_instance_uid},
+                       {"output", send.source},
+                       {"attempts", send.attempts}};
+  t.record["state"] = send.state;
+  store(t);
+  json body = common;
+  if (send.state == "sent") {
+    body["seconds_since_last_instance"] = StateDb::now() - t.last_instance;
+    publish("sent", t.dataset, t.case_id, body);
+  } else {
+    body["stage"] = "send";
+    body["error"] = send.last_error;
+    publish("failed", t.dataset, t.case_id, body);
   }
 }
 

@@ -1,23 +1,40 @@
 #pragma once
 // auto_infer: a dataset of data_root names a model that segflowd runs on each case that
-// arrives in it (daemon config `auto_infer`, daemon/config.hpp). No actor-framework code.
+// arrives in it (daemon config `auto_infer`, daemon/config.hpp), and, for a DICOM series,
+// sends the DICOM SEG back to a DICOM destination by itself. No actor-framework code.
 //
-// What runs: for each case of the dataset that the watcher has indexed (status ok, or bad
-// such as an image without a label: any state but pending, so its files are complete) and
-// whose label map OUTPUT/<case>.nii.gz does not exist yet, one inference job
+// What runs: for each case of the dataset that the watcher has indexed (any state but
+// pending: ok, unlabelled or bad, so its files are complete), one inference job per output
 // (JobManager::submit_infer, kind "infer", trigger "auto_infer", dataset and case in its
-// job.<id> events and status) on the case's image, never its label. Cases with more than one
-// image channel are skipped with a warning. A case is not submitted again while a job for
-// its output is queued or running, nor when a job for its output was submitted after its
-// newest file's mtime (jobs are in the state database, so this holds across restarts): a
-// case whose job failed runs again only when one of its files changes. At start, the cases
-// already there that have no output are inferred too. A refused submission (the checkpoint
-// gone since start) is logged and published as an `auto_infer` event {dataset, case, input,
-// error}.
+// job.<id> events and status) on the case's image, never its label: OUTPUT/<case>.nii.gz
+// (nifti), OUTPUT/<case>.dcm (seg: a DICOM SEG on the source series' grid with the model's
+// named segments, models::run_inference's SEG writer) or both. output_format "" means seg
+// for a DICOM series and nifti otherwise. Cases with more than one image channel are skipped
+// with a warning.
 //
-// Threading: mark_dirty() is safe from any thread (the watcher's change callback); poll()
-// runs on one thread (the daemon's control loop) and reads the state database only when a
-// dataset's case records changed.
+// NIfTI cases run once per file version: not again while a job for the output is queued or
+// running, nor when one was submitted after the case's newest file (jobs are in the state
+// database), nor when the output exists.
+//
+// DICOM series: a series is complete when no instance arrived for quiet_seconds (its newest
+// file's mtime; the node files instances when their association ends). Its signature (the
+// SOP instance file names, sizes and mtimes) is kept in the state database under
+// "auto_infer:<dataset>/<case>" with the jobs and the send: the same series received again
+// (the node keeps a byte-identical instance as it was) makes no second SEG; changed or added
+// instances do. With send_to, each SEG written is queued for dicom.send_to (the persistent,
+// retried queue of `segflow ctl dicom send`). Progress survives a restart: recorded jobs are
+// followed again and recorded sends reported.
+//
+// Events (topic "auto_infer"): {event: received | inferred | sent | failed, dataset, case,
+// ...}: received when a case is complete and its jobs are queued (jobs, instances), inferred
+// when its jobs completed (outputs, seconds_since_last_instance), sent when the destination
+// stored the SEG (send, destination, sop_instance_uid, seconds_since_last_instance), failed
+// with stage submit | inference | send and the error.
+//
+// Threading: mark_dirty() and on_send_done() are safe from any thread; poll() runs on one
+// thread (the daemon's control loop).
+
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -30,36 +47,73 @@
 #include "daemon/config.hpp"
 #include "daemon/job_manager.hpp"
 #include "daemon/state_db.hpp"
+#include "pipeline/io/dataset.hpp"
 
 namespace segflow::daemon {
 
+namespace dicom {
+class DicomService;
+}
+
 class AutoInfer {
  public:
-  /// `rules` as finalize_daemon_config left them (absolute paths, output filled in).
+  /// `rules` as finalize_daemon_config left them (absolute paths, output filled in);
+  /// `dicom` (may be null without send_to rules) takes the SEGs to send.
   AutoInfer(std::vector<AutoInferRule> rules, std::filesystem::path data_root, StateDb& db, JobManager& jobs,
-            PublishFn publish);
+            PublishFn publish, dicom::DicomService* dicom = nullptr);
 
   /// Creates the output folders. An error names the rule's output.
   Status prepare();
   /// Asks the next poll() to look at `dataset` again (the watcher's change callback).
   void mark_dirty(const std::string& dataset);
-  /// Submits the jobs of the cases that arrived since the last call. Never throws.
+  /// Submits the jobs of the cases that arrived since the last call and follows the jobs
+  /// submitted (SEGs queued when they complete). Never throws.
   void poll();
   /// True when some rule names `dataset`.
   bool watches(const std::string& dataset) const;
+  /// The sender's report of an ended send (sent or failed for good): published when it is
+  /// a SEG of auto_infer.
+  void on_send_done(const DicomSendRecord& send);
 
  private:
-  void poll_rule(const AutoInferRule& rule, bool dirty);
+  /// A DICOM case in progress: its jobs, then its SEG's send.
+  struct Tracked {
+    std::size_t rule = 0;
+    std::string dataset, case_id;
+    nlohmann::json record;     ///< what is stored under meta_key: signature, jobs, seg, send, state
+    double last_instance = 0;  ///< unix seconds of the newest file
+  };
+
+  void poll_rule(std::size_t index, bool dirty);
+  void consider_case(std::size_t index, const pipeline::CaseEntry& c, const CaseRecord& rec);
+  void submit_nifti_case(const AutoInferRule& rule, const pipeline::CaseEntry& c, const CaseRecord& rec);
+  void submit_series(std::size_t index, const pipeline::CaseEntry& c, const CaseRecord& rec);
+  void follow_jobs();
+  bool follow(Tracked& t);
+  void queue_seg(Tracked& t, const std::string& seg);
+  Result<std::int64_t> submit(const AutoInferRule& rule, const pipeline::CaseEntry& c,
+                              const std::filesystem::path& out);
+  void publish(const std::string& event, const std::string& dataset, const std::string& case_id,
+               nlohmann::json body);
+  void store(const Tracked& t);
 
   std::vector<AutoInferRule> rules_;
   std::filesystem::path data_root_;
   StateDb& db_;
   JobManager& jobs_;
   PublishFn publish_;
-  std::mutex mu_;                              ///< guards dirty_
+  dicom::DicomService* dicom_;
+  std::mutex mu_;                              ///< guards dirty_ and sends_
   std::set<std::string> dirty_;                ///< datasets marked by the watcher
+  std::map<std::int64_t, Tracked> sends_;      ///< send id -> its case (queued SEGs)
   std::map<std::string, std::string> seen_;    ///< dataset -> signature of its case records
+  std::set<std::string> quiet_;                ///< datasets with a series still in its quiet period
   std::map<std::string, std::int64_t> tried_;  ///< "dataset/case" -> mtime_ns submitted (or skipped)
+  std::map<std::string, Tracked> active_;      ///< "dataset/case" -> a DICOM case whose jobs run
 };
+
+/// The signature of a DICOM series: a hash of its files' names (SOP instance UIDs), sizes and
+/// mtimes, the label file left out.
+std::string series_signature(const CaseRecord& rec, const std::string& label_path);
 
 }  // namespace segflow::daemon

@@ -69,7 +69,14 @@ void AutoInferRule::bind(OptionParser& p) {
   output = s;
   p.choice("tta", tta, {"none", "mirror", "mirror-all"}, "test-time augmentation");
   p.string("device", device, "device of the jobs: auto, cpu, cuda:N");
-  if (p.ok() && device.empty()) p.fail("device", "expected auto, cpu or cuda:N, got \"\"");
+  if (p.ok() && device.empty()) return p.fail("device", "expected auto, cpu or cuda:N, got \"\"");
+  p.choice("output_format", output_format, {"", "seg", "nifti", "both"},
+           "seg (DICOM SEG), nifti or both; \"\" = seg for a DICOM series, nifti otherwise");
+  p.string("send_to", send_to, "AE title of the DICOM destination (dicom.send_to) the SEGs are queued for");
+  p.number("quiet_seconds", quiet_seconds, pipeline::Range::non_negative(), "s",
+           "a DICOM series is complete after this long without a new instance");
+  if (p.ok() && !send_to.empty() && output_format == "nifti")
+    p.fail("send_to", "output_format nifti writes no DICOM SEG to send (use seg or both)");
 }
 
 namespace {
@@ -306,6 +313,12 @@ Status finalize_daemon_config(DaemonConfig& c) {
       return invalid_config(key + ".checkpoint: " + r.checkpoint.string() + ": no such file");
     if (fs::exists(r.output, ec) && !fs::is_directory(r.output, ec))
       return invalid_config(key + ".output: " + r.output.string() + ": expected a folder, got a file");
+    const dicom::DicomDestination& d = c.dicom.send_to;
+    if (!r.send_to.empty() && (!d.enabled() || d.ae_title != r.send_to))
+      return invalid_config(key + ".send_to: " + r.send_to + ": no such DICOM destination (expected " +
+                            (d.enabled() ? "the AE title of dicom.send_to, " + d.ae_title
+                                         : std::string("a dicom.send_to section; none is configured")) +
+                            ")");
   }
   for (std::size_t i = 0; i < c.auto_train.size(); ++i) {
     AutoTrainRule& r = c.auto_train[i];

@@ -17,7 +17,8 @@
 //   curve: {server_secret_key_file, server_public_key_file, authorized_clients_dir}
 //   dicom: {port, ae_title, dataset, allowed_calling_aes, ...}   # daemon/dicom/config.hpp
 //   auto_infer:                    # models run on each new case of a dataset (auto_infer.hpp)
-//     - {dataset: NAME, checkpoint: PATH, output: DIR, tta: none|mirror|mirror-all, device: auto}
+//     - {dataset: NAME, checkpoint: PATH, output: DIR, tta: none|mirror|mirror-all, device: auto,
+//        output_format: seg|nifti|both, send_to: AE_TITLE, quiet_seconds: 5}
 //   auto_train:                    # datasets planned and trained when they appear (auto_train.hpp)
 //     - {dataset: NAME|PATH|"*", configuration: 3d_fullres, folds: [0] | all, set: {key: value},
 //        memory_gb: 8, memory_model: measured, device: auto}
@@ -57,6 +58,15 @@ struct AutoInferRule {
   std::filesystem::path output;      ///< label maps go here; "" = <state_dir>/inferred/<dataset>
   std::string tta = "none";          ///< none | mirror | mirror-all
   std::string device = "auto";       ///< a device of the pool (cpu, cuda:N) or auto
+  /// seg | nifti | both; "" = per case: seg (DICOM SEG) for a DICOM series, nifti otherwise.
+  std::string output_format;
+  /// The DICOM destination the SEGs are queued for, named by its AE title (dicom.send_to);
+  /// "" = none. Checked at start: a name not configured stops the daemon.
+  std::string send_to;
+  /// A DICOM series is complete when no instance of it arrived for this long (seconds since
+  /// the newest file of the case); the node files instances at the end of their association,
+  /// so 0 = complete at the association's end. NIfTI cases are not held back.
+  double quiet_seconds = 5.0;
   /// Reads one entry (pipeline/options.hpp): dataset and checkpoint are required.
   void bind(pipeline::OptionParser& p);
 };
@@ -116,7 +126,9 @@ Result<DaemonConfig> parse_daemon_config(const std::string& yaml_text, const std
 
 /// Makes paths absolute, fills the default endpoints and checks them: ipc or tcp only; a
 /// tcp endpoint on an address other than loopback needs CURVE keys. Each auto_infer
-/// checkpoint must be an existing file; a missing output becomes <state_dir>/inferred/<dataset>.
+/// checkpoint must be an existing file; a missing output becomes <state_dir>/inferred/<dataset>;
+/// an auto_infer send_to must name the configured destination (dicom.send_to.ae_title) and
+/// its output_format must write a SEG (seg or both, or "" which becomes seg for DICOM input).
 /// An auto_train dataset given as a path must be a folder of data_root (it becomes its name).
 Status finalize_daemon_config(DaemonConfig& cfg);
 

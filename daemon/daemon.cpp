@@ -283,11 +283,14 @@ int serve(const DaemonConfig& cfg, StateDb& db, const pipeline::StageRegistry& r
   if (Status st = watcher.start(); !st.is_ok()) return start_failure(st.message());
   ::signal(SIGPIPE, SIG_IGN);  // before the DICOM threads write to peers that may be gone
   dicom::DicomService dicom(cfg.dicom, cfg.data_root, cfg.state_dir, db);
+  dicom.set_on_send_done([&auto_infer_ptr](const DicomSendRecord& r) {
+    if (AutoInfer* a = auto_infer_ptr.load()) a->on_send_done(r);
+  });
   if (Status st = dicom.start(); !st.is_ok()) return start_failure(st.message());
   JobManager jobs({cfg.state_dir, cfg.data_root, cfg.plugin_dir, cfg.devices}, db, registry, publish,
                   [&watcher](const std::string& d) { return watcher.version(d); });
   if (Status st = jobs.recover(); !st.is_ok()) return start_failure(st.message());
-  AutoInfer auto_infer(cfg.auto_infer, cfg.data_root, db, jobs, publish);
+  AutoInfer auto_infer(cfg.auto_infer, cfg.data_root, db, jobs, publish, &dicom);
   if (Status st = auto_infer.prepare(); !st.is_ok()) return start_failure(st.message());
   auto_infer_ptr.store(&auto_infer);
   AutoTrain auto_train(cfg.auto_train, db, jobs, publish);

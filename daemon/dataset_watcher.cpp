@@ -309,11 +309,13 @@ struct DatasetWatcher::Impl {
       st.next_pending_check = Clock::now() + std::chrono::milliseconds(static_cast<int>(o.settle_s * 1000));
 
     std::string sig;
-    std::int64_t ok = 0, bad = 0, waiting = 0;
+    std::int64_t ok = 0, bad = 0, waiting = 0, unlabelled = 0;
     for (const auto& r : out) {
       if (r.status == "ok") {
         sig += r.case_id + "|" + r.files.dump() + "\n";
         ++ok;
+      } else if (r.status == "unlabelled") {
+        ++unlabelled;
       } else if (r.status == "bad") {
         ++bad;
       } else {
@@ -321,8 +323,9 @@ struct DatasetWatcher::Impl {
       }
     }
     const std::size_t h = std::hash<std::string>{}(sig) ^ static_cast<std::size_t>(ok);
-    log::debug("watcher: indexed " + name + ": " + std::to_string(ok) + " ok, " + std::to_string(bad) +
-               " bad, " + std::to_string(waiting) + " pending");
+    log::debug("watcher: indexed " + name + ": " + std::to_string(ok) + " labelled, " +
+               std::to_string(unlabelled) + " unlabelled, " + std::to_string(bad) + " bad, " +
+               std::to_string(waiting) + " pending");
     // Jobs hear of a change only once the dataset is settled (nothing pending), and not of
     // the first settled state (a job started before it read the folder itself).
     if (pending) return;
@@ -331,8 +334,9 @@ struct DatasetWatcher::Impl {
       st.ok_signature = h;
     } else if (h != st.ok_signature) {
       st.ok_signature = h;
-      log::info("watcher: dataset " + name + " now has " + std::to_string(ok) + " usable cases (" +
-                std::to_string(bad) + " bad, " + std::to_string(waiting) + " pending)");
+      log::info("watcher: dataset " + name + " now has " + std::to_string(ok) + " labelled cases (" +
+                std::to_string(unlabelled) + " unlabelled, " + std::to_string(bad) + " bad, " +
+                std::to_string(waiting) + " pending)");
       bump(name);
     }
   }
@@ -387,9 +391,15 @@ struct DatasetWatcher::Impl {
       r.reason = vanished + ": file disappeared while indexing";
       return r;
     }
+    if (!c.label && incomplete) {
+      pending = true;
+      r.status = "pending";
+      r.reason = incomplete->lexically_relative(root).string() + ": waiting for the file to be complete";
+      return r;
+    }
     if (!c.label) {
-      r.status = "bad";
-      r.reason = "case " + c.id + ": no label file (training needs one)";
+      r.status = "unlabelled";  // an image for inference; training needs a label
+      r.reason = "no label: usable for inference, not for training";
       return r;
     }
     auto prev = stored.find(c.id);
@@ -500,7 +510,7 @@ Result<json> DatasetWatcher::describe(StateDb& db, const std::string& only) {
   json out = json::array();
   for (const auto& d : sets) {
     if (!only.empty() && d.name != only) continue;
-    json bad = json::array(), waiting = json::array();
+    json bad = json::array(), waiting = json::array(), unlabelled = json::array();
     std::int64_t ok = 0, bytes = 0;
     for (const auto& c : cases) {
       if (c.dataset != d.name) continue;
@@ -510,23 +520,31 @@ Result<json> DatasetWatcher::describe(StateDb& db, const std::string& only) {
       if (c.status == "ok") {
         ++ok;
         bytes += c.size;
+      } else if (c.status == "unlabelled") {
+        unlabelled.push_back(c.case_id);
+        bytes += c.size;
       } else if (c.status == "bad") {
         bad.push_back({{"case", c.case_id}, {"files", paths}, {"reason", c.reason}});
       } else {
         waiting.push_back({{"case", c.case_id}, {"files", paths}, {"reason", c.reason}});
       }
     }
-    out.push_back({{"name", d.name},
-                   {"path", d.path},
-                   {"layout", d.layout},
-                   {"error", d.error},
-                   {"cases", ok},
-                   {"bytes", bytes},
-                   {"bad", static_cast<std::int64_t>(bad.size())},
-                   {"pending", static_cast<std::int64_t>(waiting.size())},
-                   {"bad_files", bad},
-                   {"pending_files", waiting},
-                   {"updated", d.updated}});
+    out.push_back(
+        {{"name", d.name},
+         {"path", d.path},
+         {"layout", d.layout},
+         {"error", d.error},
+         {"cases", ok + static_cast<std::int64_t>(unlabelled.size())},
+         {"labelled", ok},
+         {"unlabelled", static_cast<std::int64_t>(unlabelled.size())},
+         {"uses", {{"training", ok}, {"inference", ok + static_cast<std::int64_t>(unlabelled.size())}}},
+         {"unlabelled_cases", unlabelled},
+         {"bytes", bytes},
+         {"bad", static_cast<std::int64_t>(bad.size())},
+         {"pending", static_cast<std::int64_t>(waiting.size())},
+         {"bad_files", bad},
+         {"pending_files", waiting},
+         {"updated", d.updated}});
   }
   if (!only.empty() && out.empty()) return not_found("dataset '" + only + "' is not indexed under data_root");
   return out;

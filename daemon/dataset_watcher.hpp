@@ -7,8 +7,10 @@
 // Indexing a dataset: the layout's scan (pipeline::scan_dataset) groups files into cases;
 // a case is validated (pipeline::load_case) once all its files are complete (an
 // IN_CLOSE_WRITE / IN_MOVED_TO was seen for the file's current size and mtime, or its size
-// and mtime did not change between two looks settle_s apart) and then indexed as ok or bad
-// with the reason. Until then it is pending. A case is validated again only when one of its
+// and mtime did not change between two looks settle_s apart) and then indexed as ok (a
+// labelled case: training and inference) or bad with the reason; an image without a label
+// is indexed as unlabelled (usable for inference: auto_infer, ctl infer; not for training)
+// without being read. Until then it is pending. A case is validated again only when one of its
 // files changes (size or mtime), so a bad file is retried on its next change and a restart
 // does not re-read a large dataset. Nothing a file contains can stop the thread: every
 // failure becomes a bad record.
@@ -62,7 +64,9 @@ class DatasetWatcher {
   bool ready() const { return ready_.load(); }
 
   /// The datasets as the `datasets` command reports them: [{name, path, layout, error,
-  /// cases (ok), bad, pending, bad_files: [{case, files, reason}], pending_files: [...]}].
+  /// cases (labelled + unlabelled: usable for something), labelled (ok: training and
+  /// inference), unlabelled (inference only), uses: {training, inference}, unlabelled_cases,
+  /// bytes, bad, pending, bad_files: [{case, files, reason}], pending_files: [...]}].
   static Result<nlohmann::json> describe(StateDb& db, const std::string& only = "");
 
  private:

@@ -454,4 +454,24 @@ Result<std::vector<std::pair<std::string, std::int64_t>>> StateDb::dicom_send_co
   return out;
 }
 
+Result<std::string> StateDb::meta(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_, "SELECT value FROM meta WHERE key=?");
+  if (!s.ok()) return fail("read meta " + key);
+  s.bind(1, key);
+  const int rc = s.step();
+  if (rc == SQLITE_ROW) return s.text(0);
+  if (rc != SQLITE_DONE) return fail("read meta " + key);
+  return std::string();
+}
+
+Status StateDb::set_meta(const std::string& key, const std::string& value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_, "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)");
+  if (!s.ok()) return fail("write meta " + key);
+  s.bind(1, key).bind(2, value);
+  if (s.step() != SQLITE_DONE) return fail("write meta " + key);
+  return Status::ok();
+}
+
 }  // namespace segflow::daemon

@@ -119,6 +119,11 @@ class StateDb {
   /// (state, count) of every send state present.
   Result<std::vector<std::pair<std::string, std::int64_t>>> dicom_send_counts();
 
+  /// A value of the key-value table (auto_infer's series signatures); "" when absent.
+  Result<std::string> meta(const std::string& key);
+  /// Sets (inserts or replaces) a value of the key-value table.
+  Status set_meta(const std::string& key, const std::string& value);
+
   /// Current time in unix seconds.
   static double now();
 

@@ -84,6 +84,16 @@ struct DicomSender::Impl {
   std::mutex mu;
   std::condition_variable wake;
   std::uint64_t counter = 0;
+  DicomSender::DoneFn on_done;
+
+  void done(const DicomSendRecord& r) {
+    if (!on_done) return;
+    try {
+      on_done(r);
+    } catch (const std::exception& e) {
+      log::error(std::string("dicom: send callback: ") + e.what());
+    }
+  }
 
   Impl(DicomSettings settings, const fs::path& state_dir, StateDb& d)
       : s(std::move(settings)), outbox(state_dir / "dicom-outbox"), db(d) {}
@@ -94,7 +104,8 @@ struct DicomSender::Impl {
     r.attempts += 1;
     r.last_error = why;
     r.destination = destination_text(d);
-    if (r.attempts >= d.max_attempts) {
+    const bool given_up = r.attempts >= d.max_attempts;
+    if (given_up) {
       r.state = "failed";
       log::error("dicom: send " + std::to_string(r.id) + " of " + r.source + " to " + r.destination +
                  " failed for good after " + std::to_string(r.attempts) + " attempts: " + why);
@@ -105,6 +116,7 @@ struct DicomSender::Impl {
                 std::to_string(r.attempts) + "): " + why + "; next attempt in " + retry_delay_text(delay));
     }
     if (Status st = db.update_dicom_send(r); !st.is_ok()) log::error("dicom: " + st.message());
+    if (given_up) done(r);
   }
 
   void sent(DicomSendRecord& r) {
@@ -116,6 +128,7 @@ struct DicomSender::Impl {
     std::error_code ec;
     fs::remove(r.file, ec);
     log::info("dicom: sent " + r.source + " (" + r.sop_instance_uid + ") to " + r.destination);
+    done(r);
   }
 
   /// Sends a batch of due records over one association.
@@ -212,6 +225,8 @@ DicomSender::DicomSender(DicomSettings settings, fs::path state_dir, StateDb& db
     : impl_(std::make_unique<Impl>(std::move(settings), state_dir, db)) {}
 
 DicomSender::~DicomSender() { stop(); }
+
+void DicomSender::set_on_done(DoneFn fn) { impl_->on_done = std::move(fn); }
 
 Status DicomSender::start() {
   Impl& m = *impl_;

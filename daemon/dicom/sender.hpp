@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 
 #include "daemon/dicom/config.hpp"
@@ -30,6 +31,11 @@ class DicomSender {
   ~DicomSender();
   DicomSender(const DicomSender&) = delete;
   DicomSender& operator=(const DicomSender&) = delete;
+
+  /// Called on the sender thread when a send ends: sent, or failed for good.
+  using DoneFn = std::function<void(const DicomSendRecord&)>;
+  /// Sets the callback of ended sends (before start()).
+  void set_on_done(DoneFn fn);
 
   /// Creates the outbox and starts the sender thread (nothing runs without dicom.send_to).
   Status start();

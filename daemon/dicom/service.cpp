@@ -39,4 +39,16 @@ Result<json> DicomService::command(const std::vector<std::string>& send) {
   return json{{"node", node}, {"sender", sender}, {"queued", queued}};
 }
 
+Result<DicomSendRecord> DicomService::enqueue(const fs::path& file) { return sender_->enqueue(file); }
+
+void DicomService::set_on_send_done(std::function<void(const DicomSendRecord&)> fn) {
+  sender_->set_on_done(std::move(fn));
+}
+
+std::string DicomService::destination() const {
+  const DicomDestination& d = settings_.send_to;
+  if (!d.enabled()) return std::string();
+  return d.ae_title + "@" + d.host + ":" + std::to_string(d.port);
+}
+
 }  // namespace segflow::daemon::dicom

@@ -14,16 +14,14 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "daemon/dicom/config.hpp"
+#include "daemon/state_db.hpp"
 #include "messages/status.hpp"
-
-namespace segflow::daemon {
-class StateDb;
-}
 
 namespace segflow::daemon::dicom {
 
@@ -47,6 +45,13 @@ class DicomService {
   /// The `dicom` control command: queues every file of `send` (all or none: each is
   /// checked first) and reports the node and the send queue.
   Result<nlohmann::json> command(const std::vector<std::string>& send);
+
+  /// Queues one file for dicom.send_to (auto_infer's SEGs); errors name the file.
+  Result<DicomSendRecord> enqueue(const std::filesystem::path& file);
+  /// Called on the sender thread when a send ends (sent or failed for good); before start().
+  void set_on_send_done(std::function<void(const DicomSendRecord&)> fn);
+  /// "AE@host:port" of dicom.send_to; "" when none is configured.
+  std::string destination() const;
 
  private:
   DicomSettings settings_;

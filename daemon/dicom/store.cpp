@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <vector>
 
 #include "daemon/dicom/tags.hpp"
@@ -34,6 +35,23 @@ bool is_hidden(const fs::path& p) {
 }
 
 std::string errno_text() { return std::strerror(errno); }
+
+/// True when two files hold the same bytes.
+bool same_file_bytes(const fs::path& a, const fs::path& b) {
+  std::error_code ec;
+  const auto na = fs::file_size(a, ec);
+  if (ec || na != fs::file_size(b, ec) || ec) return false;
+  std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
+  std::vector<char> ba(1 << 16), bb(1 << 16);
+  while (fa && fb) {
+    fa.read(ba.data(), static_cast<std::streamsize>(ba.size()));
+    fb.read(bb.data(), static_cast<std::streamsize>(bb.size()));
+    if (fa.gcount() != fb.gcount() ||
+        std::memcmp(ba.data(), bb.data(), static_cast<std::size_t>(fa.gcount())) != 0)
+      return false;
+  }
+  return !fa.bad() && !fb.bad();
+}
 
 /// Removes a folder tree; logs (never throws) when it cannot.
 void remove_tree(const fs::path& p) {
@@ -189,7 +207,14 @@ Status DicomStore::commit_case(const fs::path& staged, const std::string& case_i
   for (const auto& e : listing) {
     if (is_hidden(e.path()) || !e.is_regular_file(ec)) continue;
     const fs::path mine = staged / e.path().filename();
-    if (fs::exists(mine, ec)) continue;  // the same instance received again: the new copy wins
+    if (fs::exists(mine, ec)) {
+      // The same instance received again: the new copy wins, unless it is byte for byte the
+      // old one, which then stays (same mtime: auto_infer's series signature is unchanged).
+      if (same_file_bytes(mine, e.path()) && fs::remove(mine, ec) &&
+          ::link(e.path().c_str(), mine.c_str()) != 0)
+        return io_error("cannot keep " + e.path().string() + " in " + staged.string() + ": " + errno_text());
+      continue;
+    }
     if (has_seg && pipeline::is_dicom_seg_file(e.path())) {
       replaced.push_back(e.path().filename());
       continue;

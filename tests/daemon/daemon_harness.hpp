@@ -238,6 +238,24 @@ inline json dataset_entry(const std::string& control, const std::string& name) {
   return json();
 }
 
+/// Trains the tiny job for `epochs` epochs (or `job`, a job config on s.data / "tiny") in a
+/// daemon on `s` and shuts it down; returns last.pt.
+inline fs::path train_checkpoint(Setup& s, int epochs = 1, const std::string& job = "") {
+  s.write_config();
+  make_dataset(s.data, "tiny", 5, 9);
+  auto d = s.start("train.log");
+  const auto train = ok(s.control, {{"cmd", "start"},
+                                    {"config", job.empty() ? tiny_job(s.data / "tiny", epochs) : job},
+                                    {"file", "tiny.yaml"}})["job"]
+                         .get<std::int64_t>();
+  const json trained = wait_job(*d, s.control, train, "completed", 120);
+  const fs::path checkpoint = fs::path(trained["run_dir"].get<std::string>()) / "last.pt";
+  REQUIRE(fs::exists(checkpoint));
+  ok(s.control, {{"cmd", "shutdown"}});
+  REQUIRE_MESSAGE(d->wait_exit(60) == 0, d->log_tail());
+  return checkpoint;
+}
+
 /// The epoch numbers of a run folder's metrics.jsonl epoch records, in file order.
 inline std::vector<std::int64_t> epoch_records(const fs::path& run_dir) {
   std::vector<std::int64_t> out;

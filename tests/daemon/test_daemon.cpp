@@ -17,7 +17,7 @@ namespace {
 
 std::int64_t ok_cases(const std::string& control, const std::string& name) {
   json d = dataset_entry(control, name);
-  return d.is_null() ? -1 : d["cases"].get<std::int64_t>();
+  return d.is_null() ? -1 : d["labelled"].get<std::int64_t>();
 }
 
 std::optional<json> bad_entry(const std::string& control, const std::string& name,

@@ -25,23 +25,6 @@ void drop_file(const fs::path& aside, const fs::path& from_or_empty, const std::
   fs::rename(aside, to);
 }
 
-/// Trains the tiny job for one epoch in a daemon on `s` and shuts it down; returns last.pt.
-fs::path train_checkpoint(Setup& s) {
-  s.write_config();
-  make_dataset(s.data, "tiny", 5, 9);
-  auto d = s.start("train.log");
-  const auto train =
-      ok(s.control,
-         {{"cmd", "start"}, {"config", tiny_job(s.data / "tiny", 1)}, {"file", "tiny.yaml"}})["job"]
-          .get<std::int64_t>();
-  const json trained = wait_job(*d, s.control, train, "completed", 120);
-  const fs::path checkpoint = fs::path(trained["run_dir"].get<std::string>()) / "last.pt";
-  REQUIRE(fs::exists(checkpoint));
-  ok(s.control, {{"cmd", "shutdown"}});
-  REQUIRE_MESSAGE(d->wait_exit(60) == 0, d->log_tail());
-  return checkpoint;
-}
-
 }  // namespace
 
 TEST_CASE("auto_infer runs a dataset's model once on each new case and reports results and failures") {

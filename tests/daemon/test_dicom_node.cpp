@@ -24,6 +24,7 @@
 #include "daemon/config.hpp"
 #include "daemon/daemon_harness.hpp"
 #include "daemon/dicom/sender.hpp"
+#include "daemon/dicom_fixtures.hpp"
 #include "daemon/state_db.hpp"
 #include "dicom_test_data.hpp"
 #include "pipeline/io/image_io.hpp"
@@ -83,97 +84,6 @@ int dicom_peer() {
   return 0;
 }
 const ChildEntry kDicomPeer(kPeerEntry, dicom_peer);
-
-/// The DCMTK command line tools must be there (scripts/setup.sh installs Debian's dcmtk).
-void require_dcmtk_tools() {
-  for (const char* tool : {"echoscu", "storescu", "storescp"})
-    REQUIRE_MESSAGE(
-        run_command(std::string("command -v ") + tool + " >/dev/null 2>&1").exit_code == 0,
-        (std::string(tool) + " is missing: install Debian's dcmtk package (scripts/setup.sh does)"));
-}
-
-std::string quoted_files(const std::vector<fs::path>& files) {
-  std::string s;
-  for (const auto& f : files) s += " " + shell_quote(f.string());
-  return s;
-}
-
-/// storescu -R (propose only the SOP classes of the files) as `calling` to SEGFLOW.
-CommandResult storescu(int port, const std::vector<fs::path>& files, const std::string& options = "",
-                       const std::string& calling = "MODALITY") {
-  return run_command("storescu -R " + options + " -aet " + calling + " -aec SEGFLOW 127.0.0.1 " +
-                     std::to_string(port) + quoted_files(files) + " 2>&1");
-}
-
-CommandResult echoscu(int port, const std::string& calling, const std::string& called = "SEGFLOW") {
-  return run_command("echoscu -aet " + calling + " -aec " + called + " 127.0.0.1 " + std::to_string(port) +
-                     " 2>&1");
-}
-
-/// Synthetic DICOM cases: case_000/ ... each with a CT series (IM_*.dcm) and seg.dcm.
-fs::path synth_dicom(const fs::path& out, int cases, int seed = 5) {
-  auto r = run_segflow("synth --cases " + std::to_string(cases) + " --size 24 --format dicom --seed " +
-                       std::to_string(seed) + " --out " + shell_quote(out.string()));
-  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
-  return out;
-}
-
-std::vector<fs::path> series_files(const fs::path& case_dir) {
-  std::vector<fs::path> out;
-  for (const auto& e : fs::directory_iterator(case_dir))
-    if (e.path().filename().string().rfind("IM_", 0) == 0) out.push_back(e.path());
-  std::sort(out.begin(), out.end());
-  REQUIRE(!out.empty());
-  return out;
-}
-
-/// pydicom's view of the instances under `paths`, keyed by SOPInstanceUID.
-json instances(const std::vector<fs::path>& paths) {
-  auto r = run_command(shell_quote(python()) + " " +
-                       shell_quote(source_path("tests/tools/dicom_instances.py").string()) + " list" +
-                       quoted_files(paths) + " 2>&1");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
-  return json::parse(r.out);
-}
-
-json dicom_reply(const std::string& control) { return ok(control, {{"cmd", "dicom"}}); }
-json node_stats(const std::string& control) { return dicom_reply(control)["node"]; }
-
-/// Waits until `pred(datasets entry of "incoming")` holds; fails with the daemon's log.
-json wait_incoming(ChildProcess& d, const std::string& control, const std::function<bool(const json&)>& pred,
-                   const std::string& what, double timeout_s = 30) {
-  json last;
-  const bool ok_ = eventually(
-      [&] {
-        REQUIRE_MESSAGE(d.alive(), ("segflowd died:\n" + d.log_tail()));
-        last = dataset_entry(control, "incoming");
-        return !last.is_null() && pred(last);
-      },
-      timeout_s);
-  REQUIRE_MESSAGE(ok_, (what + "; last datasets entry: " + last.dump() + "\n--- log ---\n" + d.log_tail()));
-  return last;
-}
-
-/// Waits until the node's stats satisfy `pred`.
-json wait_node(ChildProcess& d, const std::string& control, const std::function<bool(const json&)>& pred,
-               const std::string& what, double timeout_s = 30) {
-  json last;
-  const bool ok_ = eventually(
-      [&] {
-        REQUIRE_MESSAGE(d.alive(), ("segflowd died:\n" + d.log_tail()));
-        last = node_stats(control);
-        return pred(last);
-      },
-      timeout_s);
-  REQUIRE_MESSAGE(ok_, (what + "; last node stats: " + last.dump() + "\n--- log ---\n" + d.log_tail()));
-  return last;
-}
-
-/// The daemon config's dicom section for a listener on `port` plus `extra` lines (indented).
-std::string dicom_section(int port, const std::string& extra = "") {
-  return "dicom:\n  port: " + std::to_string(port) +
-         "\n  ae_title: SEGFLOW\n  dataset: incoming\n  allowed_calling_aes: [MODALITY]\n" + extra;
-}
 
 /// The case folders under data_root/incoming.
 std::vector<fs::path> case_dirs(const fs::path& data) {
@@ -405,15 +315,23 @@ TEST_CASE("a SEG pushed after its series becomes the case's label, and a newer S
   auto r = storescu(port, series_files(syn / "case_000"));
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   json ds = wait_incoming(
-      *d, s.control, [](const json& e) { return e["bad"] == 1 && e["pending"] == 0; },
+      *d, s.control, [](const json& e) { return e["unlabelled"] == 1 && e["pending"] == 0; },
       "the series alone is a case without a label");
-  CHECK(ds["bad_files"][0]["reason"].get<std::string>().find("no label file") != std::string::npos);
+  // An image-only series is usable for inference, not a bad case.
+  CHECK(ds["bad"] == 0);
+  CHECK(ds["cases"] == 1);
+  CHECK(ds["labelled"] == 0);
+  CHECK(ds["uses"]["inference"] == 1);
+  CHECK(ds["uses"]["training"] == 0);
 
   r = storescu(port, {syn / "case_000" / "seg.dcm"});
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   wait_incoming(
-      *d, s.control, [](const json& e) { return e["cases"] == 1 && e["bad"] == 0 && e["pending"] == 0; },
-      "the SEG makes the case usable");
+      *d, s.control,
+      [](const json& e) {
+        return e["labelled"] == 1 && e["unlabelled"] == 0 && e["bad"] == 0 && e["pending"] == 0;
+      },
+      "the SEG makes the case usable for training");
   auto dirs = case_dirs(s.data);
   REQUIRE(dirs.size() == 1);
   const json seg = instances({syn / "case_000" / "seg.dcm"});
@@ -566,7 +484,7 @@ TEST_CASE(
   r = storescu(port, few);
   CHECK_MESSAGE(r.exit_code == 0, r.out);
   wait_incoming(
-      *d, s.control, [](const json& e) { return e["bad"] == 1; }, "the small push is indexed");
+      *d, s.control, [](const json& e) { return e["unlabelled"] == 1; }, "the small push is indexed");
   CHECK(case_dirs(s.data).size() == 1);
   CHECK(names_in(case_dirs(s.data).at(0)).size() == few.size());
 }

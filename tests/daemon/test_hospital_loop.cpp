@@ -1,0 +1,210 @@
+// The hospital loop: a series arrives at segflowd's DICOM node, auto_infer runs the model
+// once the series is complete and the DICOM SEG goes back to a DICOM destination by itself.
+// The peers are real: DCMTK's storescu and storescp, and Orthanc (Debian's package, its own
+// instance on loopback ports) as the PACS. The SEG is read with pydicom
+// (tests/tools/seg_references.py), not with segflow's reader.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <set>
+
+#include "daemon/daemon_harness.hpp"
+#include "daemon/dicom_fixtures.hpp"
+#include "dicom_test_data.hpp"
+
+using namespace segflow::testing;
+using namespace segflow::testing::daemon;
+
+namespace {
+
+/// pydicom's view of the one SEG under `seg` against the series folder `series`.
+json seg_references(const fs::path& seg, const fs::path& series) {
+  auto r = run_command(shell_quote(python()) + " " +
+                       shell_quote(source_path("tests/tools/seg_references.py").string()) + " " +
+                       shell_quote(seg.string()) + " " + shell_quote(series.string()) + " 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  return json::parse(r.out);
+}
+
+/// The SEG references the source series, study and frame of reference, lies on its grid
+/// (same rows, columns and slice positions) and has the model's named segments.
+void check_seg_on_source(const json& v, const std::vector<std::string>& names) {
+  const json& seg = v["seg"];
+  const json& src = v["source"];
+  CHECK(seg["sop_class"] == "1.2.840.10008.5.1.4.1.1.66.4");
+  CHECK(seg["study"] == src["study"]);
+  CHECK(seg["ref_series"] == src["series"]);
+  CHECK(seg["frame_of_reference"] == src["frame_of_reference"]);
+  CHECK(seg["rows"] == src["rows"]);
+  CHECK(seg["columns"] == src["columns"]);
+  for (const auto& uid : seg["referenced_instances"])
+    CHECK_MESSAGE(std::find(src["instances"].begin(), src["instances"].end(), uid) != src["instances"].end(),
+                  uid.dump());
+  for (const auto& p : seg["frame_positions"])
+    CHECK_MESSAGE(std::find(src["positions"].begin(), src["positions"].end(), p) != src["positions"].end(),
+                  p.dump());
+  // The segments are named by the training's classes (a SEG holds the classes predicted).
+  REQUIRE(!seg["segment_labels"].empty());
+  for (const auto& l : seg["segment_labels"])
+    CHECK_MESSAGE(std::find(names.begin(), names.end(), l.get<std::string>()) != names.end(), l.dump());
+}
+
+/// The class names of the tiny dataset the checkpoint was trained on (dataset.json labels, 1..).
+std::vector<std::string> trained_class_names(const fs::path& dataset) {
+  const json ds = json::parse(read_file(dataset / "dataset.json"));
+  std::vector<std::string> out;
+  for (const auto& [name, value] : ds["labels"].items())
+    if (value.get<int>() != 0) out.push_back(name);
+  return out;
+}
+
+/// A tiny job that segments the synthetic phantoms after a few seconds of training on a CPU
+/// (native grid, foreground-heavy crops, no dropout): its SEGs are not empty.
+std::string segmenting_job(const fs::path& root) {
+  JobYaml job;
+  job.root = root;
+  job.seed = "5";
+  job.stages = {kLoadStage, kCtWindowStage, kFgBgStage, crop_stage("[16, 16, 16]", 3, 1, 2)};
+  job.model = unet3d(5, "channels: [4, 8, 16], strides: [2, 2], num_res_units: 1, norm: batch");
+  job.optimizer = "{name: adam, lr: 0.02}";
+  job.schedule = "";
+  job.epochs = 6;
+  job.train = "batch_size: 2, device: cpu, val_interval: 0, loader: simple, threads: 1";
+  job.validation = "{roi_size: [16, 16, 16], overlap: 0.5, sw_batch_size: 4}";
+  return job.yaml();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+TEST_CASE("a series pushed with storescu comes back to a storescp as a DICOM SEG by itself, once") {
+  require_dcmtk_tools();
+  Setup s;
+  const fs::path checkpoint = train_checkpoint(s, 0, segmenting_job(s.data / "tiny"));
+  const std::vector<std::string> names = trained_class_names(s.data / "tiny");
+  const fs::path syn = synth_dicom(s.dir / "synth", 1, 11);
+  const std::vector<fs::path> series = series_files(syn / "case_000");
+
+  const int port = free_port(), dest = free_port();
+  const fs::path received = s.dir / "received";
+  fs::create_directories(received);
+  ChildProcess scp({"storescp", "-aet", "RECEIVER", "-od", received.string(), std::to_string(dest)}, {},
+                   s.dir / "storescp.log");
+  s.write_config(dicom_section(port, "  send_to: {ae_title: RECEIVER, host: 127.0.0.1, port: " +
+                                         std::to_string(dest) + ", retry_initial_s: 0.5}\n") +
+                 "auto_infer:\n  - {dataset: incoming, checkpoint: " + checkpoint.string() +
+                 ", send_to: RECEIVER, quiet_seconds: 1}\n");
+  auto d = s.start();
+  Events events(s.events, "auto_infer");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+  auto r = storescu(port, series);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  const auto pushed = std::chrono::steady_clock::now();
+  auto sent = events.wait_for(
+      [](const std::string&, const json& b) { return b["event"] == "sent" || b["event"] == "failed"; }, 120);
+  REQUIRE_MESSAGE(sent.has_value(), d->log_tail());
+  REQUIRE_MESSAGE((*sent)["event"] == "sent", sent->dump());
+  const double wall = seconds_since(pushed);
+  std::printf(
+      "hospital loop (storescu -> segflowd -> storescp, 24^3 synthetic series, CPU): %.2f s from the "
+      "last instance to the SEG stored (daemon: %.2f s)\n",
+      wall, (*sent)["seconds_since_last_instance"].get<double>());
+
+  // received, inferred and sent, in that order, for the one case.
+  std::vector<std::string> order;
+  for (const auto& [topic, body] : events.got) order.push_back(body["event"].get<std::string>());
+  CHECK(order == std::vector<std::string>{"received", "inferred", "sent"});
+  const std::string case_id = (*sent)["case"].get<std::string>();
+  CHECK((*sent)["dataset"] == "incoming");
+  CHECK((*sent)["destination"] == "RECEIVER@127.0.0.1:" + std::to_string(dest));
+  CHECK(events.got[0].second["instances"] == static_cast<std::int64_t>(series.size()));
+
+  const auto got = files_in(received);
+  REQUIRE(got.size() == 1);
+  check_seg_on_source(seg_references(received, syn / "case_000"), names);
+  // The SEG the daemon wrote is the one that arrived, and the queue shows it sent.
+  CHECK(instances({received}).begin().key() == (*sent)["sop_instance_uid"].get<std::string>());
+  auto ctl = run_segflow("ctl --endpoint " + shell_quote(s.control) + " dicom");
+  REQUIRE_MESSAGE(ctl.exit_code == 0, ctl.out);
+  CHECK_MESSAGE(ctl.out.find("0 queued, 1 sent, 0 failed") != std::string::npos, ctl.out);
+  const json ds = dataset_entry(s.control, "incoming");
+  CHECK(ds["unlabelled"] == 1);
+  CHECK(ds["bad"] == 0);
+
+  // The same series again: stored (the node answers success) but no second SEG.
+  const std::int64_t completed = node_stats(s.control)["associations_completed"].get<std::int64_t>();
+  r = storescu(port, series);
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  wait_node(
+      *d, s.control, [&](const json& n) { return n["associations_completed"] == completed + 1; },
+      "the second push is stored");
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // quiet period, index and two polls
+  events.drain(200);
+  std::size_t received_events = 0;
+  for (const auto& [topic, body] : events.got) received_events += body["event"] == "received";
+  CHECK(received_events == 1);
+  CHECK(files_in(received).size() == 1);
+  CHECK(dicom_reply(s.control)["sender"]["sent"] == 1);
+
+  // After a restart the signature in the state database still says "seen": no second SEG.
+  ok(s.control, {{"cmd", "shutdown"}});
+  REQUIRE(d->wait_exit(60) == 0);
+  d = s.start("segflowd2.log");
+  Events events2(s.events, "auto_infer");
+  CHECK_MESSAGE(
+      eventually(
+          [&] {
+            return read_file(s.dir / "segflowd2.log").find(case_id + ": the same instances as before") !=
+                   std::string::npos;
+          },
+          30),
+      d->log_tail());
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  events2.drain(200);
+  CHECK(events2.got.empty());
+  CHECK(files_in(received).size() == 1);
+
+  // A changed instance (same SOP instance UID, other bytes) makes a new SEG.
+  const fs::path changed = s.dir / "changed.dcm";
+  auto w = run_command(
+      shell_quote(python()) + " -c " +
+      shell_quote("import pydicom,sys; d=pydicom.dcmread(sys.argv[1]); d.SeriesDescription='re-sent'; "
+                  "d.save_as(sys.argv[2])") +
+      " " + shell_quote(series.front().string()) + " " + shell_quote(changed.string()) + " 2>&1");
+  REQUIRE_MESSAGE(w.exit_code == 0, w.out);
+  r = storescu(port, {changed});
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  auto sent2 = events2.wait_for([](const std::string&, const json& b) { return b["event"] == "sent"; }, 120);
+  REQUIRE_MESSAGE(sent2.has_value(), d->log_tail());
+  CHECK(files_in(received).size() == 2);
+  ok(s.control, {{"cmd", "shutdown"}});
+  CHECK(d->wait_exit(60) == 0);
+}
+
+TEST_CASE("an auto_infer send_to that names no configured destination stops segflowd at start") {
+  Setup s;
+  const fs::path model = s.dir / "model.pt";
+  write_file(model, "a file that exists");
+  s.write_config(
+      "dicom: {send_to: {ae_title: PACS, host: 127.0.0.1, port: 104}}\nauto_infer:\n  - {dataset: incoming, "
+      "checkpoint: " +
+      model.string() + ", send_to: ORTHANC}\n");
+  ChildProcess d = start_segflowd({"--config", s.config.string()}, s.dir / "bad.log");
+  CHECK(d.wait_exit(60) == 2);
+  CHECK_MESSAGE(
+      d.log_tail().find("auto_infer[0].send_to: ORTHANC: no such DICOM destination (expected the AE "
+                        "title of dicom.send_to, PACS)") != std::string::npos,
+      d.log_tail());
+  s.write_config("auto_infer:\n  - {dataset: incoming, checkpoint: " + model.string() +
+                 ", send_to: PACS, output_format: nifti}\n");
+  ChildProcess d2 = start_segflowd({"--config", s.config.string()}, s.dir / "bad2.log");
+  CHECK(d2.wait_exit(60) == 2);
+  CHECK_MESSAGE(d2.log_tail().find("auto_infer[0].send_to: output_format nifti writes no DICOM SEG") !=
+                    std::string::npos,
+                d2.log_tail());
+}
