@@ -107,6 +107,11 @@ void TrainSettings::bind(OptionParser& p) {
             "the epoch from which frozen parameters train too; 0 = frozen for the whole run");
   if (p.ok() && unfreeze_epoch > 0 && freeze.empty())
     p.fail("unfreeze_epoch", "expected train.freeze rules to go with it, got none");
+  // DDP's reducer expects a gradient for every parameter it was built over, and its
+  // fallback would hand frozen ones zero gradients (weight decay would still move them).
+  if (p.ok() && !freeze.empty() && devices.size() > 1)
+    p.fail("freeze", "expected one device (freezing is not supported with data-parallel ranks yet), got " +
+                         std::to_string(devices.size()) + " train.devices");
 }
 
 const std::vector<std::string>& early_stopping_metrics() {

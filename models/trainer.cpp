@@ -278,6 +278,12 @@ Result<EpochInfo> Trainer::train_epoch(pipeline::BatchSource& source, std::int64
     const std::int64_t skipped_at_start = state_.skipped_steps;
     const auto t_epoch = Clock::now();
     EpochInfo ep;
+    if (sync_ && !impl_->frozen.empty())
+      return invalid_config(cfg_.file +
+                            ": train.freeze: expected one device (freezing is not supported with "
+                            "data-parallel ranks yet)");
+    const bool frozen = tr.unfreeze_epoch == 0 || state_.epoch < tr.unfreeze_epoch;
+    for (auto& p : impl_->frozen) p.set_requires_grad(!frozen);
     const bool frozen = tr.unfreeze_epoch == 0 || state_.epoch < tr.unfreeze_epoch;
     for (auto& p : impl_->frozen) p.set_requires_grad(!frozen);
     ep.epoch = state_.epoch;

@@ -239,6 +239,11 @@ TEST_CASE("train.freeze keeps the matched parameters unchanged until train.unfre
   REQUIRE_FALSE(lone.is_ok());
   CHECK(lone.status().message().find("train.unfreeze_epoch: expected train.freeze rules") !=
         std::string::npos);
+  auto ranks = models::parse_job_config(
+      finetune_job(dir.path(), model, 1, ", freeze: ['down\\..*'], devices: [cpu, cpu]").yaml(), "job.yaml");
+  REQUIRE_FALSE(ranks.is_ok());
+  CHECK_MESSAGE(ranks.status().message().find("train.freeze: expected one device") != std::string::npos,
+                ranks.status().message());
   auto regex = models::parse_job_config(
       finetune_job(dir.path(),
                    "{name: unet, channels: [4, 8], strides: [2], weights: {path: w.sfta, skip: ['up.(0']}}",
