@@ -300,6 +300,14 @@ Result<json> infer_request(const Args& a) {
   if (a.has("model")) req["model"] = absolute(a.get("model"));
   if (a.has("tta")) req["tta"] = a.get("tta");
   if (a.has("device")) req["device"] = a.get("device");
+  // Box prompts of a box-prompted (sam) checkpoint (docs/how-to/box-prompted.md).
+  if (a.has("boxes")) req["boxes"] = absolute(a.get("boxes"));
+  if (a.has("boxes-from")) req["boxes_from"] = absolute(a.get("boxes-from"));
+  if (a.flag("propagate")) req["propagate"] = true;
+  if (a.has("box-margin")) {
+    SEGFLOW_ASSIGN_OR_RETURN(const long long m, parse_int("--box-margin", a.get("box-margin")));
+    req["box_margin"] = m;
+  }
   return req;
 }
 
@@ -455,7 +463,8 @@ const CtlCommand kCtlCommands[] = {
     {"start", "start CONFIG [--set key=value ...]", "submit a job (the config is sent inline); prints its id",
      start_request, print_submitted, nullptr},
     {"infer", "infer (--checkpoint PT [--tta none|mirror|mirror-all] | --model MODEL_DIR) --input PATH\n"
-              "       --output PATH [--device D]",
+              "       --output PATH [--device D] [--boxes FILE | --boxes-from LABELMAP] [--propagate]\n"
+              "       [--box-margin N]",
      "queue an inference job (a scan, a folder or a dataset; --model: a segflow package)", infer_request,
      print_infer_submitted, nullptr},
     {"plan", "plan DATASET [--configurations 2d,3d_fullres,3d_lowres] [--memory-gb G] [--memory-model M]\n"
@@ -581,8 +590,9 @@ int cmd_ctl(int argc, char** argv) {
   auto parsed = parse_args(argc, argv, 2,
                            {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out",
                             "checkpoint", "input", "model", "output", "tta", "device", "configuration",
-                            "configurations", "memory-gb", "memory-model", "fold"},
-                           {"json", "now", "help"});
+                            "configurations", "memory-gb", "memory-model", "fold", "boxes", "boxes-from",
+                            "box-margin"},
+                           {"json", "now", "help", "propagate"});
   if (!parsed.is_ok()) return fail("ctl", parsed.status());
   const Args& a = *parsed;
   if (a.flag("help") || a.positional.empty()) {

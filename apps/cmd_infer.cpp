@@ -15,6 +15,7 @@
 
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
+#include "apps/infer_boxes.hpp"
 #include "models/inference.hpp"
 #include "models/postprocessing.hpp"
 #include "pipeline/io/image_io.hpp"
@@ -139,8 +140,9 @@ Status model_package_options(const Args& a, models::InferOptions& o) {
 int cmd_infer(int argc, char** argv) {
   auto a = parse_args(argc, argv, 2,
                       {"checkpoint", "input", "output", "device", "tta", "class-names", "format", "amp",
-                       "channels-last", "overlap", "stitch-device", "postprocess", "model"},
-                      {"save-probabilities", "quiet", "no-postprocess"});
+                       "channels-last", "overlap", "stitch-device", "postprocess", "boxes", "boxes-from",
+                       "box-margin", "model"},
+                      {"save-probabilities", "quiet", "propagate", "no-postprocess"});
   if (!a.is_ok()) return fail("infer", a.status());
   for (const char* k : {"checkpoint", "input", "output"})
     if (!a->has(k) && !(a->has("model") && k == std::string("checkpoint")))
@@ -149,6 +151,7 @@ int cmd_infer(int argc, char** argv) {
                                    (k == std::string("checkpoint") ? " (or --model MODEL_DIR)" : "")));
   if (!a->positional.empty())
     return fail("infer", invalid_argument("unexpected argument '" + a->positional.front() + "'"));
+  if (wants_box_inference(*a)) return infer_with_boxes(*a);  // box-prompted (SAM) checkpoints
   models::InferOptions o;
   if (Status st = model_package_options(*a, o); !st.is_ok()) return fail("infer", st);
   const auto checkpoints = a->all("checkpoint");

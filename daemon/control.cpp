@@ -295,7 +295,11 @@ const ControlHandler::Command ControlHandler::kCommands[] = {
       {"input", FieldType::string, false, "a scan, a folder of scans or a dataset"},
       {"output", FieldType::string, false, "a label map file (one scan) or a folder"},
       {"tta", FieldType::string, false, "test-time augmentation: none, mirror or mirror-all"},
-      {"device", FieldType::string, false, "a device (cpu, cuda:0) or auto"}},
+      {"device", FieldType::string, false, "a device (cpu, cuda:0) or auto"},
+      {"boxes", FieldType::string, false, "box prompts of a box-prompted checkpoint: a JSON or CSV box file"},
+      {"boxes_from", FieldType::string, false, "box prompts from a label map on the input's grid"},
+      {"propagate", FieldType::boolean, false, "3D propagation from one seed box per label"},
+      {"box_margin", FieldType::number, false, "voxels the previous mask's box grows when propagating"}},
      [](ControlHandler& h, const Request& r) -> Result<json> {
        // checkpoint, input and output: submit_infer says which is missing.
        InferJobSpec spec;
@@ -305,6 +309,11 @@ const ControlHandler::Command ControlHandler::kCommands[] = {
        spec.output = r.text("output");
        if (r.has("tta")) spec.tta = r.text("tta");
        if (r.has("device")) spec.device = r.text("device");
+       spec.boxes = r.text("boxes");
+       spec.boxes_from = r.text("boxes_from");
+       spec.propagate = r.flag("propagate");
+       if (r.has("box_margin"))
+         spec.box_margin = static_cast<std::int64_t>(r.values.at("box_margin").get<double>());
        return h.jobs_.submit_infer(std::move(spec));
      }},
     {"plan", plan_fields(false),

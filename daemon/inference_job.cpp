@@ -9,6 +9,7 @@
 #include "daemon/detail/job.hpp"
 #include "daemon/job_manager.hpp"
 #include "messages/log.hpp"
+#include "models/box_inference.hpp"
 #include "models/inference.hpp"
 #include "models/model_package.hpp"
 #include "models/trainer.hpp"
@@ -26,6 +27,11 @@ json spec_to_json(const InferJobSpec& s) {
       {"checkpoint", s.checkpoint}, {"input", s.input},     {"output", s.output},   {"tta", s.tta},
       {"device", s.device},         {"trigger", s.trigger}, {"dataset", s.dataset}, {"case", s.case_id}};
   if (!s.model.empty()) j["model"] = s.model;
+  if (s.box_prompted())
+    j["box_prompts"] = {{"boxes", s.boxes},
+                        {"boxes_from", s.boxes_from},
+                        {"propagate", s.propagate},
+                        {"box_margin", s.box_margin}};
   return j;
 }
 
@@ -42,6 +48,13 @@ Result<InferJobSpec> spec_from_json(const std::string& text) {
     s.trigger = j.value("trigger", std::string());
     s.dataset = j.value("dataset", std::string());
     s.case_id = j.value("case", std::string());
+    if (j.contains("box_prompts")) {
+      const json& b = j.at("box_prompts");
+      s.boxes = b.value("boxes", std::string());
+      s.boxes_from = b.value("boxes_from", std::string());
+      s.propagate = b.value("propagate", false);
+      s.box_margin = b.value("box_margin", std::int64_t{-1});
+    }
     return s;
   } catch (const std::exception& e) {
     return corrupt_data(std::string("stored inference request: ") + e.what());
@@ -64,8 +77,42 @@ json infer_output_json(const models::InferResult& r) {
           {"seconds", r.seconds}};
 }
 
+/// Box prompts: one source, no package or TTA, paths absolute.
+Status check_box_request(InferJobSpec& spec) {
+  if (!spec.box_prompted()) return Status::ok();
+  if (spec.boxes.empty() == spec.boxes_from.empty())
+    return invalid_argument("boxes or boxes_from: expected one of them for box-prompted inference");
+  if (!spec.model.empty()) return invalid_argument("model: box prompts take a checkpoint, not a package");
+  if (!spec.tta.empty() && spec.tta != "none")
+    return invalid_argument("tta: box-prompted inference has no TTA; got " + spec.tta);
+  if (!spec.boxes.empty()) spec.boxes = absolute_path(spec.boxes).string();
+  if (!spec.boxes_from.empty()) spec.boxes_from = absolute_path(spec.boxes_from).string();
+  return Status::ok();
+}
+
+/// A box-prompted request's files: one scan, the box file or label map present, a checkpoint
+/// that takes boxes; and a checkpoint that takes boxes only with them.
+Status check_box_paths(const InferJobSpec& spec, bool needs_box) {
+  if (!spec.box_prompted()) {
+    if (needs_box)
+      return invalid_argument("checkpoint: " + spec.checkpoint +
+                              ": a box-prompted model needs boxes (boxes or boxes_from)");
+    return Status::ok();
+  }
+  if (!needs_box)
+    return invalid_argument("boxes: " + spec.checkpoint + " is not a box-prompted (sam) checkpoint");
+  std::error_code ec;
+  const std::string& file = spec.boxes.empty() ? spec.boxes_from : spec.boxes;
+  if (!fs::is_regular_file(file, ec))
+    return not_found(std::string(spec.boxes.empty() ? "boxes_from: " : "boxes: ") + file + ": no such file");
+  if (!models::is_single_scan(spec.input))
+    return invalid_argument("input: " + spec.input + ": box-prompted inference takes one scan");
+  return Status::ok();
+}
+
 /// The request's own fields: present, absolute, tta and device parsed.
 Status check_request(InferJobSpec& spec) {
+  SEGFLOW_RETURN_IF_ERROR(check_box_request(spec));
   if (!spec.model.empty() && !spec.checkpoint.empty())
     return invalid_argument("model: a package names its checkpoints; got checkpoint " + spec.checkpoint +
                             " too");
@@ -106,6 +153,7 @@ Status check_paths(const InferJobSpec& spec) {
     if (!model.is_ok())
       return invalid_argument("checkpoint: " + spec.checkpoint +
                               ": cannot be loaded: " + model.status().message());
+    SEGFLOW_RETURN_IF_ERROR(check_box_paths(spec, (*model)->model().info().needs_box));
   }
   if (!fs::exists(spec.input, ec)) return not_found("input: " + spec.input + ": no such file or folder");
   const bool single = models::is_single_scan(spec.input);
@@ -163,6 +211,30 @@ InferRun run_inference_job_body(const models::InferOptions& io, bool single,
   return run;
 }
 
+/// Runs a box-prompted job (one scan); exceptions become the run's status.
+InferRun run_box_job_body(const InferJobSpec& spec, const std::string& device) {
+  InferRun run;
+  try {
+    models::BoxInferOptions o;
+    o.checkpoint = spec.checkpoint;
+    o.input = spec.input;
+    o.output = spec.output;
+    o.device = device;
+    o.boxes = spec.boxes;
+    o.boxes_from = spec.boxes_from;
+    o.propagate = spec.propagate;
+    if (spec.box_margin >= 0) o.box_margin = spec.box_margin;
+    auto r = models::run_box_inference(o);
+    if (r.is_ok())
+      run.outputs.push_back(infer_output_json(r->result));
+    else
+      run.status = r.status();
+  } catch (const std::exception& e) {
+    run.status = internal_error(std::string("inference failed with an exception: ") + e.what());
+  }
+  return run;
+}
+
 /// The reason of a completed run: what was written where, and the first failed case.
 std::string completed_reason(const InferRun& run, const std::string& output) {
   std::string reason = std::to_string(run.outputs.size()) + " label map(s) written to " + output;
@@ -188,6 +260,9 @@ void add_infer_status_fields(const Job& j, json& body) {
   body["input"] = j.infer.input;
   body["output"] = j.infer.output;
   body["tta"] = j.infer.tta;
+  if (!j.infer.boxes.empty()) body["boxes"] = j.infer.boxes;
+  if (!j.infer.boxes_from.empty()) body["boxes_from"] = j.infer.boxes_from;
+  if (j.infer.propagate) body["propagate"] = true;
   body["outputs"] = j.outputs;
   add_trigger(body, j.infer);
 }
@@ -273,7 +348,8 @@ void JobManager::run_infer_job(Job* j) {
     }
     publish_(j->metrics_topic(), body);
   };
-  const InferRun run = run_inference_job_body(io, single, progress);
+  const InferRun run = j->infer.box_prompted() ? run_box_job_body(j->infer, io.device)
+                                               : run_inference_job_body(io, single, progress);
   std::lock_guard<std::mutex> lock(mu_);
   j->outputs = run.outputs;
   if (!run.status.is_ok()) {

@@ -79,6 +79,12 @@ struct InferJobSpec {
   std::string trigger;  ///< "" (ctl infer) or "auto_infer" (a new case of a watched dataset)
   std::string dataset;  ///< auto_infer: the dataset of the case
   std::string case_id;  ///< auto_infer: the case
+  /// Box prompts for a box-prompted (sam) checkpoint, one scan (models/box_inference.hpp):
+  /// a box file or a label map; `propagate` seeds 3D propagation; box_margin < 0 = default.
+  std::string boxes, boxes_from;
+  bool propagate = false;
+  std::int64_t box_margin = -1;
+  bool box_prompted() const { return !boxes.empty() || !boxes_from.empty() || propagate || box_margin >= 0; }
 };
 
 /// A plan job (`segflow ctl plan`, `ctl train DATASET`, auto_train): models::planning on a

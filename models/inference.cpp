@@ -237,8 +237,8 @@ class Ensemble {
       const ModelInfo& info = trainer->model().info();
       if (info.needs_box)
         return unsupported(p.string() +
-                           ": box-prompted models need a box per slice; segflow infer runs UNet "
-                           "checkpoints (use the Trainer API with boxes for SAM-style models)");
+                           ": a box-prompted model needs boxes: give --boxes FILE or --boxes-from "
+                           "LABELMAP (optionally --propagate; docs/how-to/box-prompted.md)");
       const std::int64_t k = info.out_channels == 1 ? 2 : info.out_channels;
       if (e.members_.empty()) {
         e.family_ = info.name;

@@ -1,0 +1,15 @@
+#pragma once
+// `segflow infer --boxes FILE | --boxes-from LABELMAP [--propagate] [--box-margin N]`: the
+// box-prompted path of cmd_infer (models/box_inference.hpp).
+
+#include "apps/cli_args.hpp"
+
+namespace segflow::apps {
+
+/// True when the arguments ask for box-prompted inference.
+bool wants_box_inference(const Args& a);
+
+/// Runs it on the one scan of --input and prints its result as one JSON line; the exit code.
+int infer_with_boxes(const Args& a);
+
+}  // namespace segflow::apps
