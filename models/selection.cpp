@@ -343,6 +343,11 @@ std::string interval_text(const CvInterval& i, bool distance) {
 void verdict(SelectionReport& r) {
   const bool distance = r.metric == "hd95";
   const std::string pct = std::to_string(static_cast<int>(std::lround(r.confidence * 100))) + "%";
+  if (!std::isfinite(r.ranking.front().score.mean)) {
+    r.distinguishable = false;
+    r.statement = "no candidate has a value of the metric on these cases";
+    return;
+  }
   if (r.ranking.size() < 2 || !std::isfinite(r.ranking[1].score.mean)) {
     r.distinguishable = true;
     r.statement = "only one candidate has a value: " + r.ranking.front().name;
