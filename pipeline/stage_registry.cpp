@@ -31,6 +31,7 @@ Status register_builtin_stages(StageRegistry& r) {
   SEGFLOW_RETURN_IF_ERROR(register_rand_contrast_stage(r));
   SEGFLOW_RETURN_IF_ERROR(register_rand_simulate_low_resolution_stage(r));
   SEGFLOW_RETURN_IF_ERROR(register_medsam_box_stage(r));
+  SEGFLOW_RETURN_IF_ERROR(register_medsam_preprocess_stages(r));
   return Status::ok();
 }
 

@@ -13,7 +13,10 @@ namespace segflow::pipeline {
 void MedsamBoxOptions::bind(OptionParser& p) {
   p.string("image_key", image_key, "(C, Z, Y, X) image, C = 1 or 3");
   p.string("label_key", label_key, "(1, Z, Y, X) integer label map");
-  p.integer("image_size", image_size, Range::closed(16, 4096), "pixels", "output side S");
+  p.integer("image_size", image_size, Range::closed(0, 4096), "pixels",
+            "output side S; 0 = the slice's own size (resize_longest_side after)");
+  if (p.ok() && image_size > 0 && image_size < 16)
+    p.fail("image_size", "expected 0 or a side in [16, 4096], got " + std::to_string(image_size));
   p.integer("bbox_shift", bbox_shift, Range::closed(0, 4096), "pixels",
             "maximum outward jitter per box side");
   p.integer("label", label, Range::non_negative(), "",
@@ -63,12 +66,14 @@ Result<Sample> medsam_box(const Sample& s, const MedsamBoxOptions& o, Rng& rng) 
   }
   const at::Tensor mask = (lab2d == value).unsqueeze(0).to(label.scalar_type());  // (1, H, W)
 
-  const std::int64_t S = o.image_size, H = lab2d.size(0), W = lab2d.size(1);
+  const std::int64_t H = lab2d.size(0), W = lab2d.size(1);
+  const std::int64_t SY = o.image_size > 0 ? o.image_size : H, SX = o.image_size > 0 ? o.image_size : W;
   at::Tensor img2d = image.select(1, z).to(torch::kFloat32);  // (C, H, W)
   if (img2d.size(0) == 1) img2d = img2d.repeat({3, 1, 1});
   at::Tensor img_out =
-      (H == S && W == S) ? img2d.contiguous() : detail::resize_linear(img2d, {S, S}).contiguous();
-  at::Tensor mask_out = detail::resize_nearest(mask, {S, S}).contiguous();
+      (H == SY && W == SX) ? img2d.contiguous() : detail::resize_linear(img2d, {SY, SX}).contiguous();
+  at::Tensor mask_out =
+      (H == SY && W == SX) ? mask.contiguous() : detail::resize_nearest(mask, {SY, SX}).contiguous();
 
   // Box of the resized mask (or of the original one scaled, if resizing lost it).
   std::int64_t x0, x1, y0, y1;
@@ -80,19 +85,19 @@ Result<Sample> medsam_box(const Sample& s, const MedsamBoxOptions& o, Rng& rng) 
     const at::Tensor m0 = mask[0] > 0;
     auto [oy0, oy1] = extent(m0.any(1));
     auto [ox0, ox1] = extent(m0.any(0));
-    y0 = oy0 * S / H, y1 = std::min(S - 1, (oy1 + 1) * S / H), x0 = ox0 * S / W,
-    x1 = std::min(S - 1, (ox1 + 1) * S / W);
+    y0 = oy0 * SY / H, y1 = std::min(SY - 1, (oy1 + 1) * SY / H), x0 = ox0 * SX / W,
+    x1 = std::min(SX - 1, (ox1 + 1) * SX / W);
   }
   x0 = std::max<std::int64_t>(0, x0 - rng.integer(0, o.bbox_shift));
-  x1 = std::min<std::int64_t>(S - 1, x1 + rng.integer(0, o.bbox_shift));
+  x1 = std::min<std::int64_t>(SX - 1, x1 + rng.integer(0, o.bbox_shift));
   y0 = std::max<std::int64_t>(0, y0 - rng.integer(0, o.bbox_shift));
-  y1 = std::min<std::int64_t>(S - 1, y1 + rng.integer(0, o.bbox_shift));
+  y1 = std::min<std::int64_t>(SY - 1, y1 + rng.integer(0, o.bbox_shift));
 
   Sample out;
   out.id = s.id + "#z" + std::to_string(z);
   out.geometry = s.geometry;
-  const double rx = static_cast<double>(W) / static_cast<double>(S),
-               ry = static_cast<double>(H) / static_cast<double>(S);
+  const double rx = static_cast<double>(W) / static_cast<double>(SX),
+               ry = static_cast<double>(H) / static_cast<double>(SY);
   out.geometry.spacing[0] *= rx;
   out.geometry.spacing[1] *= ry;
   out.geometry.origin =

@@ -30,5 +30,7 @@ Status register_rand_brightness_stage(StageRegistry& r);               ///< rand
 Status register_rand_contrast_stage(StageRegistry& r);                 ///< rand_contrast
 Status register_rand_simulate_low_resolution_stage(StageRegistry& r);  ///< rand_simulate_low_resolution
 Status register_medsam_box_stage(StageRegistry& r);                    ///< medsam_box
+/// medsam_normalize, minmax_slices, repeat_channels, resize_longest_side, remove_small_objects
+Status register_medsam_preprocess_stages(StageRegistry& r);
 
 }  // namespace segflow::pipeline

@@ -27,6 +27,7 @@
 using namespace segflow::models;
 namespace fs = std::filesystem;
 namespace st = segflow::testing;
+using segflow::testing::max_abs_diff;
 
 namespace {
 
