@@ -147,6 +147,22 @@ at::Tensor focal_loss(const at::Tensor& input, const at::Tensor& target_in, cons
   return loss.mean();
 }
 
+at::Tensor iou_prediction_loss(const at::Tensor& mask_logits, const at::Tensor& iou_pred,
+                               const at::Tensor& target) {
+  TORCH_CHECK(iou_pred.dim() == 2 && iou_pred.size(1) == 1 && mask_logits.size(0) == iou_pred.size(0),
+              "iou_prediction_loss: expected iou_pred (B, 1) for ", mask_logits.size(0), " masks, got ",
+              iou_pred.sizes());
+  at::Tensor true_iou;
+  {
+    torch::NoGradGuard ng;
+    const at::Tensor pred = (mask_logits > 0).flatten(1), ref = (target > 0).flatten(1);
+    const at::Tensor inter = pred.logical_and(ref).sum(1).to(at::kFloat);
+    const at::Tensor uni = pred.logical_or(ref).sum(1).to(at::kFloat);
+    true_iou = torch::where(uni > 0, inter / uni.clamp_min(1), torch::ones_like(uni)).unsqueeze(1);
+  }
+  return F::mse_loss(iou_pred.to(at::kFloat), true_iou);
+}
+
 Status LossOptions::validate() const {
   SEGFLOW_RETURN_IF_ERROR(dice.validate());
   if (!(lambda_dice >= 0))
@@ -160,6 +176,8 @@ Status LossOptions::validate() const {
     return invalid_argument("loss: alpha: expected a number in [0, 1], got " + std::to_string(*alpha));
   for (double w : ce_weight)
     if (!(w >= 0)) return invalid_argument("loss: ce_weight: expected non-negative numbers");
+  if (!(iou_weight >= 0))
+    return invalid_argument("loss: iou_weight: expected >= 0, got " + std::to_string(iou_weight));
   return Status::ok();
 }
 
@@ -361,6 +379,10 @@ void LossOptions::bind(pipeline::OptionParser& p) {
   for (auto k :
        {DeepSupervisionWeights::halving, DeepSupervisionWeights::nnunet, DeepSupervisionWeights::none})
     if (ds == to_string(k)) deep_supervision = k;
+  if (p.given("iou_weight"))
+    p.number("iou_weight", iou_weight, Range::non_negative(), "",
+             "weight of the IoU-prediction loss (box-prompted models with an IoU head; LiteMedSAM's "
+             "iou_loss_weight); absent = 0, off");
   if (p.ok()) p.check(validate(), "loss");
 }
 

@@ -103,6 +103,10 @@ struct LossOptions {
   /// Weights of a deep-supervised model's outputs (plain_unet with deep_supervision); no
   /// effect on a model with one output.
   DeepSupervisionWeights deep_supervision = DeepSupervisionWeights::halving;
+  /// Weight of the IoU-prediction term of a box-prompted model with an IoU head (LiteMedSAM's
+  /// iou_loss_weight; see iou_prediction_loss), added to the loss above; 0 = off. Key
+  /// `iou_weight`, only in the resolved config when given (run folder names unchanged).
+  double iou_weight = 0.0;
 
   Status validate() const;
   /// Reads a job config's `loss` section (keys in parse_loss_options), then validate().
@@ -114,6 +118,14 @@ void to_json(nlohmann::json& j, const LossOptions& options);
 
 /// A loss: (logits, target) -> scalar (or per-element with reduction none for dice).
 using LossFn = std::function<at::Tensor(const at::Tensor& input, const at::Tensor& target)>;
+
+/// LiteMedSAM's IoU loss: mean over the batch of (iou_pred - IoU)^2, where IoU is the true
+/// IoU of the predicted mask (logit > 0, i.e. sigmoid > 0.5) with target > 0 per sample; no
+/// gradient flows through the IoU itself. mask_logits (B, 1, H, W), iou_pred (B, 1), target
+/// (B, 1, H, W). A sample whose mask and target are both empty has IoU 1 (LiteMedSAM's
+/// cal_iou gives NaN there).
+at::Tensor iou_prediction_loss(const at::Tensor& mask_logits, const at::Tensor& iou_pred,
+                               const at::Tensor& target);
 
 /// Builds the loss. dice_ce: lambda_dice Dice + lambda_ce CE (BCE when C == 1, as MONAI);
 /// dice_bce: Dice (use act sigmoid) + BCE-with-logits on every channel; dice_focal: Dice +

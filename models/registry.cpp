@@ -276,10 +276,13 @@ Result<ModelHandle> build(const SamModelOptions& so) {
   const auto& e = o.image_encoder;
   ModelInfo info{
       "sam", 2, e.in_chans, 1, true, false, e.patch_size, e.img_size, {e.patch_size, e.patch_size}};
+  info.iou_output = o.mask_decoder.iou_head;
   auto m = Sam(o).ptr();
   return ModelHandle(info, m, [](torch::nn::Module& mod, const at::Tensor& x, const at::Tensor& box) {
     TORCH_CHECK(box.defined(), "sam: forward needs a box tensor (N, 4)");
-    return std::vector<at::Tensor>{static_cast<SamImpl&>(mod).forward(x, box)};
+    auto out = static_cast<SamImpl&>(mod).forward_full(x, box);
+    if (!out.iou_predictions.defined()) return std::vector<at::Tensor>{out.masks};
+    return std::vector<at::Tensor>{out.masks, out.iou_predictions};  // masks first: predict() takes front()
   });
 }
 

@@ -63,6 +63,9 @@ struct ModelInfo {
   /// Per axis (x, y[, z]): every spatial input size on that axis must be a multiple of it (the
   /// product of the strides on that axis).
   std::vector<int64_t> size_divisors;
+  /// forward returns {mask logits, IoU predictions (B, 1)} (a sam with its IoU head); the
+  /// trainer adds loss.iou_weight x iou_prediction_loss.
+  bool iou_output = false;
 };
 
 /// ok when an input size (x, y[, z]) fits the model: each axis a multiple of its size divisor

@@ -117,6 +117,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
 
     auto loss = make_loss(cfg.loss);
     if (!loss.is_ok()) return loss.status().with_context(cfg.file + ": loss");
+    if (cfg.loss.iou_weight > 0 && !t->model_.info().iou_output)
+      return invalid_config(cfg.file +
+                            ": loss.iou_weight: expected a model with an IoU head (sam with "
+                            "iou_head: true), got model " +
+                            t->model_.info().name + " without one");
     t->impl_->loss = *loss;
     if (t->model_.info().deep_supervision) t->impl_->ds_loss.emplace(*loss, cfg.loss.deep_supervision);
 
@@ -205,6 +210,8 @@ Result<StepInfo> Trainer::train_step(pipeline::BatchSource& source, std::int64_t
       // The loss in float32, outside autocast.
       for (auto& o : outs) o = o.to(at::kFloat);
       at::Tensor loss = impl_->ds_loss ? (*impl_->ds_loss)(outs, label) : impl_->loss(outs[0], label);
+      if (cfg_.loss.iou_weight > 0 && model_.info().iou_output)
+        loss = loss + cfg_.loss.iou_weight * iou_prediction_loss(outs[0], outs.at(1), label);
       at::Tensor scaled = scaler.scale(loss);
       if (tr.accumulate > 1) scaled = scaled / static_cast<double>(tr.accumulate);
       if (sync_) {
