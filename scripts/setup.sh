@@ -18,6 +18,7 @@ debs=(
   libopenjp2-7-dev
   libinsighttoolkit5-dev  # ITK's NrrdIO and MetaIO libraries: NRRD and MetaImage files
   clang libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes: scripts/fuzz.sh, scripts/sanitize.sh
+  orthanc  # the PACS of the hospital loop tests (tests/daemon/test_hospital_loop.cpp); the test runs its own instance
   clang-tidy                # scripts/tidy.sh (CI runs it on the sources)
 )
 missing=()
@@ -29,6 +30,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# The orthanc package may start a system PACS on port 4242/8042; the tests start their own.
+$SUDO service orthanc stop >/dev/null 2>&1 || true
 
 PY="${SEGFLOW_PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
@@ -55,6 +58,8 @@ fi
 # MONAI's surface metrics (HD95, ASSD, surface Dice) need scipy's EDT and erosion: the
 # reference `segflow eval` is checked against (tests/tools/monai_metrics.py).
 .venv/bin/python -m pip install -q "scipy>=1.11"
+# pynetdicom: an independent DICOM peer (C-STORE SCU/SCP) for the hospital loop tests.
+.venv/bin/python -m pip install -q "pynetdicom>=2.0"
 # cc3d: the third baseline of bench/cc_bench.py (connected components; scipy is the other).
 .venv/bin/python -m pip install -q "connected-components-3d>=3.12"
 # nnU-Net v2, the reference `segflow plan` is compared with (tests/tools/nnunet_plan.py) and

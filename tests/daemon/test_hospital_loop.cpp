@@ -208,3 +208,97 @@ TEST_CASE("an auto_infer send_to that names no configured destination stops segf
                     std::string::npos,
                 d2.log_tail());
 }
+
+namespace {
+
+std::string pacs_tool(const std::string& args) {
+  auto r =
+      run_command(shell_quote(python()) + " " +
+                  shell_quote(source_path("tests/tools/orthanc_pacs.py").string()) + " " + args + " 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, (args + ": " + r.out));
+  return r.out;
+}
+
+/// Downloads the SEGs Orthanc holds into `dir` (emptied first); returns how many.
+std::int64_t orthanc_segs(const std::string& url, const fs::path& dir) {
+  fs::remove_all(dir);
+  return json::parse(pacs_tool("segs " + url + " " + shell_quote(dir.string())))["segs"].get<std::int64_t>();
+}
+
+}  // namespace
+
+TEST_CASE("Orthanc as the PACS: a series it C-STOREs to segflowd comes back into it as a SEG by itself") {
+  if (run_command("command -v Orthanc >/dev/null 2>&1").exit_code != 0) {
+    MESSAGE("skipped: Orthanc is not installed (Debian's orthanc package; scripts/setup.sh installs it)");
+    return;
+  }
+  require_dcmtk_tools();
+  Setup s;
+  const fs::path checkpoint = train_checkpoint(s, 0, segmenting_job(s.data / "tiny"));
+  const std::vector<std::string> names = trained_class_names(s.data / "tiny");
+  const fs::path syn = synth_dicom(s.dir / "synth", 1, 21);
+  const fs::path other = synth_dicom(s.dir / "other", 1, 22);
+
+  // Orthanc of its own on loopback ports, its storage in the test's folder.
+  const int http = free_port(), pacs = free_port(), port = free_port();
+  const std::string url = "http://127.0.0.1:" + std::to_string(http);
+  const fs::path cfg = s.dir / "orthanc.json";
+  pacs_tool("config " + shell_quote(cfg.string()) + " " + shell_quote((s.dir / "orthanc").string()) + " " +
+            std::to_string(http) + " " + std::to_string(pacs) + " " + std::to_string(port));
+  ChildProcess orthanc({"Orthanc", cfg.string()}, {}, s.dir / "orthanc.log");
+  REQUIRE_MESSAGE(
+      eventually([&] { return run_command("curl -sf " + url + "/system >/dev/null 2>&1").exit_code == 0; },
+                 60),
+      read_file(s.dir / "orthanc.log"));
+
+  s.write_config("dicom:\n  port: " + std::to_string(port) +
+                 "\n  ae_title: SEGFLOW\n  dataset: incoming\n  allowed_calling_aes: [ORTHANC, MODALITY]\n"
+                 "  send_to: {ae_title: ORTHANC, host: 127.0.0.1, port: " +
+                 std::to_string(pacs) +
+                 ", retry_initial_s: 0.5}\nauto_infer:\n  - {dataset: incoming, checkpoint: " +
+                 checkpoint.string() + ", send_to: ORTHANC, quiet_seconds: 1}\n");
+  auto d = s.start();
+  Events events(s.events, "auto_infer");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+  // The study is loaded into Orthanc, which pushes it to segflowd (REST /modalities/segflow/store).
+  const json up = json::parse(pacs_tool("upload " + url + quoted_files(series_files(syn / "case_000"))));
+  REQUIRE(up["series"].size() == 1);
+  pacs_tool("store " + url + " segflow " + up["series"][0].get<std::string>());
+  const auto pushed = std::chrono::steady_clock::now();
+  const fs::path got = s.dir / "from_orthanc";
+  const bool arrived = eventually([&] { return orthanc_segs(url, got) == 1; }, 120);
+  const double wall = seconds_since(pushed);
+  REQUIRE_MESSAGE(arrived, d->log_tail());
+  std::printf(
+      "hospital loop (Orthanc store -> segflowd -> Orthanc, 24^3 synthetic series, CPU): %.2f s from "
+      "the last instance to the SEG in Orthanc (polled every 0.25 s)\n",
+      wall);
+  auto sent = events.wait_for([](const std::string&, const json& b) { return b["event"] == "sent"; }, 30);
+  REQUIRE(sent.has_value());
+  CHECK((*sent)["destination"] == "ORTHANC@127.0.0.1:" + std::to_string(pacs));
+  check_seg_on_source(seg_references(got, syn / "case_000"), names);
+
+  // The same voxels as `segflow infer` on the same files.
+  auto ref = run_segflow("infer --checkpoint " + shell_quote(checkpoint.string()) + " --input " +
+                         shell_quote((syn / "case_000").string()) + " --output " +
+                         shell_quote((s.dir / "ref.dcm").string()) + " --device cpu");
+  REQUIRE_MESSAGE(ref.exit_code == 0, ref.out);
+  const json mine = instances({got}), theirs = instances({s.dir / "ref.dcm"});
+  REQUIRE(mine.size() == 1);
+  REQUIRE(theirs.size() == 1);
+  CHECK(mine.begin().value()["pixel_sha1"] == theirs.begin().value()["pixel_sha1"]);
+  CHECK(mine.begin().value()["segments_present"] == theirs.begin().value()["segments_present"]);
+
+  // Another series pushed by pynetdicom as MODALITY: its SEG lands in Orthanc too.
+  const auto pushed2 = std::chrono::steady_clock::now();
+  pacs_tool("push " + std::to_string(port) + " MODALITY SEGFLOW" +
+            quoted_files(series_files(other / "case_000")));
+  REQUIRE_MESSAGE(eventually([&] { return orthanc_segs(url, got) == 2; }, 120), d->log_tail());
+  std::printf(
+      "hospital loop (pynetdicom -> segflowd -> Orthanc): %.2f s from the start of the push (a Python "
+      "process) to the SEG in Orthanc\n",
+      seconds_since(pushed2));
+  ok(s.control, {{"cmd", "shutdown"}});
+  CHECK(d->wait_exit(60) == 0);
+}
