@@ -427,8 +427,10 @@ nlohmann::json score_json(const CvInterval& i) {
 nlohmann::json configuration_json(const SelectConfiguration& c) {
   std::vector<std::string> runs;
   for (const auto& p : c.runs) runs.push_back(p.string());
-  return {
-      {"name", c.name}, {"summary", c.summary.string()}, {"runs", runs}, {"probabilities", c.probabilities}};
+  return {{"name", c.name},
+          {"summary", absolute_path(c.summary).string()},
+          {"runs", runs},
+          {"probabilities", c.probabilities}};
 }
 
 nlohmann::json row_json(const SelectionReport& r, std::size_t i) {

@@ -42,7 +42,7 @@ struct SelectOptions {
 /// One configuration: a cv summary and its runs (absolute paths).
 struct SelectConfiguration {
   std::string name;  ///< the runs' job name (config.json `name`); the summary's path if two agree
-  std::filesystem::path summary;
+  std::filesystem::path summary;  ///< as given (selection.json writes it absolute)
   std::vector<std::filesystem::path> runs;
   bool probabilities = false;  ///< every out-of-fold case has its probabilities file
 };

@@ -113,6 +113,7 @@ TEST_CASE(
   const auto sel = read_select_json(dir / "sel.json");
   CHECK(sel["metric"] == "dice");
   CHECK(sel["class"] == "mean");
+  for (const auto& c : sel["configurations"]) CHECK(fs::path(c["summary"].get<std::string>()).is_absolute());
   REQUIRE(sel["cases"].size() == 4);
   REQUIRE(sel["ranking"].size() == 3);
   std::map<std::string, nlohmann::json> rows;
