@@ -253,8 +253,8 @@ Result<Candidate> load_candidate(const fs::path& run, const std::string& which) 
   return c;
 }
 
-/// Every member predicts what the first does: the same classes (count and known names),
-/// input channels and spatial dims.
+/// Every member predicts what the first does: the same classes (count and known names) from
+/// the same input channels (2D and 3D members may mix: infer averages them on one grid).
 Status check_members(const std::vector<Candidate>& cs) {
   const Candidate& a = cs.front();
   for (const Candidate& b : cs) {
@@ -265,9 +265,6 @@ Status check_members(const std::vector<Candidate>& cs) {
     if (b.info.in_channels != a.info.in_channels)
       return invalid_argument(head + "input channels: " + std::to_string(b.info.in_channels) + ", expected " +
                               std::to_string(a.info.in_channels));
-    if (b.info.spatial_dims != a.info.spatial_dims)
-      return invalid_argument(head + "spatial dims: " + std::to_string(b.info.spatial_dims) + ", expected " +
-                              std::to_string(a.info.spatial_dims));
     if (!a.class_names.empty() && !b.class_names.empty() && a.class_names != b.class_names)
       for (std::size_t k = 0; k < a.class_names.size(); ++k)
         if (a.class_names[k] != b.class_names[k])
@@ -325,6 +322,7 @@ json manifest_of(const std::vector<Candidate>& cs, const PackageOptions& o, cons
                        {"fold", c.fold},
                        {"configuration", c.name},
                        {"family", c.info.name},
+                       {"spatial_dims", c.info.spatial_dims},
                        {"overlap", c.overlap}});
   }
   json m = {{"format", kModelPackageFormat},

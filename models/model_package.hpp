@@ -11,7 +11,7 @@
 // model.json: {"format": "segflow-model-1", "created", "classes": [{label, name}],
 // "spatial_dims", "in_channels", "family", "tta", "overlap" (null: each member's own
 // validation.overlap), "checkpoint" (last | best), "members": [{checkpoint, config, run,
-// source, fold, configuration, family, overlap}], "postprocessing" (file name or null, with
+// source, fold, configuration, family, spatial_dims, overlap}], "postprocessing" (file name or null, with
 // "postprocessing_summary": its before/after figures), "cv": [the cross-validation figures
 // the members were chosen on: per summary its runs, per class and mean Dice/HD95/NSD with
 // intervals], "selection" (selection.json's content, when packaged from one), "files":
@@ -53,7 +53,7 @@ struct ModelPackage {
   std::filesystem::path dir;
   std::vector<PackageMember> members;
   std::vector<std::string> class_names;  ///< labels 0..K-1
-  int spatial_dims = 3;
+  int spatial_dims = 3;                  ///< the first member's (2D and 3D members may mix)
   std::int64_t in_channels = 1;
   std::string family;
   TtaMode tta = TtaMode::none;
@@ -75,8 +75,8 @@ struct PackageOptions {
   std::function<void(const std::string&)> note;  ///< progress lines; may be empty
 };
 
-/// Checks the members (every checkpoint there and loadable, one class count, channel count and
-/// spatial dims; the postprocessing for those classes) and writes the package. Errors name
+/// Checks the members (every checkpoint there and loadable, one class count and channel
+/// count; the postprocessing for those classes) and writes the package. Errors name
 /// the run, file or field; nothing is left behind on failure.
 Result<ModelPackage> write_model_package(const PackageOptions& options);
 
