@@ -148,7 +148,80 @@ Result<ExportedModel> export_sam(const SamOptions& o, const torch::nn::Module& m
   return m;
 }
 
+/// nnU-Net's sizes per stage in array order (z, y, x), every axis spelled out.
+json nnunet_sizes(const std::vector<AxisSizes>& sizes, int dims) {
+  json out = json::array();
+  for (const auto& s : sizes) {
+    json axes = json::array();
+    for (int a = dims - 1; a >= 0; --a) axes.push_back(s.axis(static_cast<std::size_t>(a)));
+    out.push_back(axes);
+  }
+  return out;
+}
+
+Result<ExportedModel> export_plain_unet(const PlainConvUNetOptions& o, const torch::nn::Module& module) {
+  if (o.norm == NormKind::none)
+    return invalid_argument(
+        "export --to pytorch: plain_unet with norm none has no dynamic_network_architectures layout handled "
+        "here; expected norm instance or batch");
+  ExportedModel m;
+  m.target = "dynamic_network_architectures.architectures.unet.PlainConvUNet";
+  auto add = [&](const std::string& name, const at::Tensor& t) -> Status {
+    SEGFLOW_ASSIGN_OR_RETURN(std::vector<std::string> names, nnunet_plain_names(name));
+    for (const auto& n : names) m.state_dict.emplace_back(n, t.detach().to(at::kCPU).contiguous());
+    return Status::ok();
+  };
+  for (const auto& p : module.named_parameters()) SEGFLOW_RETURN_IF_ERROR(add(p.key(), p.value()));
+  for (const auto& b : module.named_buffers()) SEGFLOW_RETURN_IF_ERROR(add(b.key(), b.value()));
+  const std::string d = std::to_string(o.spatial_dims) + "d";
+  const bool instance = o.norm == NormKind::instance;
+  json norm_kwargs = {{"eps", 1e-5}, {"affine", true}};
+  m.spec = {{"target", m.target},
+            {"args",
+             {{"input_channels", o.in_channels},
+              {"n_stages", o.n_stages},
+              {"features_per_stage", o.features()},
+              {"conv_op", "Conv" + d},
+              {"kernel_sizes", nnunet_sizes(o.resolved_kernel_sizes(), o.spatial_dims)},
+              {"strides", nnunet_sizes(o.resolved_strides(), o.spatial_dims)},
+              {"n_conv_per_stage", o.n_conv_per_stage},
+              {"num_classes", o.num_classes},
+              {"n_conv_per_stage_decoder", o.n_conv_per_stage_decoder},
+              {"conv_bias", o.conv_bias},
+              {"norm_op", (instance ? "InstanceNorm" : "BatchNorm") + d},
+              {"norm_op_kwargs", norm_kwargs},
+              {"nonlin", "LeakyReLU"},
+              {"nonlin_kwargs", {{"negative_slope", o.negative_slope}, {"inplace", true}}},
+              {"deep_supervision", o.deep_supervision}}}};
+  return m;
+}
+
 }  // namespace
+
+Result<std::vector<std::string>> nnunet_plain_names(const std::string& name) {
+  static const std::regex kEncoder(R"(encoder_stages\.(\d+)\.(\d+)\.(conv|norm)\.(\w+))");
+  static const std::regex kDecoder(R"(decoder_stages\.(\d+)\.(\d+)\.(conv|norm)\.(\w+))");
+  static const std::regex kOther(R"((transpconvs|seg_layers)\.(\d+)\.(\w+))");
+  std::smatch m;
+  // A conv block's conv and norm are also all_modules.0 and .1 (no dropout); the decoder
+  // holds the encoder again as decoder.encoder.
+  auto block = [&](const std::string& stem) {
+    const std::string leaf = m[4].str();
+    return std::vector<std::string>{stem + m[3].str() + "." + leaf,
+                                    stem + "all_modules." + (m[3] == "conv" ? "0." : "1.") + leaf};
+  };
+  if (std::regex_match(name, m, kEncoder)) {
+    auto names = block("encoder.stages." + m[1].str() + ".0.convs." + m[2].str() + ".");
+    names.push_back("decoder." + names[0]);
+    names.push_back("decoder." + names[1]);
+    return names;
+  }
+  if (std::regex_match(name, m, kDecoder))
+    return block("decoder.stages." + m[1].str() + ".convs." + m[2].str() + ".");
+  if (std::regex_match(name, m, kOther))
+    return std::vector<std::string>{"decoder." + m[1].str() + "." + m[2].str() + "." + m[3].str()};
+  return invalid_argument("export: '" + name + "' is not a PlainConvUNet tensor");
+}
 
 Result<std::string> monai_unet_name(const std::string& name, std::size_t levels, std::int64_t num_res_units) {
   static const std::regex kLevel(R"((down|up)\.(\d+)\.(.+))");
@@ -200,10 +273,7 @@ Result<std::string> monai_unet_name(const std::string& name, std::size_t levels,
 Result<ExportedModel> export_model(const ModelOptions& options, const torch::nn::Module& module) {
   if (const auto* u = std::get_if<UNetOptions>(&options.net)) return export_unet(*u, module);
   if (const auto* s = std::get_if<SamModelOptions>(&options.net)) return export_sam(s->sam, module);
-  return invalid_argument("export --to pytorch: model " + options.name() +
-                          " has no PyTorch reference implementation to load into (it is nnU-Net's "
-                          "architecture, not a MONAI network); expected a unet (monai.networks.nets.UNet) "
-                          "or sam (segment_anything Sam) checkpoint");
+  return export_plain_unet(std::get<PlainConvUNetOptions>(options.net), module);
 }
 
 std::vector<char> pytorch_state_dict_bytes(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {

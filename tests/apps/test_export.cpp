@@ -82,9 +82,11 @@ void check_untrained(const std::string& name, const std::string& model_yaml, con
   const at::Tensor y = t->model().predict(x);
   save_io(dir / "io.pt", {{"x", x}, {"y", y}});
   auto j = check_in_python(dir / "net.pt", dir / "io.pt");
-  CHECK(j["target"] == "monai.networks.nets.UNet");
+  CHECK(j["target"] == exported.target);
   CHECK(j["tensors"].get<std::size_t>() == exported.state_dict.size());
   CHECK(j["max_abs"].get<double>() > 0);
+  MESSAGE(name << ": " << j["target"].get<std::string>() << ", max |logit diff| "
+               << j["max_abs_diff"].get<double>() << " of max |logit| " << j["max_abs"].get<double>());
   CHECK(j["max_abs_diff"].get<double>() <= 1e-4 * j["max_abs"].get<double>() + 1e-6);
 }
 
@@ -149,6 +151,20 @@ TEST_CASE("UNets with plain conv blocks, instance norm, LeakyReLU or in 2D expor
                   at::rand({2, 1, 32, 24}, gen, at::TensorOptions()));
 }
 
+TEST_CASE(
+    "plain_unets export into nnU-Net's PlainConvUNet (dynamic_network_architectures) with the same logits") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  check_untrained("plain_aniso",
+                  "{name: plain_unet, spatial_dims: 3, in_channels: 1, out_channels: 3, n_stages: 3, "
+                  "base_features: 4, max_features: 16, strides: [1, [2, 2, 1], 2], "
+                  "kernel_sizes: [[3, 3, 1], 3, 3], deep_supervision: true}",
+                  at::rand({2, 1, 8, 16, 12}, gen, at::TensorOptions()));
+  check_untrained("plain_batch_2d",
+                  "{name: plain_unet, spatial_dims: 2, in_channels: 2, out_channels: 4, n_stages: 4, "
+                  "base_features: 4, max_features: 16, norm: batch, deep_supervision: false}",
+                  at::rand({2, 2, 32, 24}, gen, at::TensorOptions()));
+}
+
 TEST_CASE("a SAM checkpoint exports into segment_anything's Sam with the same image embedding") {
   TempDir dir("export_sam");
   REQUIRE_OK_AND_ASSIGN(
@@ -184,19 +200,23 @@ TEST_CASE("a SAM checkpoint exports into segment_anything's Sam with the same im
   CHECK(spec["mask_decoder"]["iou_head"] == "zeros");  // the tiny preset trains without one
 }
 
-TEST_CASE("export refuses a model without a PyTorch counterpart, a bad target and a missing checkpoint") {
+TEST_CASE("export refuses a plain_unet without norm, a bad target and a missing checkpoint") {
   TempDir dir("export_bad");
   REQUIRE_OK_AND_ASSIGN(
       auto cfg,
       models::parse_job_config(export_job(dir.path(),
                                           "{name: plain_unet, spatial_dims: 3, in_channels: 1, out_channels: "
-                                          "3, n_stages: 2, base_features: 4}"),
+                                          "3, n_stages: 2, base_features: 4, norm: none}"),
                                "job.yaml"));
   REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
   auto plain = models::export_model(cfg.model, t->model().module());
   REQUIRE_FALSE(plain.is_ok());
-  CHECK(plain.status().message().find("model plain_unet has no PyTorch reference implementation") !=
-        std::string::npos);
+  CHECK(plain.status().message().find("plain_unet with norm none") != std::string::npos);
+  CHECK(*models::nnunet_plain_names("encoder_stages.1.0.norm.bias") ==
+        std::vector<std::string>{"encoder.stages.1.0.convs.0.norm.bias",
+                                 "encoder.stages.1.0.convs.0.all_modules.1.bias",
+                                 "decoder.encoder.stages.1.0.convs.0.norm.bias",
+                                 "decoder.encoder.stages.1.0.convs.0.all_modules.1.bias"});
 
   CHECK(*models::monai_unet_name("down.0.conv.0.conv.weight", 2, 1) == "0.conv.unit0.conv.weight");
   CHECK(*models::monai_unet_name("down.1.conv.0.norm.weight", 2, 2) ==

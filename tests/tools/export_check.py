@@ -7,7 +7,7 @@ STATE.pt is the exported state dict, SPEC.json its target and arguments, IO.pt a
 the C++ test (torch::pickle_save): for a UNet {"x": input, "y": segflow's eval-mode logits},
 for SAM {"image": images, "embedding": segflow's image embedding, "box": (B, 4) boxes,
 "low_res": segflow's low-resolution mask logits of image 0 with box 0}. Builds
-monai.networks.nets.UNet or segment_anything's Sam from SPEC.json, loads STATE.pt with
+monai.networks.nets.UNet, dynamic_network_architectures' PlainConvUNet or segment_anything's Sam from SPEC.json, loads STATE.pt with
 strict=True, runs the same input and prints one JSON object: target, tensors, max_abs (of the
 reference output) and max_abs_diff (reference vs segflow); for SAM also masks_max_abs and
 masks_max_abs_diff. Exit 3 when the reference package
@@ -31,6 +31,15 @@ def build_unet(spec):
         if isinstance(a[k], list):
             a[k] = (a[k][0], a[k][1])
     return UNet(**a)
+
+
+def build_plain_unet(spec):
+    from dynamic_network_architectures.architectures.unet import PlainConvUNet
+
+    a = dict(spec["args"])
+    for k in ("conv_op", "norm_op", "nonlin"):
+        a[k] = getattr(torch.nn, a[k])
+    return PlainConvUNet(**a)
 
 
 def build_sam(spec):
@@ -64,7 +73,9 @@ def main(argv):
     with open(spec_path) as f:
         spec = json.load(f)
     try:
-        model = build_unet(spec) if spec["target"].endswith("UNet") else build_sam(spec)
+        target = spec["target"]
+        model = (build_plain_unet(spec) if target.endswith("PlainConvUNet")
+                 else build_unet(spec) if target.endswith("UNet") else build_sam(spec))
     except ImportError as e:
         print(json.dumps({"error": f"reference package not importable: {e}"}))
         return 3
@@ -79,6 +90,8 @@ def main(argv):
     with torch.no_grad():
         if spec["target"].endswith("UNet"):
             ref, ours = model(io["x"]), io["y"]
+            if isinstance(ref, (list, tuple)):  # deep supervision: full resolution first
+                ref = ref[0]
         else:
             ref, ours = model.image_encoder(io["image"]), io["embedding"]
     out = {"target": spec["target"], "tensors": len(state), "shape": list(ref.shape),
