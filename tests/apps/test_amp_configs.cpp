@@ -59,11 +59,13 @@ struct Recorder : models::TrainObserver {
   void on_validation(const models::ValidationInfo& i) override { validations.push_back(i); }
 };
 
-void check_trains_bf16(const std::string& name, int size, const std::string& crop, const std::string& roi) {
+void check_trains_bf16(const std::string& name, int size, const std::string& crop, const std::string& roi,
+                       const std::vector<std::string>& extra = {}) {
   TempDir dir("amp_" + name);
   const auto config = segflow::testing::source_path("configs/" + name + ".yaml");
-  REQUIRE_OK_AND_ASSIGN(auto cfg,
-                        models::load_job_config(config, tiny_overrides(config, dir.path(), size, crop, roi)));
+  auto overrides = tiny_overrides(config, dir.path(), size, crop, roi);
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  REQUIRE_OK_AND_ASSIGN(auto cfg, models::load_job_config(config, overrides));
   REQUIRE(cfg.train.amp == "bf16");
   Recorder rec;
   REQUIRE_OK(actors::run_training(cfg, {}, rec));
@@ -133,11 +135,25 @@ TEST_CASE("the shipped box-prompted SAM config trains and validates under bf16 a
   check_trains_bf16("medsam-box2d", 32, "", "");
 }
 
+TEST_CASE(
+    "the shipped MedSAM ViT-B recipe shrunk to a tiny SAM (32 px, no weights) with the IoU loss trains 2 "
+    "steps and "
+    "validates under bf16 on a CPU") {
+  // Its stages as shipped (medsam_normalize, minmax_slices, remove_small_objects, medsam_box,
+  // resize_longest_side) but resizing to 32; loss.iou_weight adds LiteMedSAM's IoU term.
+  check_trains_bf16(
+      "medsam-vitb", 48, "", "",
+      {"model.preset=tiny", "model.img_size=32", "model.patch_size=4", "model.embed_dim=32",
+       "model.weights=", "model.iou_head=true", "stages.5.options.size=32", "stages.4.options.num_samples=2",
+       "stages.4.options.bbox_shift=2", "stages.3.options.min_size_3d=20", "stages.3.options.min_size_2d=4",
+       "loss.iou_weight=1.0"});
+}
+
 TEST_CASE("every shipped job config has a bf16 case above") {
   std::set<std::string> shipped;
   for (const auto& e : std::filesystem::directory_iterator(segflow::testing::source_path("configs")))
     if (e.path().extension() == ".yaml" && e.path().stem() != "daemon")
       shipped.insert(e.path().stem().string());
-  CHECK(shipped == std::set<std::string>{"medsam-box2d", "nnunet-like-3d", "quickstart-unet3d",
+  CHECK(shipped == std::set<std::string>{"medsam-box2d", "medsam-vitb", "nnunet-like-3d", "quickstart-unet3d",
                                          "spleen-ct-unet3d", "unet2d-slices"});
 }
