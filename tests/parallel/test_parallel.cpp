@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 
 #include "actors/parallel/data_parallel.hpp"
 #include "job_yaml.hpp"
+#include "models/checkpoint.hpp"
 #include "models/job_config.hpp"
 #include "models/parallel/collective.hpp"
 #include "models/parallel/ddp_sync.hpp"
@@ -570,8 +573,10 @@ class CountingObserver : public segflow::models::TrainObserver {
   explicit CountingObserver(std::int64_t stop_after = -1) : stop_after_(stop_after) {}
   void on_step(const segflow::models::StepInfo&) override { ++steps; }
   void on_validation(const segflow::models::ValidationInfo&) override { ++validations; }
+  void on_early_stop(const segflow::models::EarlyStopInfo& i) override { early_stops.push_back(i); }
   bool should_stop() override { return stop_after_ >= 0 && steps >= stop_after_; }
   std::int64_t steps = 0, validations = 0;
+  std::vector<segflow::models::EarlyStopInfo> early_stops;
 
  private:
   std::int64_t stop_after_;
@@ -609,6 +614,40 @@ TEST_CASE("a stop request on rank 0 stops every rank at the same step (no hang)"
   REQUIRE_OK_AND_ASSIGN(auto run, segflow::actors::run_data_parallel(cfg, {}, obs, o));
   CHECK(obs.steps == 1);
   CHECK(std::filesystem::exists(run / "last.pt"));
+}
+
+TEST_CASE("early stopping on 2 ranks: the rank that validates stops every rank after the same epoch") {
+  // Only rank 0 validates; the decision must reach rank 1 (a rank that trained on would
+  // hang in its next all-reduce). SGD at lr 1e-30 with instance norm leaves the model as it
+  // was, so the Dice cannot improve and patience 2 ends the run after its third validation.
+  segflow::testing::TempDir dir("segflow_dp_early_stop");
+  auto job = tiny_job(dir.path());
+  job.model = segflow::testing::unet3d(5, "channels: [4, 8], strides: [2], num_res_units: 1, norm: instance");
+  job.optimizer = "{name: sgd, lr: 1.0e-30}";
+  job.epochs = 10;
+  job.train += ", early_stopping: {patience: 2}";
+  REQUIRE_OK_AND_ASSIGN(auto cfg, segflow::models::parse_job_config(job.yaml(), "job.yaml"));
+  CountingObserver obs;
+  segflow::actors::DataParallelOptions o;
+  o.world_size = 2;
+  o.timeout = std::chrono::seconds(120);
+  REQUIRE_OK_AND_ASSIGN(auto run, segflow::actors::run_data_parallel(cfg, {}, obs, o));
+  CHECK(obs.validations == 3);
+  REQUIRE(obs.early_stops.size() == 1);
+  CHECK(obs.early_stops[0].patience == 2);
+  REQUIRE_OK_AND_ASSIGN(auto meta, segflow::models::read_checkpoint_meta(run / "last.pt"));
+  CHECK(meta["epoch"] == 3);  // of 10
+  CHECK(meta["early_stop"]["validations_without_improvement"] == 2);
+  std::ifstream f(run / "metrics.jsonl");
+  std::int64_t records = 0;
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("type", "") == "early_stop") {
+      ++records;
+      CHECK(j["epoch"] == 2);
+    }
+  }
+  CHECK(records == 1);  // written once, by rank 0
 }
 
 TEST_CASE("torchrun starts 2 processes on a fresh data root; one makes the dataset, both train" *
