@@ -1,7 +1,8 @@
 // segflow package and infer --model, the chain of issue 30 on tiny data: 3 folds trained,
-// segflow cv, postprocess determine, package; infer --model equals infer with the members'
-// checkpoints and --postprocess voxel for voxel (with the determined plan and with a plan
-// that removes voxels); the manifest's sha256s equal Python hashlib's; a tampered checkpoint,
+// segflow cv, postprocess determine, package (from the cv summary, from segflow select's
+// file, from the runs); infer --model equals infer with the members' checkpoints and
+// --postprocess voxel for voxel (with the determined plan and with a plan that removes
+// voxels); the manifest's sha256s equal Python hashlib's; a tampered checkpoint,
 // a member with other classes, a missing checkpoint, a plan of other classes and an
 // existing output folder are refused naming what is wrong, leaving nothing behind.
 #include <doctest/doctest.h>
@@ -108,6 +109,24 @@ void check_manifest(const fs::path& model, const nlohmann::json& cv, std::size_t
   CHECK(files == 2 * members + 1);  // checkpoint and config per member, the plan
 }
 
+/// segflow select's file (one configuration here) packs the same members as the cv summary
+/// did (DIR/model), with select's verdict and the summary's figures.
+void check_selection_package(const fs::path& dir) {
+  auto sel = run_segflow(
+      "select " + qk(dir / "cv" / "cv_summary.json") + " --out " + qk(dir / "selection.json"), dir);
+  REQUIRE_MESSAGE(sel.exit_code == 0, sel.err);
+  auto pk_sel = run_segflow(
+      "package --selection " + qk(dir / "selection.json") + " --out " + qk(dir / "model_sel"), dir);
+  REQUIRE_MESSAGE(pk_sel.exit_code == 0, pk_sel.err);
+  const auto ms = read_json(dir / "model_sel" / "model.json");
+  const auto mc = read_json(dir / "model" / "model.json");
+  REQUIRE(ms["members"].size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(ms["members"][i]["source"] == mc["members"][i]["source"]);
+  CHECK(ms["selection"]["winner"]["name"] == read_json(dir / "selection.json")["winner"]["name"]);
+  REQUIRE(ms["cv"].size() == 1);
+  CHECK(ms["cv"][0]["mean"]["dice"] == mc["cv"][0]["mean"]["dice"]);
+}
+
 }  // namespace pkg_test
 
 using namespace pkg_test;
@@ -132,6 +151,7 @@ TEST_CASE(
   REQUIRE_MESSAGE(pk.exit_code == 0, pk.err);
   CHECK(contains(pk.out, "members: 3 (last.pt)"));
   check_manifest(dir / "model", read_json(dir / "cv" / "cv_summary.json"), 3);
+  check_selection_package(dir);
 
   // infer --model equals the members' ensemble with the plan, case by case.
   const auto packaged = infer_all(dir, "--model " + qk(dir / "model"), "by_model");
