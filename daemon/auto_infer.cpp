@@ -72,8 +72,9 @@ Status AutoInfer::prepare() {
     if (!fs::is_directory(r.output, ec))
       return io_error("auto_infer: output " + r.output.string() + " (dataset " + r.dataset +
                       "): cannot create the folder");
-    log::info("auto_infer: new cases of " + r.dataset + " are inferred with " + r.checkpoint.string() +
-              " into " + r.output.string() + (r.send_to.empty() ? "" : ", SEGs sent to " + r.send_to));
+    log::info("auto_infer: new cases of " + r.dataset + " are inferred with " +
+              (r.model.empty() ? r.checkpoint.string() : "the package " + r.model.string()) + " into " +
+              r.output.string() + (r.send_to.empty() ? "" : ", SEGs sent to " + r.send_to));
   }
   return Status::ok();
 }
@@ -186,6 +187,7 @@ Result<std::int64_t> AutoInfer::submit(const AutoInferRule& rule, const pipeline
                                        const fs::path& out) {
   InferJobSpec spec;
   spec.checkpoint = rule.checkpoint.string();
+  spec.model = rule.model.string();
   spec.input = c.images.front().string();
   spec.output = out.string();
   spec.tta = rule.tta;

@@ -53,8 +53,12 @@ void CurveSettings::bind(OptionParser& p) {
 }
 
 void AutoInferRule::bind(OptionParser& p) {
-  for (const char* k : {"dataset", "checkpoint"})
-    if (!p.given(k)) return p.fail(k, "missing (auto_infer entries need dataset and checkpoint)");
+  if (!p.given("dataset"))
+    return p.fail("dataset", "missing (auto_infer entries need dataset and checkpoint or model)");
+  if (!p.given("checkpoint") && !p.given("model"))
+    return p.fail("checkpoint", "missing (auto_infer entries need dataset and checkpoint or model)");
+  if (p.given("checkpoint") && p.given("model"))
+    return p.fail("model", "a model package names its checkpoints: give checkpoint or model, not both");
   p.string("dataset", dataset, "dataset folder under data_root whose new cases are inferred");
   if (p.ok() && (dataset.empty() || dataset[0] == '.' || dataset.find('/') != std::string::npos))
     return p.fail(
@@ -62,12 +66,19 @@ void AutoInferRule::bind(OptionParser& p) {
         "expected a folder name under data_root (no '/', not starting with '.'), got \"" + dataset + "\"");
   std::string s = checkpoint.string();
   p.string("checkpoint", s, "best.pt / last.pt of a run; must exist when the daemon starts");
-  if (p.ok() && s.empty()) return p.fail("checkpoint", "expected a checkpoint path, got \"\"");
+  if (p.ok() && p.given("checkpoint") && s.empty())
+    return p.fail("checkpoint", "expected a checkpoint path, got \"\"");
   checkpoint = s;
+  s = model.string();
+  p.string("model", s, "model package folder (segflow package); must exist when the daemon starts");
+  if (p.ok() && p.given("model") && s.empty()) return p.fail("model", "expected a package folder, got \"\"");
+  model = s;
   s = output.string();
   p.string("output", s, "folder of the label maps <case>.nii.gz; \"\" = <state_dir>/inferred/<dataset>");
   output = s;
   p.choice("tta", tta, {"none", "mirror", "mirror-all"}, "test-time augmentation");
+  if (p.ok() && !model.empty() && tta != "none")
+    return p.fail("tta", "a model package sets its TTA; leave tta out");
   p.string("device", device, "device of the jobs: auto, cpu, cuda:N");
   if (p.ok() && device.empty()) return p.fail("device", "expected auto, cpu or cuda:N, got \"\"");
   p.choice("output_format", output_format, {"", "seg", "nifti", "both"},
@@ -307,9 +318,13 @@ Status finalize_daemon_config(DaemonConfig& c) {
     AutoInferRule& r = c.auto_infer[i];
     const std::string key = where + ": auto_infer[" + std::to_string(i) + "]";
     abs(r.checkpoint);
+    abs(r.model);
     if (r.output.empty()) r.output = c.state_dir / "inferred" / r.dataset;
     abs(r.output);
-    if (!fs::is_regular_file(r.checkpoint, ec))
+    if (!r.model.empty() && !fs::is_directory(r.model, ec))
+      return invalid_config(key + ".model: " + r.model.string() +
+                            ": no such folder (expected a model package)");
+    if (r.model.empty() && !fs::is_regular_file(r.checkpoint, ec))
       return invalid_config(key + ".checkpoint: " + r.checkpoint.string() + ": no such file");
     if (fs::exists(r.output, ec) && !fs::is_directory(r.output, ec))
       return invalid_config(key + ".output: " + r.output.string() + ": expected a folder, got a file");

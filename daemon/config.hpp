@@ -17,7 +17,8 @@
 //   curve: {server_secret_key_file, server_public_key_file, authorized_clients_dir}
 //   dicom: {port, ae_title, dataset, allowed_calling_aes, ...}   # daemon/dicom/config.hpp
 //   auto_infer:                    # models run on each new case of a dataset (auto_infer.hpp)
-//     - {dataset: NAME, checkpoint: PATH, output: DIR, tta: none|mirror|mirror-all, device: auto,
+//     - {dataset: NAME, checkpoint: PATH | model: PACKAGE_DIR, output: DIR, tta: none|mirror|mirror-all,
+//     device: auto,
 //        output_format: seg|nifti|both, send_to: AE_TITLE, quiet_seconds: 5}
 //   auto_train:                    # datasets planned and trained when they appear (auto_train.hpp)
 //     - {dataset: NAME|PATH|"*", configuration: 3d_fullres, folds: [0] | all, set: {key: value},
@@ -55,9 +56,12 @@ struct CurveSettings {
 struct AutoInferRule {
   std::string dataset;               ///< folder name under data_root
   std::filesystem::path checkpoint;  ///< best.pt / last.pt of a run; must exist at start
-  std::filesystem::path output;      ///< label maps go here; "" = <state_dir>/inferred/<dataset>
-  std::string tta = "none";          ///< none | mirror | mirror-all
-  std::string device = "auto";       ///< a device of the pool (cpu, cuda:N) or auto
+  /// A model package folder (`segflow package`) instead of `checkpoint`: its members, TTA,
+  /// overlap, class names and postprocessing (InferJobSpec::model); must exist at start.
+  std::filesystem::path model;
+  std::filesystem::path output;  ///< label maps go here; "" = <state_dir>/inferred/<dataset>
+  std::string tta = "none";      ///< none | mirror | mirror-all
+  std::string device = "auto";   ///< a device of the pool (cpu, cuda:N) or auto
   /// seg | nifti | both; "" = per case: seg (DICOM SEG) for a DICOM series, nifti otherwise.
   std::string output_format;
   /// The DICOM destination the SEGs are queued for, named by its AE title (dicom.send_to);
@@ -67,7 +71,7 @@ struct AutoInferRule {
   /// the newest file of the case); the node files instances at the end of their association,
   /// so 0 = complete at the association's end. NIfTI cases are not held back.
   double quiet_seconds = 5.0;
-  /// Reads one entry (pipeline/options.hpp): dataset and checkpoint are required.
+  /// Reads one entry (pipeline/options.hpp): dataset and one of checkpoint or model are required.
   void bind(pipeline::OptionParser& p);
 };
 

@@ -207,6 +207,27 @@ TEST_CASE("an auto_infer send_to that names no configured destination stops segf
   CHECK_MESSAGE(d2.log_tail().find("auto_infer[0].send_to: output_format nifti writes no DICOM SEG") !=
                     std::string::npos,
                 d2.log_tail());
+
+  // A model package instead of a checkpoint: one of the two, and the folder must exist.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{dataset: incoming, checkpoint: " + model.string() + ", model: " + s.dir.path().string() + "}",
+       "auto_infer[0].model: a model package names its checkpoints: give checkpoint or model, not both"},
+      {"{dataset: incoming, model: " + (s.dir / "nopkg").string() + "}",
+       "auto_infer[0].model: " + (s.dir / "nopkg").string() + ": no such folder (expected a model package)"},
+      {"{dataset: incoming, model: " + s.dir.path().string() + ", tta: mirror}",
+       "auto_infer[0].tta: a model package sets its TTA"},
+      {"{dataset: incoming}", "auto_infer[0].checkpoint: missing"},
+  };
+  int n = 0;
+  for (const auto& [entry, message] : bad) {
+    const auto& yaml_entry = entry;  // clang 14 cannot capture a structured binding
+    CAPTURE(yaml_entry);
+    s.write_config("auto_infer:\n  - " + entry + "\n");
+    ChildProcess b =
+        start_segflowd({"--config", s.config.string()}, s.dir / ("bad_model" + std::to_string(n++) + ".log"));
+    CHECK(b.wait_exit(60) == 2);
+    CHECK_MESSAGE(b.log_tail().find(message) != std::string::npos, b.log_tail());
+  }
 }
 
 namespace {
