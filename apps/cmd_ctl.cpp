@@ -588,9 +588,25 @@ int show_reply(const CtlCommand& c, const json& r, bool raw, const std::string& 
 
 int cmd_ctl(int argc, char** argv) {
   auto parsed = parse_args(argc, argv, 2,
-                           {"endpoint", "timeout", "curve-server-key", "curve-client-keys", "set", "out",
-                            "checkpoint", "input", "model", "output", "tta", "device", "configuration",
-                            "configurations", "memory-gb", "memory-model", "fold", "boxes", "boxes-from",
+                           {"endpoint",
+                            "timeout",
+                            "curve-server-key",
+                            "curve-client-keys",
+                            "set",
+                            "out",
+                            "checkpoint",
+                            "input",
+                            "model",
+                            "output",
+                            "tta",
+                            "device",
+                            "configuration",
+                            "configurations",
+                            "memory-gb",
+                            "memory-model",
+                            "fold",
+                            "boxes",
+                            "boxes-from",
                             "box-margin"},
                            {"json", "now", "help", "propagate"});
   if (!parsed.is_ok()) return fail("ctl", parsed.status());

@@ -138,11 +138,11 @@ Status model_package_options(const Args& a, models::InferOptions& o) {
 }  // namespace
 
 int cmd_infer(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2,
-                      {"checkpoint", "input", "output", "device", "tta", "class-names", "format", "amp",
-                       "channels-last", "overlap", "stitch-device", "postprocess", "boxes", "boxes-from",
-                       "box-margin", "model"},
-                      {"save-probabilities", "quiet", "propagate", "no-postprocess"});
+  auto a = parse_args(
+      argc, argv, 2,
+      {"checkpoint", "input", "output", "device", "tta", "class-names", "format", "amp", "channels-last",
+       "overlap", "stitch-device", "postprocess", "boxes", "boxes-from", "box-margin", "model"},
+      {"save-probabilities", "quiet", "propagate", "no-postprocess"});
   if (!a.is_ok()) return fail("infer", a.status());
   for (const char* k : {"checkpoint", "input", "output"})
     if (!a->has(k) && !(a->has("model") && k == std::string("checkpoint")))
