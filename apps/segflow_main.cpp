@@ -88,12 +88,11 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   static const std::map<std::string, std::function<int(int, char**)>> commands = {
-      {"synth", cmd_synth}, {"inspect", cmd_inspect}, {"stages", cmd_stages},
-      {"train", cmd_train}, {"infer", cmd_infer},     {"ctl", cmd_ctl},
-      {"bench", cmd_bench}, {"eval", cmd_eval},       {"export", cmd_export},
-      {"plan", cmd_plan},   {"cv", cmd_cv},           {"postprocess", cmd_postprocess},
-      {"package", cmd_package},
-      {"select", cmd_select},
+      {"synth", cmd_synth},     {"inspect", cmd_inspect}, {"stages", cmd_stages},
+      {"train", cmd_train},     {"infer", cmd_infer},     {"ctl", cmd_ctl},
+      {"bench", cmd_bench},     {"eval", cmd_eval},       {"export", cmd_export},
+      {"plan", cmd_plan},       {"cv", cmd_cv},           {"postprocess", cmd_postprocess},
+      {"package", cmd_package}, {"select", cmd_select},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);
