@@ -278,6 +278,12 @@ Result<EpochInfo> Trainer::train_epoch(pipeline::BatchSource& source, std::int64
     const std::int64_t total_steps = std::max<std::int64_t>(1, tr.epochs * steps_per_epoch);
     SEGFLOW_RETURN_IF_ERROR(source.start_epoch(state_.epoch));
     model_.module().train();
+    if (sync_ && !impl_->frozen.empty())
+      return invalid_config(cfg_.file +
+                            ": train.freeze: expected one device (freezing is not supported with "
+                            "data-parallel ranks yet)");
+    const bool frozen = tr.unfreeze_epoch == 0 || state_.epoch < tr.unfreeze_epoch;
+    for (auto& p : impl_->frozen) p.set_requires_grad(!frozen);
     impl_->optimizer->zero_grad();
     impl_->loss_sums.zero_();
     impl_->window_steps = 0;
@@ -285,14 +291,6 @@ Result<EpochInfo> Trainer::train_epoch(pipeline::BatchSource& source, std::int64
     const std::int64_t skipped_at_start = state_.skipped_steps;
     const auto t_epoch = Clock::now();
     EpochInfo ep;
-    if (sync_ && !impl_->frozen.empty())
-      return invalid_config(cfg_.file +
-                            ": train.freeze: expected one device (freezing is not supported with "
-                            "data-parallel ranks yet)");
-    const bool frozen = tr.unfreeze_epoch == 0 || state_.epoch < tr.unfreeze_epoch;
-    for (auto& p : impl_->frozen) p.set_requires_grad(!frozen);
-    const bool frozen = tr.unfreeze_epoch == 0 || state_.epoch < tr.unfreeze_epoch;
-    for (auto& p : impl_->frozen) p.set_requires_grad(!frozen);
     ep.epoch = state_.epoch;
     std::int64_t samples_total = 0;
     while (true) {
@@ -410,7 +408,9 @@ Result<std::optional<EarlyStopInfo>> Trainer::validate_epoch(const std::vector<S
   if (sync_) reached = sync_->any(reached);  // every rank stops with the one that validates
   if (!reached) return std::optional<EarlyStopInfo>();
   EarlyStopInfo info = early_stop_info(state_.early_stop, *es, state_.epoch - 1, value);
-  log::info("early stopping after epoch " + std::to_string(state_.epoch) + ": " + early_stop_reason(info));
+  // A data-parallel rank that validates nothing only follows the decision; its reason would be empty.
+  log::info("early stopping after epoch " + std::to_string(state_.epoch) + ": " +
+            (val.empty() ? std::string("the validating rank stopped") : early_stop_reason(info)));
   observer.on_early_stop(info);
   return std::optional<EarlyStopInfo>(info);
 }
@@ -432,6 +432,9 @@ Status Trainer::fit(pipeline::BatchSource& source, std::int64_t steps_per_epoch,
                     const std::vector<Sample>& val, const fs::path& run_dir, TrainObserver& observer) {
   const auto& tr = cfg_.train;
   if (stopped_early_before(observer)) return Status::ok();
+  if (const auto& r = impl_->weights_report; !r.path.empty() || !r.frozen.empty())
+    SEGFLOW_RETURN_IF_ERROR(
+        write_file_atomically(run_dir / "weights_report.json", r.to_json().dump(2) + '\n'));
   while (state_.epoch < tr.epochs) {
     observer.on_epoch_start(state_.epoch, tr.epochs);
     SEGFLOW_ASSIGN_OR_RETURN(EpochInfo ep, train_epoch(source, steps_per_epoch, observer));
@@ -439,9 +442,6 @@ Status Trainer::fit(pipeline::BatchSource& source, std::int64_t steps_per_epoch,
     const bool last = state_.epoch >= tr.epochs;
     const bool stopping = observer.should_stop();
     std::optional<EarlyStopInfo> early;
-  if (const auto& r = impl_->weights_report; !r.path.empty() || !r.frozen.empty())
-    SEGFLOW_RETURN_IF_ERROR(
-        write_file_atomically(run_dir / "weights_report.json", r.to_json().dump(2) + '\n'));
     if (tr.val_interval > 0 && (state_.epoch % tr.val_interval == 0 || last)) {
       SEGFLOW_ASSIGN_OR_RETURN(early, validate_epoch(val, run_dir, observer));
     }
