@@ -21,6 +21,7 @@
 #include "pipeline/io/nifti.hpp"
 #include "pipeline/pipeline_spec.hpp"
 #include "pipeline/stage_registry.hpp"
+#include "pipeline/transforms/medsam.hpp"
 
 namespace segflow::models {
 
@@ -92,7 +93,10 @@ Result<std::vector<at::Tensor>> segment_tracks(BoxLabelMap& m, std::int64_t z,
 /// embedding of the last slice kept for its other boxes.
 class SamSlices {
  public:
-  SamSlices(const Trainer& trainer, at::Tensor volume) : trainer_(trainer), volume_(std::move(volume)) {
+  /// `longest_side` > 0: the training resized each slice's longest side to it and padded
+  /// (resize_longest_side); 0: a plain resize to the model's square (medsam_box's image_size).
+  SamSlices(const Trainer& trainer, at::Tensor volume, std::int64_t longest_side = 0)
+      : trainer_(trainer), volume_(std::move(volume)), longest_side_(longest_side) {
     sam_ = dynamic_cast<SamImpl*>(&trainer.model().module());
   }
   bool ok() const { return sam_ != nullptr; }
@@ -106,8 +110,9 @@ class SamSlices {
     if (z != cached_z_) {
       at::Tensor x = volume_.select(1, z).to(at::kFloat);  // (C, H, W)
       if (x.size(0) == 1) x = x.repeat({3, 1, 1});
+      if (longest_side_ > 0) x = pipeline::resize_longest_side(x, longest_side_, false, true);
       x = x.unsqueeze(0).to(dev);
-      if (H != S || W != S)
+      if (longest_side_ == 0 && (H != S || W != S))
         x = F::interpolate(x, F::InterpolateFuncOptions()
                                   .size(std::vector<std::int64_t>{S, S})
                                   .mode(torch::kBilinear)
@@ -119,14 +124,26 @@ class SamSlices {
     std::vector<float> coords;
     const double sx = static_cast<double>(S) / static_cast<double>(W),
                  sy = static_cast<double>(S) / static_cast<double>(H);
+    // resize_longest_side scales the training box by one factor (size / longest side).
+    const double s1 = static_cast<double>(longest_side_) / static_cast<double>(std::max(H, W));
     for (const SliceBox& b : boxes)
-      for (double v : {b.x0 * sx, b.y0 * sy, (b.x1 + 1) * sx - 1, (b.y1 + 1) * sy - 1})
+      for (double v : longest_side_ > 0 ? std::vector<double>{b.x0 * s1, b.y0 * s1, b.x1 * s1, b.y1 * s1}
+                                        : std::vector<double>{b.x0 * sx, b.y0 * sy, (b.x1 + 1) * sx - 1,
+                                                              (b.y1 + 1) * sy - 1})
         coords.push_back(static_cast<float>(v));
     const auto n = static_cast<std::int64_t>(boxes.size());
     at::Tensor bt = torch::tensor(coords).view({n, 4}).to(dev);
     auto [sparse, dense] = sam_->prompt_encoder->forward(bt);
     auto [low_res, iou] =
         sam_->mask_decoder->forward(embedding_, sam_->prompt_encoder->get_dense_pe(), sparse, dense);
+    if (longest_side_ > 0) {  // LiteMedSAM: up to the padded square, the padding cut off
+      low_res = F::interpolate(low_res, F::InterpolateFuncOptions()
+                                            .size(std::vector<std::int64_t>{S, S})
+                                            .mode(torch::kBilinear)
+                                            .align_corners(false));
+      const auto [nh, nw] = pipeline::longest_side_shape(H, W, longest_side_);
+      low_res = low_res.narrow(2, 0, nh).narrow(3, 0, nw);
+    }
     at::Tensor logits = F::interpolate(low_res, F::InterpolateFuncOptions()
                                                     .size(std::vector<std::int64_t>{H, W})
                                                     .mode(torch::kBilinear)
@@ -137,14 +154,35 @@ class SamSlices {
  private:
   const Trainer& trainer_;
   at::Tensor volume_;  ///< (C, Z, Y, X) preprocessed
+  std::int64_t longest_side_ = 0;
   SamImpl* sam_ = nullptr;
   at::Tensor embedding_;
   std::int64_t cached_z_ = -1, embedded_ = 0;
 };
 
+/// The size of a resize_longest_side stage (stages[i]) that box inference can apply per slice:
+/// padded to the model's square input.
+Result<std::int64_t> longest_side_of(const Trainer& trainer, const nlohmann::json& options, std::size_t i) {
+  const auto* sam = dynamic_cast<const SamImpl*>(&trainer.model().module());
+  const std::int64_t S = sam ? sam->options.image_encoder.img_size : 0;
+  const std::int64_t size = options.value("size", std::int64_t{0});
+  const std::string where =
+      trainer.config().file + ": stages[" + std::to_string(i) + "] (resize_longest_side)";
+  if (!options.value("pad", true))
+    return unsupported(where +
+                       ": pad: expected true for box-prompted inference (a square model input), got false");
+  if (size != S)
+    return unsupported(where + ": size: expected the model's img_size " + std::to_string(S) + ", got " +
+                       std::to_string(size));
+  return size;
+}
+
 /// The checkpoint's deterministic stages before medsam_box, run on the volume; they must keep
-/// its grid. Errors name a deterministic stage after medsam_box (box inference cannot apply it).
-Result<at::Tensor> preprocess(const Trainer& trainer, const pipeline::Image& input, const std::string& id) {
+/// its grid. After medsam_box only resize_longest_side (padded, to the model's size) is taken:
+/// its size goes to `longest_side` and SamSlices applies it per slice. Errors name another
+/// deterministic stage after medsam_box (box inference cannot apply it).
+Result<at::Tensor> preprocess(const Trainer& trainer, const pipeline::Image& input, const std::string& id,
+                              std::int64_t& longest_side) {
   const JobConfig& cfg = trainer.config();
   SEGFLOW_ASSIGN_OR_RETURN(pipeline::Pipeline pipe,
                            pipeline::build_pipeline(cfg.stages, pipeline::builtin_registry(), cfg.file));
@@ -157,11 +195,17 @@ Result<at::Tensor> preprocess(const Trainer& trainer, const pipeline::Image& inp
       image_key = resolved[i]["options"].value("image_key", image_key);
       break;
     }
-  for (std::size_t i = medsam + 1; i < pipe.size(); ++i)
+  longest_side = 0;
+  for (std::size_t i = medsam + 1; i < pipe.size(); ++i) {
+    if (resolved[i].value("name", "") == "resize_longest_side" && longest_side == 0) {
+      SEGFLOW_ASSIGN_OR_RETURN(longest_side, longest_side_of(trainer, resolved[i]["options"], i));
+      continue;
+    }
     if (pipe.stages()[i]->deterministic())
       return unsupported(cfg.file + ": stages[" + std::to_string(i) + "] (" + resolved[i].value("name", "") +
-                         "): box-prompted inference applies the deterministic stages before medsam_box only; "
-                         "expected none after it");
+                         "): box-prompted inference applies the deterministic stages before medsam_box and "
+                         "resize_longest_side only; expected no other after it");
+  }
   std::vector<Sample> v(1);
   v[0].id = id;
   v[0].geometry = input.geometry;
@@ -356,9 +400,10 @@ Result<BoxInferResult> run_box_inference(const BoxInferOptions& o) {
     SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image input, pipeline::read_image(o.input));
     SEGFLOW_ASSIGN_OR_RETURN(std::vector<SliceBox> boxes, prompts(o, input, names));
     const std::string id = pipeline::strip_channel_zero(pipeline::case_id_of(o.input));
-    SEGFLOW_ASSIGN_OR_RETURN(at::Tensor volume, preprocess(*trainer, input, id));
+    std::int64_t longest_side = 0;
+    SEGFLOW_ASSIGN_OR_RETURN(at::Tensor volume, preprocess(*trainer, input, id, longest_side));
     trainer->model().module().eval();
-    SamSlices sam(*trainer, volume);
+    SamSlices sam(*trainer, volume, longest_side);
     if (!sam.ok()) return internal_error(o.checkpoint.string() + ": the box-prompted model is not a SAM");
     const SliceSegmenter segment = [&sam](std::int64_t z, const std::vector<SliceBox>& b) {
       return sam(z, b);

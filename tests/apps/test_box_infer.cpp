@@ -18,6 +18,7 @@
 #include "models/trainer.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "pipeline/io/nifti.hpp"
+#include "pipeline/transforms/medsam.hpp"
 #include "test_util.hpp"
 
 using namespace segflow;
@@ -170,6 +171,93 @@ TEST_CASE("box inference equals the SAM forward called slice by slice with the s
   const at::Tensor want_small = box_manual_labels(ckpt, img.voxels, small);
   CHECK((want_small > 0).sum().item<std::int64_t>() > 0);
   CHECK(torch::equal(box_voxels(res.result.output).to(at::kLong), want_small));
+}
+
+TEST_CASE("box inference takes a checkpoint trained through resize_longest_side (MedSAM's recipe)") {
+  // medsam_box at the slice's own size, then the longest side to the model's 32 and padding:
+  // each slice is resized and padded as the training stage does, the box scaled by the same
+  // factor, and the low-resolution mask brought up to 32 x 32, cut to the unpadded part and
+  // resized to the slice (LiteMedSAM's inference).
+  TempDir dir("box_infer_longest");
+  auto s = run_segflow("synth --cases 1 --size 32 --format nifti --seed 9 --out " + bq(dir.path() / "data"),
+                       dir.path());
+  REQUIRE_MESSAGE(s.exit_code == 0, s.err);
+  auto job_with = [&](const std::string& resize) {
+    std::string yaml = box_sam_job(dir.path());
+    const std::string from = "medsam_box, options: {image_size: 32, bbox_shift: 2, num_samples: 2}}";
+    const auto at = yaml.find(from);
+    REQUIRE(at != std::string::npos);
+    return yaml.replace(at, from.size(),
+                        "medsam_box, options: {image_size: 0, bbox_shift: 2, num_samples: 2}}\n  - {name: "
+                        "resize_longest_side, options: " +
+                            resize + "}");
+  };
+  auto checkpoint = [&](const std::string& resize, const fs::path& file) {
+    REQUIRE_OK_AND_ASSIGN(auto cfg, models::parse_job_config(job_with(resize), "job.yaml"));
+    torch::manual_seed(7);
+    REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device("cpu")));
+    REQUIRE_OK(t->save_checkpoint(file));
+  };
+  const fs::path ckpt = dir.path() / "sam_longest.pt";
+  checkpoint("{size: 32}", ckpt);
+  // A scan of 16 x 24 x 32 (x, y, z): its slices are neither square nor of the model's size.
+  REQUIRE_OK_AND_ASSIGN(auto img,
+                        pipeline::read_image(dir.path() / "data" / "imagesTr" / "case_000_0000.nii.gz"));
+  img.voxels = img.voxels.slice(2, 4, 28).slice(3, 6, 22).contiguous();
+  REQUIRE_OK(pipeline::write_nifti(dir.path() / "narrow.nii.gz", img));
+  const std::vector<models::SliceBox> boxes = {{1, 10, 2, 5, 12, 20}, {2, 14, 4, 6, 14, 22}};
+  testing::write_file(dir.path() / "boxes.json", box_file_json(boxes));
+  models::BoxInferOptions o;
+  o.checkpoint = ckpt;
+  o.input = dir.path() / "narrow.nii.gz";
+  o.output = dir.path() / "out.nii.gz";
+  o.device = "cpu";
+  o.boxes = dir.path() / "boxes.json";
+  REQUIRE_OK_AND_ASSIGN(auto res, models::run_box_inference(o));
+
+  REQUIRE_OK_AND_ASSIGN(auto loaded, models::load_for_inference(ckpt, "cpu"));
+  auto& sam = dynamic_cast<models::SamImpl&>(loaded->model().module());
+  sam.eval();
+  torch::NoGradGuard ng;
+  const at::Tensor win = ((img.voxels.to(at::kFloat) + 200.0) / 500.0).clamp(0.0, 1.0);
+  const std::int64_t Z = win.size(1), H = win.size(2), W = win.size(3);
+  REQUIRE(H == 24);
+  REQUIRE(W == 16);
+  at::Tensor labels = torch::zeros({Z, H, W}, at::kLong);
+  for (const auto& b : boxes) {
+    // The training stage's resize on the (C, Y, X) slice: 24 x 16 -> 32 x 21, padded to 32 x 32.
+    const at::Tensor x =
+        pipeline::resize_longest_side(win.select(1, b.slice).repeat({3, 1, 1}), 32, false, true).unsqueeze(0);
+    REQUIRE(x.size(2) == 32);
+    REQUIRE(x.size(3) == 32);
+    const double k = 32.0 / 24.0;  // size / longest side
+    at::Tensor box = torch::tensor({{b.x0 * k, b.y0 * k, b.x1 * k, b.y1 * k}}, at::kFloat);
+    at::Tensor logits = sam.forward_full(x, box).low_res_masks;
+    logits = F::interpolate(logits, F::InterpolateFuncOptions()
+                                        .size(std::vector<std::int64_t>{32, 32})
+                                        .mode(torch::kBilinear)
+                                        .align_corners(false))
+                 .narrow(2, 0, 32)
+                 .narrow(3, 0, 21);
+    logits = F::interpolate(logits, F::InterpolateFuncOptions()
+                                        .size(std::vector<std::int64_t>{H, W})
+                                        .mode(torch::kBilinear)
+                                        .align_corners(false));
+    const at::Tensor p = torch::sigmoid(logits)[0][0];
+    labels[b.slice] = torch::where(p > 0.5, torch::full_like(labels[b.slice], b.label), labels[b.slice]);
+  }
+  CHECK((labels > 0).sum().item<std::int64_t>() > 0);
+  CHECK(torch::equal(box_voxels(res.result.output).to(at::kLong), labels.unsqueeze(0)));
+
+  // A resize to another size than the model's input is refused, naming the stage and field.
+  checkpoint("{size: 64}", dir.path() / "sam_64.pt");
+  o.checkpoint = dir.path() / "sam_64.pt";
+  o.output = dir.path() / "out64.nii.gz";
+  auto refused = models::run_box_inference(o);
+  REQUIRE_FALSE(refused.is_ok());
+  CHECK(refused.status().message().find(
+            "resize_longest_side): size: expected the model's img_size 32, got 64") != std::string::npos);
+  CHECK_FALSE(fs::exists(o.output));
 }
 
 TEST_CASE("propagation follows an object through its slices and stops where its mask vanishes") {
