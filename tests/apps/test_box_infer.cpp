@@ -130,6 +130,22 @@ std::string box_file_json(const std::vector<models::SliceBox>& boxes) {
   return j.dump();
 }
 
+/// Box inference options for `scan` written as dir/<name>.nii.gz with `boxes` as dir/<name>.json
+/// (voxel space), on the CPU, output dir/<name>_out.nii.gz.
+models::BoxInferOptions box_scan_options(const fs::path& dir, const std::string& name,
+                                         const pipeline::Image& scan,
+                                         const std::vector<models::SliceBox>& boxes, const fs::path& ckpt) {
+  REQUIRE_OK(pipeline::write_nifti(dir / (name + ".nii.gz"), scan));
+  testing::write_file(dir / (name + ".json"), box_file_json(boxes));
+  models::BoxInferOptions o;
+  o.checkpoint = ckpt;
+  o.input = dir / (name + ".nii.gz");
+  o.output = dir / (name + "_out.nii.gz");
+  o.device = "cpu";
+  o.boxes = dir / (name + ".json");
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("box inference equals the SAM forward called slice by slice with the same boxes") {
@@ -158,16 +174,9 @@ TEST_CASE("box inference equals the SAM forward called slice by slice with the s
   // A 24^3 scan: the slice is resized to 32 x 32 and the box scaled as medsam_box does.
   REQUIRE_OK_AND_ASSIGN(auto img, pipeline::read_image(input));
   img.voxels = img.voxels.slice(1, 0, 24).slice(2, 4, 28).slice(3, 2, 26).contiguous();
-  REQUIRE_OK(pipeline::write_nifti(dir.path() / "small.nii.gz", img));
   const std::vector<models::SliceBox> small = {{1, 10, 3, 5, 15, 17}, {2, 12, 9, 7, 22, 21}};
-  testing::write_file(dir.path() / "small.json", box_file_json(small));
-  models::BoxInferOptions o;
-  o.checkpoint = ckpt;
-  o.input = dir.path() / "small.nii.gz";
-  o.output = dir.path() / "small_out.nii.gz";
-  o.device = "cpu";
-  o.boxes = dir.path() / "small.json";
-  REQUIRE_OK_AND_ASSIGN(auto res, models::run_box_inference(o));
+  REQUIRE_OK_AND_ASSIGN(auto res,
+                        models::run_box_inference(box_scan_options(dir.path(), "small", img, small, ckpt)));
   const at::Tensor want_small = box_manual_labels(ckpt, img.voxels, small);
   CHECK((want_small > 0).sum().item<std::int64_t>() > 0);
   CHECK(torch::equal(box_voxels(res.result.output).to(at::kLong), want_small));
@@ -204,15 +213,8 @@ TEST_CASE("box inference takes a checkpoint trained through resize_longest_side 
   REQUIRE_OK_AND_ASSIGN(auto img,
                         pipeline::read_image(dir.path() / "data" / "imagesTr" / "case_000_0000.nii.gz"));
   img.voxels = img.voxels.slice(2, 4, 28).slice(3, 6, 22).contiguous();
-  REQUIRE_OK(pipeline::write_nifti(dir.path() / "narrow.nii.gz", img));
   const std::vector<models::SliceBox> boxes = {{1, 10, 2, 5, 12, 20}, {2, 14, 4, 6, 14, 22}};
-  testing::write_file(dir.path() / "boxes.json", box_file_json(boxes));
-  models::BoxInferOptions o;
-  o.checkpoint = ckpt;
-  o.input = dir.path() / "narrow.nii.gz";
-  o.output = dir.path() / "out.nii.gz";
-  o.device = "cpu";
-  o.boxes = dir.path() / "boxes.json";
+  models::BoxInferOptions o = box_scan_options(dir.path(), "narrow", img, boxes, ckpt);
   REQUIRE_OK_AND_ASSIGN(auto res, models::run_box_inference(o));
 
   REQUIRE_OK_AND_ASSIGN(auto loaded, models::load_for_inference(ckpt, "cpu"));

@@ -67,20 +67,30 @@ inline json instances(const std::vector<fs::path>& paths) {
 inline json dicom_reply(const std::string& control) { return ok(control, {{"cmd", "dicom"}}); }
 inline json node_stats(const std::string& control) { return dicom_reply(control)["node"]; }
 
-/// Waits until `pred(datasets entry of "incoming")` holds; fails with the daemon's log.
-inline json wait_incoming(ChildProcess& d, const std::string& control,
-                          const std::function<bool(const json&)>& pred, const std::string& what,
-                          double timeout_s = 30) {
+/// Waits until `pred(fetch())` holds while segflowd lives; fails naming `what`, the last value
+/// (`label`) and the daemon's log.
+inline json wait_daemon_value(ChildProcess& d, const std::function<json()>& fetch,
+                              const std::function<bool(const json&)>& pred, const std::string& what,
+                              const std::string& label, double timeout_s) {
   json last;
   const bool ok_ = eventually(
       [&] {
         REQUIRE_MESSAGE(d.alive(), ("segflowd died:\n" + d.log_tail()));
-        last = dataset_entry(control, "incoming");
-        return !last.is_null() && pred(last);
+        last = fetch();
+        return pred(last);
       },
       timeout_s);
-  REQUIRE_MESSAGE(ok_, (what + "; last datasets entry: " + last.dump() + "\n--- log ---\n" + d.log_tail()));
+  REQUIRE_MESSAGE(ok_, (what + "; last " + label + ": " + last.dump() + "\n--- log ---\n" + d.log_tail()));
   return last;
+}
+
+/// Waits until `pred(datasets entry of "incoming")` holds; fails with the daemon's log.
+inline json wait_incoming(ChildProcess& d, const std::string& control,
+                          const std::function<bool(const json&)>& pred, const std::string& what,
+                          double timeout_s = 30) {
+  return wait_daemon_value(
+      d, [&] { return dataset_entry(control, "incoming"); },
+      [&](const json& e) { return !e.is_null() && pred(e); }, what, "datasets entry", timeout_s);
 }
 
 /// The daemon config's dicom section for a listener on `port` plus `extra` lines (indented).
@@ -93,16 +103,8 @@ inline std::string dicom_section(int port, const std::string& extra = "") {
 inline json wait_node(ChildProcess& d, const std::string& control,
                       const std::function<bool(const json&)>& pred, const std::string& what,
                       double timeout_s = 30) {
-  json last;
-  const bool ok_ = eventually(
-      [&] {
-        REQUIRE_MESSAGE(d.alive(), ("segflowd died:\n" + d.log_tail()));
-        last = node_stats(control);
-        return pred(last);
-      },
-      timeout_s);
-  REQUIRE_MESSAGE(ok_, (what + "; last node stats: " + last.dump() + "\n--- log ---\n" + d.log_tail()));
-  return last;
+  return wait_daemon_value(
+      d, [&] { return node_stats(control); }, pred, what, "node stats", timeout_s);
 }
 
 }  // namespace segflow::testing::daemon
