@@ -1,4 +1,6 @@
-// segflow export: a trained checkpoint out to PyTorch (models/export.hpp).
+// segflow export: a trained checkpoint out to PyTorch (models/export.hpp), ONNX
+// (apps/cmd_export_onnx.cpp) or an nnU-Net v2 results folder (apps/cmd_export_nnunet.cpp).
+// Each target parses its own options; this file picks the target from --to.
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -11,15 +13,25 @@
 
 namespace segflow::apps {
 
-int cmd_export(int argc, char** argv) {
+namespace {
+
+/// The value of --to (or --to=...) in argv[2..], or "" when absent.
+std::string export_target(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--to" && i + 1 < argc) return argv[i + 1];
+    if (arg.rfind("--to=", 0) == 0) return arg.substr(5);
+  }
+  return {};
+}
+
+int export_pytorch(int argc, char** argv) {
   static constexpr const char* kUsage = "usage: segflow export --checkpoint best.pt --to pytorch OUT.pt";
   auto a = parse_args(argc, argv, 2, {"checkpoint", "to"}, {});
   if (!a.is_ok()) return fail("export", a.status());
   for (const char* k : {"checkpoint", "to"})
     if (!a->has(k))
       return fail("export", invalid_argument(std::string("--") + k + ": required (" + kUsage + ")"));
-  if (a->get("to") != "pytorch")
-    return fail("export", invalid_argument("--to: expected pytorch, got '" + a->get("to") + "'"));
   if (a->positional.size() != 1)
     return fail("export", invalid_argument("expected one output file OUT.pt, got " +
                                            std::to_string(a->positional.size()) + " (" + kUsage + ")"));
@@ -43,6 +55,17 @@ int cmd_export(int argc, char** argv) {
                    .dump()
             << '\n';
   return 0;
+}
+
+}  // namespace
+
+int cmd_export(int argc, char** argv) {
+  const std::string to = export_target(argc, argv);
+  if (to.empty()) return fail("export", invalid_argument("--to: required (pytorch, onnx or nnunet)"));
+  if (to == "pytorch") return export_pytorch(argc, argv);
+  if (to == "onnx") return cmd_export_onnx(argc, argv);
+  if (to == "nnunet") return cmd_export_nnunet(argc, argv);
+  return fail("export", invalid_argument("--to: expected pytorch, onnx or nnunet, got '" + to + "'"));
 }
 
 }  // namespace segflow::apps

@@ -15,15 +15,17 @@ int cmd_inspect(int argc, char** argv);
 int cmd_stages(int argc, char** argv);
 int cmd_train(int argc, char** argv);
 int cmd_infer(int argc, char** argv);
-int cmd_bench(int argc, char** argv);        ///< apps/cmd_bench.cpp
-int cmd_ctl(int argc, char** argv);          ///< apps/cmd_ctl.cpp: the daemon client
-int cmd_cv(int argc, char** argv);           ///< apps/cmd_cv.cpp: pool the folds' out-of-fold scores
-int cmd_eval(int argc, char** argv);         ///< apps/cmd_eval.cpp: score predictions against ground truth
-int cmd_export(int argc, char** argv);       ///< apps/cmd_export.cpp: a checkpoint out to PyTorch
-int cmd_plan(int argc, char** argv);         ///< apps/cmd_plan.cpp: fingerprint and plan a dataset
-int cmd_postprocess(int argc, char** argv);  ///< apps/cmd_postprocess.cpp: determine / apply postprocessing
-int cmd_package(int argc, char** argv);      ///< apps/cmd_package.cpp: checkpoints into one model folder
-int cmd_select(int argc, char** argv);       ///< apps/cmd_select.cpp: choose a configuration on cv evidence
+int cmd_bench(int argc, char** argv);   ///< apps/cmd_bench.cpp
+int cmd_ctl(int argc, char** argv);     ///< apps/cmd_ctl.cpp: the daemon client
+int cmd_cv(int argc, char** argv);      ///< apps/cmd_cv.cpp: pool the folds' out-of-fold scores
+int cmd_eval(int argc, char** argv);    ///< apps/cmd_eval.cpp: score predictions against ground truth
+int cmd_export(int argc, char** argv);  ///< apps/cmd_export.cpp: a checkpoint out (picks the --to target)
+int cmd_export_onnx(int argc, char** argv);    ///< apps/cmd_export_onnx.cpp: `export --to onnx`
+int cmd_export_nnunet(int argc, char** argv);  ///< apps/cmd_export_nnunet.cpp: `export --to nnunet`
+int cmd_plan(int argc, char** argv);           ///< apps/cmd_plan.cpp: fingerprint and plan a dataset
+int cmd_postprocess(int argc, char** argv);    ///< apps/cmd_postprocess.cpp: determine / apply postprocessing
+int cmd_package(int argc, char** argv);        ///< apps/cmd_package.cpp: checkpoints into one model folder
+int cmd_select(int argc, char** argv);         ///< apps/cmd_select.cpp: choose a configuration on cv evidence
 
 struct Args;
 /// The planner options of `segflow plan` / `segflow train DATASET` flags (--device,

@@ -227,9 +227,11 @@ TEST_CASE("export refuses a plain_unet without norm, a bad target and a missing 
   CHECK_FALSE(models::monai_unet_name("head.weight", 2, 2).is_ok());
 
   const std::string bin = shell_quote(segflow::testing::segflow_bin());
-  auto onnx = segflow::testing::run_command(bin + " export --checkpoint x.pt --to onnx out.pt 2>&1");
-  CHECK(onnx.exit_code == 2);
-  CHECK_MESSAGE(onnx.out.find("--to: expected pytorch, got 'onnx'") != std::string::npos, onnx.out);
+  auto bad_target = segflow::testing::run_command(bin + " export --checkpoint x.pt --to tflite out.pt 2>&1");
+  CHECK(bad_target.exit_code == 2);
+  CHECK_MESSAGE(
+      bad_target.out.find("--to: expected pytorch, onnx or nnunet, got 'tflite'") != std::string::npos,
+      bad_target.out);
   auto missing =
       segflow::testing::run_command(bin + " export --checkpoint " + shell_quote((dir / "nope.pt").string()) +
                                     " --to pytorch " + shell_quote((dir / "o.pt").string()) + " 2>&1");
