@@ -1,10 +1,141 @@
-// segflow export --to onnx (placeholder until the exporter lands: refuses with a clear error).
+// segflow export --to onnx: a trained checkpoint (or every member of a model package) as
+// ONNX with its preprocessing manifest (models/onnx_export.hpp).
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
+#include "messages/file_util.hpp"
+#include "models/model_package.hpp"
+#include "models/onnx/onnx_graph.hpp"
+#include "models/onnx_export.hpp"
+#include "models/trainer.hpp"
 
 namespace segflow::apps {
+namespace {
 
-int cmd_export_onnx(int /*argc*/, char** /*argv*/) {
-  return fail("export", unsupported("--to onnx: not available in this build"));
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kUsage =
+    "usage: segflow export --checkpoint best.pt --to onnx OUT.onnx [--opset N] [--fp16-weights]\n"
+    "       segflow export --model MODEL_DIR --to onnx OUT_DIR [--opset N] [--fp16-weights]";
+
+/// "<dir>/x.onnx" -> "<dir>/x.manifest.json".
+fs::path manifest_path(const fs::path& onnx_file) {
+  fs::path m = onnx_file;
+  m.replace_extension(".manifest.json");
+  return m;
+}
+
+/// One checkpoint to `out` (.onnx) and its manifest; the manifest's JSON.
+Result<json> export_checkpoint(const fs::path& checkpoint, const fs::path& out,
+                               const models::OnnxExportOptions& eo) {
+  SEGFLOW_ASSIGN_OR_RETURN(auto trainer, models::load_for_inference(checkpoint, "cpu"));
+  const auto& t = *trainer;
+  t.model().module().eval();
+  // The manifest first: a config whose stages cannot be built fails before any file is written.
+  SEGFLOW_ASSIGN_OR_RETURN(json manifest, models::onnx_manifest(t.config(), t.model().info(), out, eo));
+  manifest["checkpoint"] = fs::absolute(checkpoint).string();
+  SEGFLOW_RETURN_IF_ERROR(models::write_onnx_model(t.config().model, t.model().module(), out, eo));
+  if (Status st = write_file_atomically(manifest_path(out), manifest.dump(2) + '\n'); !st.is_ok()) {
+    fs::remove(out);
+    return st;
+  }
+  return manifest;
+}
+
+/// Every member of a package into the new folder `out`: <i>-<run>.onnx + manifests, and
+/// ensemble.json with how the members combine (mean of probabilities), the TTA and the
+/// package's postprocessing. Written in "<out>.partial" and renamed.
+Status export_package(const fs::path& dir, const fs::path& out, const models::OnnxExportOptions& eo) {
+  SEGFLOW_ASSIGN_OR_RETURN(models::ModelPackage package, models::read_model_package(dir));
+  if (fs::exists(out))
+    return invalid_argument(out.string() + ": already exists (a package exports into a new folder)");
+  const fs::path partial = out.string() + ".partial";
+  fs::remove_all(partial);
+  fs::create_directories(partial);
+  json members = json::array();
+  for (std::size_t i = 0; i < package.members.size(); ++i) {
+    const auto& m = package.members[i];
+    const std::string stem = std::to_string(i) + "-" + m.run;
+    auto r = export_checkpoint(package.dir / m.checkpoint, partial / (stem + ".onnx"), eo);
+    if (!r.is_ok()) {
+      fs::remove_all(partial);
+      return r.status().with_context(dir.string() + ": member " + std::to_string(i));
+    }
+    members.push_back(
+        {{"onnx", stem + ".onnx"}, {"manifest", stem + ".manifest.json"}, {"run", m.run}, {"fold", m.fold}});
+  }
+  const json& pm = package.manifest;
+  const json ensemble = {{"format", "segflow-onnx-ensemble"},
+                         {"version", 1},
+                         {"package", fs::absolute(dir).string()},
+                         {"members", members},
+                         {"combine",
+                          "mean of the members' probabilities on the first member's preprocessed grid, "
+                          "then argmax (as segflow infer --model)"},
+                         {"tta", pm.value("tta", json("none"))},
+                         {"classes", package.class_names},
+                         {"postprocessing", pm.value("postprocessing", json())}};
+  if (Status st = write_file_atomically(partial / "ensemble.json", ensemble.dump(2) + '\n'); !st.is_ok()) {
+    fs::remove_all(partial);
+    return st;
+  }
+  if (package.postprocessing && pm.value("postprocessing", json()).is_string())
+    fs::copy_file(package.dir / pm["postprocessing"].get<std::string>(),
+                  partial / pm["postprocessing"].get<std::string>());
+  std::error_code ec;
+  fs::rename(partial, out, ec);
+  if (ec) {
+    fs::remove_all(partial);
+    return io_error(out.string() + ": cannot rename " + partial.string() + " into place: " + ec.message());
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+int cmd_export_onnx(int argc, char** argv) {
+  auto a = parse_args(argc, argv, 2, {"checkpoint", "model", "to", "opset"}, {"fp16-weights"});
+  if (!a.is_ok()) return fail("export", a.status());
+  if (a->has("checkpoint") == a->has("model"))
+    return fail("export",
+                invalid_argument(std::string("expected one of --checkpoint or --model\n") + kUsage));
+  if (a->positional.size() != 1)
+    return fail("export", invalid_argument("expected one output, got " +
+                                           std::to_string(a->positional.size()) + "\n" + kUsage));
+  models::OnnxExportOptions eo;
+  eo.fp16_weights = a->flag("fp16-weights");
+  if (a->has("opset")) {
+    auto v = parse_int("--opset", a->get("opset"));
+    if (!v.is_ok()) return fail("export", v.status());
+    if (*v < onnx_graph::min_opset() || *v > onnx_graph::max_opset())
+      return fail("export",
+                  invalid_argument("--opset: expected " + std::to_string(onnx_graph::min_opset()) + ".." +
+                                   std::to_string(onnx_graph::max_opset()) + ", got " + a->get("opset")));
+    eo.opset = static_cast<int>(*v);
+  }
+  const fs::path out = a->positional[0];
+  if (a->has("model")) {
+    if (Status st = export_package(a->get("model"), out, eo); !st.is_ok()) return fail("export", st);
+    std::cout << json{{"onnx", out.string()}, {"ensemble", (out / "ensemble.json").string()}}.dump() << '\n';
+    return 0;
+  }
+  if (out.extension() != ".onnx")
+    return fail("export", invalid_argument(out.string() +
+                                           ": expected a .onnx file (the manifest is written beside it)"));
+  auto manifest = export_checkpoint(a->get("checkpoint"), out, eo);
+  if (!manifest.is_ok()) return fail("export", manifest.status());
+  std::cout << json{{"onnx", out.string()},
+                    {"manifest", manifest_path(out).string()},
+                    {"family", (*manifest)["model"]["family"]},
+                    {"opset", eo.opset}}
+                   .dump()
+            << '\n';
+  return 0;
 }
 
 }  // namespace segflow::apps

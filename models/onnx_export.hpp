@@ -1,0 +1,49 @@
+#pragma once
+// `segflow export --to onnx`: a trained UNet or PlainConvUNet as an ONNX graph written from
+// C++ (the torch-free writer in models/onnx/ checks it with the ONNX checker and strict shape
+// inference), with a JSON manifest of what a runtime needs to reproduce `segflow infer`.
+//
+// The graph is the network in evaluation mode: convolutions (Conv / ConvTranspose with
+// segflow's padding, strides and output padding), instance norm (InstanceNormalization),
+// batch norm with its running statistics (BatchNormalization), ReLU / PReLU / LeakyReLU /
+// GELU (as Erf, which opset 17 has), dropout dropped, skips as Concat and residuals as Add. A
+// PlainConvUNet's deep-supervision heads are dropped: the one output is the full-resolution
+// logits. Input "image" (N, C, [Z,] Y, X) and output "logits" (N, K, [Z,] Y, X) with
+// symbolic batch and spatial axes; every spatial size must be a multiple of the manifest's
+// size_divisors (as segflow's own forward). Initializers keep segflow's parameter names.
+// Box-prompted SAM models are refused (not exported yet).
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <string>
+
+#include "messages/status.hpp"
+#include "models/fwd.hpp"
+
+namespace segflow::models {
+
+struct OnnxExportOptions {
+  int opset = 17;             ///< 13..17 (what the ONNX library checks)
+  bool fp16_weights = false;  ///< store weights as float16 (cast to float32 in the graph)
+};
+
+/// Writes `module` (built from `options`, in evaluation mode) to `out` as ONNX: checked,
+/// through a temporary and a rename. unsupported naming the model for a SAM; the checker's
+/// message for a graph it refuses; nothing left at `out` on error.
+Status write_onnx_model(const ModelOptions& options, const torch::nn::Module& module,
+                        const std::filesystem::path& out, const OnnxExportOptions& export_options);
+
+/// The preprocessing manifest of a trained job (written beside the .onnx as
+/// "<name>.manifest.json"): the input/output tensor layout, the size divisors, the class
+/// names, the deterministic stages of the training pipeline with their resolved options (what
+/// `segflow infer` runs before the network) and a summary of them (orientation, target
+/// spacing, intensity normalisation), the sliding window (roi_size, overlap, blending mode,
+/// Gaussian sigma scale, padding), the probability activation and the mirroring axes.
+Result<nlohmann::json> onnx_manifest(const JobConfig& config, const ModelInfo& info,
+                                     const std::filesystem::path& onnx_file,
+                                     const OnnxExportOptions& export_options);
+
+}  // namespace segflow::models
