@@ -215,6 +215,33 @@ TEST_CASE(
     CHECK(j["voxels"].get<int64_t>() >= 9000);
     CHECK(j["agreement"].get<double>() > 0.999);
   }
+
+  // A model package: every member exported, with ensemble.json; the member's manifest drives
+  // the same agreement with `segflow infer --model`.
+  auto pk = st::run_command(bin + " package " + st::shell_quote(run) + " --out " +
+                            st::shell_quote(dir / "pkg") + " 2>&1");
+  REQUIRE_MESSAGE(pk.exit_code == 0, pk.out);
+  auto ex = st::run_command(bin + " export --model " + st::shell_quote(dir / "pkg") + " --to onnx " +
+                            st::shell_quote(dir / "pkg_onnx") + " 2>&1");
+  REQUIRE_MESSAGE(ex.exit_code == 0, ex.out);
+  const json ensemble = json::parse(st::read_file(dir / "pkg_onnx" / "ensemble.json"));
+  REQUIRE(ensemble["members"].size() == 1);
+  const std::string member_manifest = ensemble["members"][0]["manifest"];
+  CHECK(fs::exists(dir / "pkg_onnx" / ensemble["members"][0]["onnx"].get<std::string>()));
+  CHECK(ensemble["classes"].size() == 5);
+  const fs::path pseg = dir / "pkg_seg.nii.gz";
+  auto inf = st::run_command(bin + " infer --model " + st::shell_quote(dir / "pkg") + " --input " +
+                             st::shell_quote(synthetic) + " --output " + st::shell_quote(pseg) +
+                             " --device cpu --quiet 2>&1");
+  REQUIRE_MESSAGE(inf.exit_code == 0, inf.out);
+  const json pj = onnx_check("infer " + st::shell_quote(dir / "pkg_onnx" / member_manifest) + " " +
+                             st::shell_quote(synthetic) + " " + st::shell_quote(pseg));
+  CHECK(pj["agreement"].get<double>() > 0.999);
+  auto again = st::run_command(bin + " export --model " + st::shell_quote(dir / "pkg") + " --to onnx " +
+                               st::shell_quote(dir / "pkg_onnx") + " 2>&1");
+  CHECK(again.exit_code == 2);
+  CHECK_MESSAGE(again.out.find("already exists") != std::string::npos, again.out);
+  CHECK_FALSE(st::has_temporaries(dir.path()));
 }
 
 TEST_CASE("segflow export --to onnx: bad input gets an error naming it and leaves nothing behind") {
