@@ -276,20 +276,19 @@ Result<ExportedModel> export_model(const ModelOptions& options, const torch::nn:
   return export_plain_unet(std::get<PlainConvUNetOptions>(options.net), module);
 }
 
-std::vector<char> pytorch_state_dict_bytes(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+std::vector<char> torch_save_bytes(const c10::IValue& value) {
   // torch::pickle_save tags typed dicts with torch.jit's restore_type_tag, which torch.load's
   // default weights_only unpickler refuses; so the archive torch.save writes is made here:
-  // data.pkl (a plain dict of tensors, each a persistent id naming its storage record),
-  // byteorder and data/<i>, in the zip container torch.load reads.
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& [name, t] : tensors) dict.insert(name, t.detach().to(at::kCPU).contiguous().clone());
+  // data.pkl (plain dicts, lists, tuples, strings, numbers, None and tensors, each tensor a
+  // persistent id naming its storage record), byteorder and data/<i>, in the zip container
+  // torch.load reads.
   std::vector<char> pickled;
   torch::jit::Pickler pickler([&](const char* b, std::size_t n) { pickled.insert(pickled.end(), b, b + n); },
                               /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
                               /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
                               /*tag_aggregates=*/false);
   pickler.protocol();
-  pickler.pushIValue(c10::IValue(dict));
+  pickler.pushIValue(value);
   pickler.stop();
   std::vector<char> out;
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* b, std::size_t n) {
@@ -306,6 +305,16 @@ std::vector<char> pytorch_state_dict_bytes(const std::vector<std::pair<std::stri
   }
   writer.writeEndOfFile();
   return out;
+}
+
+c10::Dict<std::string, at::Tensor> cpu_tensor_dict(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, t] : tensors) dict.insert(name, t.detach().to(at::kCPU).contiguous().clone());
+  return dict;
+}
+
+std::vector<char> pytorch_state_dict_bytes(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  return torch_save_bytes(c10::IValue(cpu_tensor_dict(tensors)));
 }
 
 Status write_pytorch_export(const ExportedModel& model, const std::filesystem::path& out) {

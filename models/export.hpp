@@ -19,7 +19,9 @@
 // The state dict is torch.save's zip archive of a plain dict, which Python's torch.load reads
 // with its default weights_only unpickler; tensors as trained (float32), on the CPU.
 
+#include <ATen/core/Dict.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
 #include <nlohmann/json.hpp>
 
@@ -59,6 +61,14 @@ Result<std::vector<std::string>> nnunet_plain_names(const std::string& name);
 /// `tensors` as the bytes of a file Python's torch.load reads (weights_only included) as a
 /// dict {name: tensor}, on the CPU: torch.save's zip archive.
 std::vector<char> pytorch_state_dict_bytes(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
+
+/// `value` as the bytes of torch.save's zip archive: dicts (string keys), lists, tuples,
+/// strings, numbers, bools, None and CPU tensors, nested; torch.load reads it with its
+/// default weights_only unpickler. The nnU-Net checkpoint (models/nnunet_export.hpp) is one.
+std::vector<char> torch_save_bytes(const c10::IValue& value);
+
+/// `tensors` (detached, contiguous copies on the CPU) as a typed dict, in the given order.
+c10::Dict<std::string, at::Tensor> cpu_tensor_dict(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
 
 /// Writes `model` to `out` (a .pt file torch.load reads: {name: tensor}) and its spec to
 /// `out` with the extension replaced by .json, each through a temporary and a rename.
