@@ -32,7 +32,7 @@ except ImportError as e:  # setup.sh installs them
 
 def session(path):
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
+    opts.intra_op_num_threads = int(os.environ.get("ORT_THREADS", "1"))
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
 
