@@ -6,8 +6,98 @@
 #include "apps/commands.hpp"
 #include "apps/infer_boxes.hpp"
 #include "models/box_inference.hpp"
+#include "models/inference.hpp"
+#include "pipeline/io/case_files.hpp"
 
 namespace segflow::apps {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+/// The result line of one case.
+json result_line(const models::BoxInferResult& r) {
+  json spans = json::array();
+  for (const auto& s : r.spans)
+    spans.push_back({{"label", s.label},
+                     {"name", s.name},
+                     {"first_slice", s.first_slice},
+                     {"last_slice", s.last_slice},
+                     {"voxels", s.voxels}});
+  const auto& x = r.result;
+  return {{"case", x.case_id},   {"output", x.output.string()}, {"size", x.size},
+          {"labels", x.labels},  {"segments", spans},           {"slices_embedded", r.slices_embedded},
+          {"seconds", x.seconds}};
+}
+
+/// The file under folder `dir` whose case id (channel suffix stripped) is `id`: a box file
+/// (.json / .csv) or a label map; "" when none.
+fs::path prompt_file_for(const fs::path& dir, const std::string& id, bool box_file) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string ext = e.path().extension().string();
+    if (box_file && ext != ".json" && ext != ".csv") continue;
+    if (box_file ? e.path().stem().string() == id
+                 : pipeline::strip_channel_zero(pipeline::case_id_of(e.path())) == id)
+      return e.path();
+  }
+  return {};
+}
+
+/// A folder of scans (or a dataset): each case with its own prompts from the folders given as
+/// --boxes / --boxes-from, written to the output folder as "<case id>.nii.gz" (".dcm" for
+/// DICOM series). A case that fails is reported with its error and the others go on; exit 1
+/// when any failed.
+int infer_folder_with_boxes(const models::BoxInferOptions& base) {
+  const fs::path& prompts = base.boxes.empty() ? base.boxes_from : base.boxes;
+  const bool box_files = !base.boxes.empty();
+  if (!fs::is_directory(prompts))
+    return fail("infer", invalid_argument(std::string(box_files ? "--boxes " : "--boxes-from ") +
+                                          prompts.string() + ": a folder input takes a folder of " +
+                                          (box_files ? "box files (<case id>.json / .csv)" : "label maps") +
+                                          ", one per case"));
+  std::vector<std::pair<std::string, std::string>> skipped;
+  auto cases = models::list_inference_cases(base.input, &skipped);
+  if (!cases.is_ok()) return fail("infer", cases.status());
+  for (const auto& [file, why] : skipped)
+    std::cerr << "segflow infer: skipped " << file << ": " << why << '\n';
+  if (base.output.has_extension() && !fs::is_directory(base.output))
+    return fail("infer", invalid_argument("--output " + base.output.string() +
+                                          ": a folder input writes into a folder (one file per case)"));
+  fs::create_directories(base.output);
+  int failed = 0;
+  for (const models::InferCase& c : *cases) {
+    models::BoxInferOptions o = base;
+    Status st = Status::ok();
+    if (c.channels.size() != 1)
+      st = invalid_argument("box-prompted inference takes one image per case, got " +
+                            std::to_string(c.channels.size()) + " channels");
+    const fs::path prompt = prompt_file_for(prompts, c.id, box_files);
+    if (st.is_ok() && prompt.empty())
+      st = not_found(prompts.string() + ": no " +
+                     (box_files ? "box file " + c.id + ".json or .csv" : "label map") + " for case " + c.id);
+    if (st.is_ok()) {
+      (box_files ? o.boxes : o.boxes_from) = prompt;
+      o.input = c.channels.front();
+      const bool seg = base.format == "seg" || (base.format.empty() && c.dicom);
+      o.output = base.output / (c.id + (seg ? ".dcm" : ".nii.gz"));
+      auto r = models::run_box_inference(o);
+      if (r.is_ok()) {
+        std::cout << result_line(*r).dump() << '\n' << std::flush;
+        continue;
+      }
+      st = r.status();
+    }
+    ++failed;
+    std::cout << json{{"case", c.id}, {"error", st.message()}}.dump() << '\n' << std::flush;
+    std::cerr << "segflow infer: " << c.id << ": " << st.message() << '\n';
+  }
+  std::cerr << "segflow infer: " << cases->size() - static_cast<std::size_t>(failed) << " of "
+            << cases->size() << " cases written to " << base.output.string() << '\n';
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
 
 bool wants_box_inference(const Args& a) {
   return a.has("boxes") || a.has("boxes-from") || a.has("box-margin") || a.flag("propagate");
@@ -17,7 +107,7 @@ int infer_with_boxes(const Args& a) {
   if (a.all("checkpoint").size() > 1)
     return fail("infer", invalid_argument("--checkpoint: box-prompted inference takes one checkpoint, got " +
                                           std::to_string(a.all("checkpoint").size())));
-  for (const char* k : {"tta", "overlap", "stitch-device", "postprocess", "amp", "channels-last"})
+  for (const char* k : {"tta", "overlap", "stitch-device", "postprocess", "channels-last"})
     if (a.has(k))
       return fail("infer", invalid_argument(std::string("--") + k + ": not used by box-prompted inference"));
   if (a.flag("save-probabilities"))
@@ -31,6 +121,7 @@ int infer_with_boxes(const Args& a) {
   o.boxes_from = a.get("boxes-from");
   o.propagate = a.flag("propagate");
   o.format = a.get("format");
+  o.amp = a.get("amp");
   if (a.has("box-margin")) {
     auto m = parse_int("--box-margin", a.get("box-margin"));
     if (!m.is_ok()) return fail("infer", m.status());
@@ -44,22 +135,10 @@ int infer_with_boxes(const Args& a) {
       p = q + 1;
     }
   }
+  if (!models::is_single_scan(o.input)) return infer_folder_with_boxes(o);
   auto r = models::run_box_inference(o);
   if (!r.is_ok()) return fail("infer", r.status());
-  nlohmann::json spans = nlohmann::json::array();
-  for (const auto& s : r->spans)
-    spans.push_back({{"label", s.label},
-                     {"name", s.name},
-                     {"first_slice", s.first_slice},
-                     {"last_slice", s.last_slice},
-                     {"voxels", s.voxels}});
-  const auto& x = r->result;
-  std::cout << nlohmann::json{{"case", x.case_id},   {"output", x.output.string()},
-                              {"size", x.size},      {"labels", x.labels},
-                              {"segments", spans},   {"slices_embedded", r->slices_embedded},
-                              {"seconds", x.seconds}}
-                   .dump()
-            << '\n';
+  std::cout << result_line(*r).dump() << '\n';
   return 0;
 }
 

@@ -9,7 +9,8 @@ namespace segflow::apps {
 /// True when the arguments ask for box-prompted inference.
 bool wants_box_inference(const Args& a);
 
-/// Runs it on the one scan of --input and prints its result as one JSON line; the exit code.
+/// Runs it on the one scan of --input (one JSON line), or on every case of a folder of scans
+/// with prompts from the folder given to --boxes / --boxes-from (one line per case); the exit code.
 int infer_with_boxes(const Args& a);
 
 }  // namespace segflow::apps

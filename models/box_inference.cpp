@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 
+#include "models/amp.hpp"
 #include "models/class_names.hpp"
 #include "models/sam.hpp"
 #include "models/trainer.hpp"
@@ -95,8 +96,11 @@ class SamSlices {
  public:
   /// `longest_side` > 0: the training resized each slice's longest side to it and padded
   /// (resize_longest_side); 0: a plain resize to the model's square (medsam_box's image_size).
-  SamSlices(const Trainer& trainer, at::Tensor volume, std::int64_t longest_side = 0)
-      : trainer_(trainer), volume_(std::move(volume)), longest_side_(longest_side) {
+  /// `amp`: none | bf16 | fp16 (resolved for the trainer's device): the encoder and decoder
+  /// run under autocast, the masks are upsampled and thresholded in float32.
+  SamSlices(const Trainer& trainer, at::Tensor volume, std::int64_t longest_side = 0,
+            std::string amp = "none")
+      : trainer_(trainer), volume_(std::move(volume)), longest_side_(longest_side), amp_(std::move(amp)) {
     sam_ = dynamic_cast<SamImpl*>(&trainer.model().module());
   }
   bool ok() const { return sam_ != nullptr; }
@@ -117,6 +121,7 @@ class SamSlices {
                                   .size(std::vector<std::int64_t>{S, S})
                                   .mode(torch::kBilinear)
                                   .align_corners(false));
+      AutocastGuard ac(dev, amp_);
       embedding_ = sam_->image_encoder->forward(x);
       cached_z_ = z;
       ++embedded_;
@@ -133,9 +138,14 @@ class SamSlices {
         coords.push_back(static_cast<float>(v));
     const auto n = static_cast<std::int64_t>(boxes.size());
     at::Tensor bt = torch::tensor(coords).view({n, 4}).to(dev);
-    auto [sparse, dense] = sam_->prompt_encoder->forward(bt);
-    auto [low_res, iou] =
-        sam_->mask_decoder->forward(embedding_, sam_->prompt_encoder->get_dense_pe(), sparse, dense);
+    at::Tensor low_res;
+    {
+      AutocastGuard ac(dev, amp_);
+      auto [sparse, dense] = sam_->prompt_encoder->forward(bt);
+      low_res = std::get<0>(
+          sam_->mask_decoder->forward(embedding_, sam_->prompt_encoder->get_dense_pe(), sparse, dense));
+    }
+    low_res = low_res.to(at::kFloat);
     if (longest_side_ > 0) {  // LiteMedSAM: up to the padded square, the padding cut off
       low_res = F::interpolate(low_res, F::InterpolateFuncOptions()
                                             .size(std::vector<std::int64_t>{S, S})
@@ -155,6 +165,7 @@ class SamSlices {
   const Trainer& trainer_;
   at::Tensor volume_;  ///< (C, Z, Y, X) preprocessed
   std::int64_t longest_side_ = 0;
+  std::string amp_;
   SamImpl* sam_ = nullptr;
   at::Tensor embedding_;
   std::int64_t cached_z_ = -1, embedded_ = 0;
@@ -403,7 +414,11 @@ Result<BoxInferResult> run_box_inference(const BoxInferOptions& o) {
     std::int64_t longest_side = 0;
     SEGFLOW_ASSIGN_OR_RETURN(at::Tensor volume, preprocess(*trainer, input, id, longest_side));
     trainer->model().module().eval();
-    SamSlices sam(*trainer, volume, longest_side);
+    SEGFLOW_ASSIGN_OR_RETURN(
+        const AmpChoice amp,
+        resolve_amp(o.amp.empty() ? (trainer->device().is_cuda() ? "auto" : "none") : o.amp,
+                    trainer->device()));
+    SamSlices sam(*trainer, volume, longest_side, amp.mode);
     if (!sam.ok()) return internal_error(o.checkpoint.string() + ": the box-prompted model is not a SAM");
     const SliceSegmenter segment = [&sam](std::int64_t z, const std::vector<SliceBox>& b) {
       return sam(z, b);

@@ -62,6 +62,9 @@ struct BoxInferOptions {
   std::int64_t box_margin = kDefaultBoxMargin;  ///< --box-margin, voxels, >= 0
   std::vector<std::string> class_names;         ///< names of label values 0..K-1; "" = the training's
   std::string format;                           ///< folder output: "" (SEG for DICOM input), nifti, seg
+  /// Mixed precision of the encoder and decoder: none | bf16 | fp16 | auto (models/amp.hpp);
+  /// "" = auto on a CUDA device, none (float32) on the CPU, as `segflow infer`.
+  std::string amp;
 };
 
 /// What a run wrote, and per label the slices that got a mask.

@@ -494,3 +494,76 @@ TEST_CASE("a DICOM input yields a DICOM SEG with one named segment per label tha
   CHECK(pj["frames"] == frames);
   CHECK(pj["rows"] == nii.size()[1]);
 }
+
+TEST_CASE("a folder of scans takes a folder of prompts case by case; --amp bf16 follows float32") {
+  TempDir dir("box_infer_folder");
+  const fs::path ckpt = box_sam_checkpoint(dir.path());
+  const fs::path image = dir.path() / "data" / "imagesTr" / "case_000_0000.nii.gz";
+  const fs::path label = dir.path() / "data" / "labelsTr" / "case_000.nii.gz";
+  // Three scans; label maps for a and b only; a box file for a only.
+  fs::create_directories(dir.path() / "scans");
+  fs::create_directories(dir.path() / "labels");
+  fs::create_directories(dir.path() / "boxes");
+  for (const char* id : {"a", "b", "c"})
+    fs::copy_file(image, dir.path() / "scans" / (std::string(id) + ".nii.gz"));
+  for (const char* id : {"a", "b"})
+    fs::copy_file(label, dir.path() / "labels" / (std::string(id) + ".nii.gz"));
+  testing::write_file(dir.path() / "boxes" / "a.json", box_file_json({{1, 11, 5, 6, 20, 22}}));
+  auto infer = [&](const std::string& args) {
+    return run_segflow("infer --checkpoint " + bq(ckpt) + " --device cpu " + args, dir.path());
+  };
+  // The single-scan runs the folder must reproduce.
+  auto one = infer("--input " + bq(image) + " --boxes-from " + bq(label) + " --output " +
+                   bq(dir.path() / "one.nii.gz"));
+  REQUIRE_MESSAGE(one.exit_code == 0, one.err);
+  auto one_box = infer("--input " + bq(image) + " --boxes " + bq(dir.path() / "boxes" / "a.json") +
+                       " --output " + bq(dir.path() / "one_box.nii.gz"));
+  REQUIRE_MESSAGE(one_box.exit_code == 0, one_box.err);
+
+  auto f = infer("--input " + bq(dir.path() / "scans") + " --boxes-from " + bq(dir.path() / "labels") +
+                 " --output " + bq(dir.path() / "out"));
+  CHECK(f.exit_code == 1);  // c has no label map: reported, a and b written
+  CHECK_MESSAGE(f.err.find("c: ") != std::string::npos, f.err);
+  CHECK_MESSAGE(f.err.find("no label map for case c") != std::string::npos, f.err);
+  CHECK_MESSAGE(f.err.find("2 of 3 cases written") != std::string::npos, f.err);
+  const at::Tensor want = box_voxels(dir.path() / "one.nii.gz");
+  for (const char* id : {"a", "b"}) {
+    CAPTURE(id);
+    REQUIRE(fs::exists(dir.path() / "out" / (std::string(id) + ".nii.gz")));
+    CHECK(torch::equal(box_voxels(dir.path() / "out" / (std::string(id) + ".nii.gz")), want));
+  }
+  CHECK_FALSE(fs::exists(dir.path() / "out" / "c.nii.gz"));
+  std::size_t lines = 0;
+  for (std::size_t p = 0; (p = f.out.find('\n', p)) != std::string::npos; ++p) ++lines;
+  CHECK(lines == 3);  // one JSON line per case, the failed one with its error
+
+  auto fb = infer("--input " + bq(dir.path() / "scans") + " --boxes " + bq(dir.path() / "boxes") +
+                  " --output " + bq(dir.path() / "outb"));
+  CHECK(fb.exit_code == 1);
+  CHECK_MESSAGE(fb.err.find("no box file b.json or .csv for case b") != std::string::npos, fb.err);
+  REQUIRE(fs::exists(dir.path() / "outb" / "a.nii.gz"));
+  CHECK(
+      torch::equal(box_voxels(dir.path() / "outb" / "a.nii.gz"), box_voxels(dir.path() / "one_box.nii.gz")));
+  auto not_folder = infer("--input " + bq(dir.path() / "scans") + " --boxes-from " + bq(label) +
+                          " --output " + bq(dir.path() / "outx"));
+  CHECK(not_folder.exit_code == 2);
+  CHECK_MESSAGE(not_folder.err.find("a folder input takes a folder of label maps") != std::string::npos,
+                not_folder.err);
+
+  // --amp bf16 (autocast in the encoder and decoder, masks thresholded in float32): the same
+  // label map on nearly every voxel; fp16 on a CPU is refused naming the setting.
+  auto bf = infer("--input " + bq(image) + " --boxes-from " + bq(label) + " --amp bf16 --output " +
+                  bq(dir.path() / "bf16.nii.gz"));
+  REQUIRE_MESSAGE(bf.exit_code == 0, bf.err);
+  const at::Tensor b16 = box_voxels(dir.path() / "bf16.nii.gz");
+  const double agree = (b16 == want).to(at::kDouble).mean().item<double>();
+  const double fg = (want > 0).to(at::kDouble).sum().item<double>();
+  MESSAGE("bf16 vs float32 label agreement " << agree << " (float32 foreground " << fg << " voxels)");
+  CHECK(fg > 0);
+  CHECK(agree > 0.99);
+  auto fp16 = infer("--input " + bq(image) + " --boxes-from " + bq(label) + " --amp fp16 --output " +
+                    bq(dir.path() / "fp16.nii.gz"));
+  CHECK(fp16.exit_code == 2);
+  CHECK_MESSAGE(fp16.err.find("fp16") != std::string::npos, fp16.err);
+  CHECK_FALSE(fs::exists(dir.path() / "fp16.nii.gz"));
+}
