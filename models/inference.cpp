@@ -240,15 +240,14 @@ class Ensemble {
                            ": a box-prompted model needs boxes: give --boxes FILE or --boxes-from "
                            "LABELMAP (optionally --propagate; docs/how-to/box-prompted.md)");
       const std::int64_t k = info.out_channels == 1 ? 2 : info.out_channels;
+      // Members of different families (a UNet and a PlainConvUNet, 2D and 3D) join as long as
+      // they predict the same classes from the same channels: each runs its own stages and
+      // window, and its probabilities are resampled onto the first member's grid.
       if (e.members_.empty()) {
-        e.family_ = info.name;
         e.classes_ = k;
         e.in_channels_ = info.in_channels;
       } else {
         const std::string first = e.members_.front().path.string();
-        if (info.name != e.family_)
-          return invalid_argument(p.string() + ": cannot join an ensemble with " + first +
-                                  ": model family '" + info.name + "', expected '" + e.family_ + "'");
         if (k != e.classes_)
           return invalid_argument(p.string() + ": cannot join an ensemble with " + first + ": " +
                                   std::to_string(k) + " classes, expected " + std::to_string(e.classes_));
@@ -339,7 +338,6 @@ class Ensemble {
 
  private:
   std::vector<Member> members_;
-  std::string family_;
   std::int64_t classes_ = 2, in_channels_ = 1;
   std::vector<std::string> names_;
   PredictOptions predict_;  ///< amp, overlap, stitching (InferOptions, resolved for the device)

@@ -70,7 +70,8 @@ struct InferOptions {
   std::filesystem::path output;  ///< out.nii[.gz], out.dcm (DICOM SEG) or a folder
   std::string device = "auto";
   /// More checkpoints: an ensemble whose probabilities are averaged with `checkpoint`'s.
-  /// Every member must be of the same model family with the same classes and channels.
+  /// Every member must predict the same classes from the same channels; the model families
+  /// may differ (unet, plain_unet; 2D and 3D): each member runs its own stages and window.
   std::vector<std::filesystem::path> ensemble;
   TtaMode tta = TtaMode::none;
   /// Also write the class probabilities, (x, y, z, class) float32 NIfTI, next to the label
