@@ -26,6 +26,7 @@ int cmd_plan(int argc, char** argv);           ///< apps/cmd_plan.cpp: fingerpri
 int cmd_postprocess(int argc, char** argv);    ///< apps/cmd_postprocess.cpp: determine / apply postprocessing
 int cmd_package(int argc, char** argv);        ///< apps/cmd_package.cpp: checkpoints into one model folder
 int cmd_select(int argc, char** argv);         ///< apps/cmd_select.cpp: choose a configuration on cv evidence
+int cmd_import(int argc, char** argv);  ///< apps/cmd_import.cpp: nnU-Net weights in as a segflow checkpoint
 
 struct Args;
 /// The planner options of `segflow plan` / `segflow train DATASET` flags (--device,

@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
       {"train", cmd_train},     {"infer", cmd_infer},     {"ctl", cmd_ctl},
       {"bench", cmd_bench},     {"eval", cmd_eval},       {"export", cmd_export},
       {"plan", cmd_plan},       {"cv", cmd_cv},           {"postprocess", cmd_postprocess},
-      {"package", cmd_package}, {"select", cmd_select},
+      {"package", cmd_package}, {"select", cmd_select},     {"import", cmd_import},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);

@@ -1,7 +1,7 @@
-// nnU-Net out (issue 33 item 2): `segflow export --to nnunet` writes an nnU-Net v2 results
+// nnU-Net out and in (issue 33 item 2): `segflow export --to nnunet` writes an nnU-Net v2 results
 // folder that nnunetv2's own nnUNetPredictor loads and runs (tests/tools/nnunet_predict_check.py,
 // CPU, no mirroring), and its label maps are compared voxel by voxel with `segflow infer`'s on
-// the same volumes.
+// the same volumes; `segflow import --from nnunet` brings the export back with the same logits.
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 
@@ -12,6 +12,7 @@
 #include "models/job_config.hpp"
 #include "models/nnunet_export.hpp"
 #include "models/trainer.hpp"
+#include "models/weights.hpp"
 #include "test_util.hpp"
 
 using namespace segflow;
@@ -171,4 +172,52 @@ TEST_CASE("segflow export --to nnunet refuses what nnU-Net cannot express, writi
   REQUIRE_FALSE(st.is_ok());
   CHECK_MESSAGE(segflow::testing::contains(st.message(), "exists"), st.message());
   CHECK(fs::is_empty(dir / "results"));
+}
+
+TEST_CASE("segflow import --from nnunet: an exported plain_unet comes back with the same logits") {
+  TempDir dir("nnunet_import");
+  REQUIRE_OK_AND_ASSIGN(auto cfg, models::parse_job_config(nnunet_job(dir.path(), kPlainUnet), "job.yaml"));
+  REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
+  REQUIRE_OK_AND_ASSIGN(auto results, models::nnunet_results(cfg, {}, t->model().module(), {}));
+  REQUIRE_OK(models::write_nnunet_results(results, dir / "results"));
+
+  const std::string bin = shell_quote(segflow::testing::segflow_bin());
+  auto r =
+      segflow::testing::run_command(bin + " import --from nnunet " + shell_quote(dir / "results" / "fold_0") +
+                                    " --out " + shell_quote(dir / "imported") + " 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  const std::string yaml = segflow::testing::read_file(dir / "imported" / "job.yaml");
+  CHECK_MESSAGE(segflow::testing::contains(yaml, "{name: resample, options: {spacing: [1.5,1.5,1.5]}}"),
+                yaml);
+  CHECK_MESSAGE(segflow::testing::contains(yaml, "name: normalize_ct"), yaml);
+  CHECK_MESSAGE(segflow::testing::contains(yaml, "mode: constant"), yaml);
+
+  REQUIRE_OK_AND_ASSIGN(auto back, models::load_for_inference(dir / "imported" / "model.pt", "cpu"));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
+  const at::Tensor x = at::rand({1, 1, 16, 24, 16}, gen, at::TensorOptions());
+  torch::NoGradGuard no_grad;
+  t->model().module().eval();
+  back->model().module().eval();
+  const at::Tensor y0 = t->model().predict(x), y1 = back->model().predict(x);
+  CHECK(y1.sizes() == y0.sizes());
+  const double diff = (y1 - y0).abs().max().item<double>(), top = y0.abs().max().item<double>();
+  MESSAGE("export -> import: max |logit diff| " << diff << " of max |logit| " << top);
+  CHECK(top > 0);
+  CHECK(diff == 0.0);
+
+  // weights.sfta, segflow's names, loads strictly into a fresh plain_unet (model.weights).
+  REQUIRE_OK_AND_ASSIGN(auto tensors, models::read_tensor_archive(dir / "imported" / "weights.sfta"));
+  REQUIRE_OK_AND_ASSIGN(auto fresh, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
+  REQUIRE_OK(models::load_into(fresh->model().module(), tensors, /*strict=*/true));
+  fresh->model().module().eval();
+  CHECK((fresh->model().predict(x) - y0).abs().max().item<double>() == 0.0);
+
+  // A results folder without plans.json: named, nothing written.
+  fs::remove(dir / "results" / "plans.json");
+  r = segflow::testing::run_command(bin + " import --from nnunet " + shell_quote(dir / "results" / "fold_0") +
+                                    " --out " + shell_quote(dir / "again") + " 2>&1");
+  CHECK(r.exit_code != 0);
+  CHECK_MESSAGE(segflow::testing::contains(r.out, "plans.json: missing"), r.out);
+  CHECK_FALSE(fs::exists(dir / "again"));
+  CHECK_FALSE(segflow::testing::has_temporaries(dir.path()));
 }
