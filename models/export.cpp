@@ -307,7 +307,8 @@ std::vector<char> torch_save_bytes(const c10::IValue& value) {
   return out;
 }
 
-c10::Dict<std::string, at::Tensor> cpu_tensor_dict(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+c10::Dict<std::string, at::Tensor> cpu_tensor_dict(
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [name, t] : tensors) dict.insert(name, t.detach().to(at::kCPU).contiguous().clone());
   return dict;

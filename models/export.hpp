@@ -68,7 +68,8 @@ std::vector<char> pytorch_state_dict_bytes(const std::vector<std::pair<std::stri
 std::vector<char> torch_save_bytes(const c10::IValue& value);
 
 /// `tensors` (detached, contiguous copies on the CPU) as a typed dict, in the given order.
-c10::Dict<std::string, at::Tensor> cpu_tensor_dict(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
+c10::Dict<std::string, at::Tensor> cpu_tensor_dict(
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors);
 
 /// Writes `model` to `out` (a .pt file torch.load reads: {name: tensor}) and its spec to
 /// `out` with the extension replaced by .json, each through a temporary and a rename.
