@@ -37,6 +37,17 @@ bool is_final(const std::string& state) {
   return state == "completed" || state == "failed" || state == "stopped";
 }
 
+/// True when a job's failure is the SEG writer refusing a label map without foreground
+/// (pipeline/io/detail/dicom_seg.cpp: a SEG needs at least one segment).
+bool is_empty_seg_failure(const std::string& output, const std::string& reason) {
+  return fs::path(output).extension() == ".dcm" &&
+         reason.find("labels: expected at least one label value > 0") != std::string::npos;
+}
+
+constexpr const char* kEmptyReason =
+    "the model found no foreground in this series; a DICOM SEG cannot hold zero segments, so no SEG "
+    "was written or sent";
+
 }  // namespace
 
 std::string series_signature(const CaseRecord& rec, const std::string& label_path) {
@@ -289,31 +300,49 @@ void AutoInfer::follow_jobs() {
 /// True when every job of `t` ended (then inferred or failed is published and the SEG queued).
 bool AutoInfer::follow(Tracked& t) {
   std::string error;
-  for (const auto& id : t.record["jobs"]) {
-    auto st = jobs_.status(id.get<std::int64_t>());
+  bool empty = false;
+  json outputs = json::array();
+  const json& jobs = t.record["jobs"];
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const std::int64_t id = jobs[i].get<std::int64_t>();
+    const std::string output = t.record["outputs"].at(i).get<std::string>();
+    auto st = jobs_.status(id);
     if (!st.is_ok()) {
       error = st.status().message();
       continue;
     }
     const std::string state = (*st)["state"].get<std::string>();
     if (!is_final(state)) return false;
-    if (state != "completed" && error.empty())
-      error =
-          "job " + std::to_string(id.get<std::int64_t>()) + " " + state + ": " + (*st).value("reason", "");
+    const std::string reason = (*st).value("reason", "");
+    if (state == "failed" && is_empty_seg_failure(output, reason)) {
+      empty = true;
+    } else if (state != "completed") {
+      if (error.empty()) error = "job " + std::to_string(id) + " " + state + ": " + reason;
+    } else {
+      outputs.push_back(output);
+    }
   }
   const double since = StateDb::now() - t.last_instance;
   if (!error.empty()) {
     t.record["state"] = "failed";
     store(t);
-    publish("failed", t.dataset, t.case_id,
-            {{"stage", "inference"}, {"jobs", t.record["jobs"]}, {"error", error}});
+    publish("failed", t.dataset, t.case_id, {{"stage", "inference"}, {"jobs", jobs}, {"error", error}});
     return true;
   }
-  publish(
-      "inferred", t.dataset, t.case_id,
-      {{"jobs", t.record["jobs"]}, {"outputs", t.record["outputs"]}, {"seconds_since_last_instance", since}});
+  json body = {{"jobs", jobs}, {"outputs", outputs}, {"seconds_since_last_instance", since}};
+  if (empty) {
+    body["empty"] = true;
+    body["reason"] = kEmptyReason;
+    log::info("auto_infer: " + t.dataset + "/" + t.case_id + ": " + kEmptyReason);
+  }
+  publish("inferred", t.dataset, t.case_id, body);
+  if (empty) {
+    t.record["state"] = "empty";
+    store(t);
+    return true;
+  }
   std::string seg;
-  for (const auto& o : t.record["outputs"])
+  for (const auto& o : outputs)
     if (fs::path(o.get<std::string>()).extension() == ".dcm") seg = o.get<std::string>();
   if (rules_[t.rule].send_to.empty() || seg.empty()) {
     t.record["state"] = "inferred";
@@ -332,7 +361,7 @@ void AutoInfer::queue_seg(Tracked& t, const std::string& seg) {
     return;
   }
   std::lock_guard<std::mutex> lock(mu_);  // on_send_done must find the send once it exists
-  auto r = dicom_->enqueue(seg);
+  auto r = dicom_->enqueue(seg, rules_[t.rule].send_target);
   if (!r.is_ok()) {
     t.record["state"] = "failed";
     store(t);
@@ -350,6 +379,17 @@ void AutoInfer::on_send_done(const DicomSendRecord& send) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sends_.find(send.id);
   if (it == sends_.end()) return;  // not a SEG of auto_infer
+  if (send.state == "queued") {    // a failed attempt; the sender tries again at next_attempt
+    const Tracked& q = it->second;
+    publish("retrying", q.dataset, q.case_id,
+            {{"send", send.id},
+             {"destination", send.destination},
+             {"attempts", send.attempts},
+             {"error", send.last_error},
+             {"next_attempt", send.next_attempt},
+             {"retry_in_s", std::max(0.0, send.next_attempt - send.updated)}});
+    return;
+  }
   Tracked t = std::move(it->second);
   sends_.erase(it);
   const json common = {{"send", send.id},

@@ -25,11 +25,18 @@
 // retried queue of `segflow ctl dicom send`). Progress survives a restart: recorded jobs are
 // followed again and recorded sends reported.
 //
-// Events (topic "auto_infer"): {event: received | inferred | sent | failed, dataset, case,
-// ...}: received when a case is complete and its jobs are queued (jobs, instances), inferred
-// when its jobs completed (outputs, seconds_since_last_instance), sent when the destination
-// stored the SEG (send, destination, sop_instance_uid, seconds_since_last_instance), failed
-// with stage submit | inference | send and the error.
+// Events (topic "auto_infer"): {event: received | inferred | retrying | sent | failed,
+// dataset, case, ...}: received when a case is complete and its jobs are queued (jobs,
+// instances), inferred when its jobs completed (outputs, seconds_since_last_instance),
+// retrying after each failed send attempt with attempts left (send, attempts, error,
+// retry_in_s), sent when the destination stored the SEG (send, destination,
+// sop_instance_uid, attempts, seconds_since_last_instance), failed with stage submit |
+// inference | send and the error (a send: after dicom.send_to.max_attempts).
+//
+// An empty prediction (the model found no foreground in the series) is no failure: a DICOM
+// SEG cannot hold zero segments, so nothing is written or sent and `inferred` carries
+// empty: true and the reason; the case's state is "empty" (the same series again makes no
+// second attempt). Any NIfTI output of the case is written as usual.
 //
 // Threading: mark_dirty() and on_send_done() are safe from any thread; poll() runs on one
 // thread (the daemon's control loop).
@@ -71,8 +78,8 @@ class AutoInfer {
   void poll();
   /// True when some rule names `dataset`.
   bool watches(const std::string& dataset) const;
-  /// The sender's report of an ended send (sent or failed for good): published when it is
-  /// a SEG of auto_infer.
+  /// The sender's report of an attempt (sent, failed for good, or queued for a retry):
+  /// published when it is a SEG of auto_infer.
   void on_send_done(const DicomSendRecord& send);
 
  private:

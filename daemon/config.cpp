@@ -83,7 +83,9 @@ void AutoInferRule::bind(OptionParser& p) {
   if (p.ok() && device.empty()) return p.fail("device", "expected auto, cpu or cuda:N, got \"\"");
   p.choice("output_format", output_format, {"", "seg", "nifti", "both"},
            "seg (DICOM SEG), nifti or both; \"\" = seg for a DICOM series, nifti otherwise");
-  p.string("send_to", send_to, "AE title of the DICOM destination (dicom.send_to) the SEGs are queued for");
+  p.string("send_to", send_to,
+           "the DICOM destination the SEGs are queued for: a name of dicom.destinations or the AE title of "
+           "dicom.send_to");
   p.number("quiet_seconds", quiet_seconds, pipeline::Range::non_negative(), "s",
            "a DICOM series is complete after this long without a new instance");
   if (p.ok() && !send_to.empty() && output_format == "nifti")
@@ -328,12 +330,11 @@ Status finalize_daemon_config(DaemonConfig& c) {
       return invalid_config(key + ".checkpoint: " + r.checkpoint.string() + ": no such file");
     if (fs::exists(r.output, ec) && !fs::is_directory(r.output, ec))
       return invalid_config(key + ".output: " + r.output.string() + ": expected a folder, got a file");
-    const dicom::DicomDestination& d = c.dicom.send_to;
-    if (!r.send_to.empty() && (!d.enabled() || d.ae_title != r.send_to))
-      return invalid_config(key + ".send_to: " + r.send_to + ": no such DICOM destination (expected " +
-                            (d.enabled() ? "the AE title of dicom.send_to, " + d.ae_title
-                                         : std::string("a dicom.send_to section; none is configured")) +
-                            ")");
+    if (!r.send_to.empty()) {
+      auto target = c.dicom.resolve(r.send_to);
+      if (!target.is_ok()) return invalid_config(key + ".send_to: " + target.status().message());
+      r.send_target = *target;
+    }
   }
   for (std::size_t i = 0; i < c.auto_train.size(); ++i) {
     AutoTrainRule& r = c.auto_train[i];

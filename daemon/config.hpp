@@ -19,7 +19,7 @@
 //   auto_infer:                    # models run on each new case of a dataset (auto_infer.hpp)
 //     - {dataset: NAME, checkpoint: PATH | model: PACKAGE_DIR, output: DIR, tta: none|mirror|mirror-all,
 //     device: auto,
-//        output_format: seg|nifti|both, send_to: AE_TITLE, quiet_seconds: 5}
+//        output_format: seg|nifti|both, send_to: DESTINATION, quiet_seconds: 5}
 //   auto_train:                    # datasets planned and trained when they appear (auto_train.hpp)
 //     - {dataset: NAME|PATH|"*", configuration: 3d_fullres, folds: [0] | all, set: {key: value},
 //        memory_gb: 8, memory_model: measured, device: auto}
@@ -64,9 +64,12 @@ struct AutoInferRule {
   std::string device = "auto";   ///< a device of the pool (cpu, cuda:N) or auto
   /// seg | nifti | both; "" = per case: seg (DICOM SEG) for a DICOM series, nifti otherwise.
   std::string output_format;
-  /// The DICOM destination the SEGs are queued for, named by its AE title (dicom.send_to);
-  /// "" = none. Checked at start: a name not configured stops the daemon.
+  /// The DICOM destination the SEGs are queued for: a name of dicom.destinations, or the AE
+  /// title of dicom.send_to; "" = none. Checked at start: a name not configured stops the daemon.
   std::string send_to;
+  /// send_to resolved by finalize_daemon_config: the dicom.destinations name, or "" for
+  /// dicom.send_to (DicomSendRecord::target).
+  std::string send_target;
   /// A DICOM series is complete when no instance of it arrived for this long (seconds since
   /// the newest file of the case); the node files instances at the end of their association,
   /// so 0 = complete at the association's end. NIfTI cases are not held back.
@@ -131,7 +134,8 @@ Result<DaemonConfig> parse_daemon_config(const std::string& yaml_text, const std
 /// Makes paths absolute, fills the default endpoints and checks them: ipc or tcp only; a
 /// tcp endpoint on an address other than loopback needs CURVE keys. Each auto_infer
 /// checkpoint must be an existing file; a missing output becomes <state_dir>/inferred/<dataset>;
-/// an auto_infer send_to must name the configured destination (dicom.send_to.ae_title) and
+/// an auto_infer send_to must name a configured destination (a name of dicom.destinations or
+/// dicom.send_to.ae_title; resolved into send_target) and
 /// its output_format must write a SEG (seg or both, or "" which becomes seg for DICOM input).
 /// An auto_train dataset given as a path must be a folder of data_root (it becomes its name).
 Status finalize_daemon_config(DaemonConfig& cfg);

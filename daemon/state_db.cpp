@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS dicom_sends (
   last_error TEXT NOT NULL,
   destination TEXT NOT NULL,
   created REAL NOT NULL,
-  updated REAL NOT NULL);
+  updated REAL NOT NULL,
+  target TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS dicom_sends_due ON dicom_sends (state, next_attempt);
 )sql";
 
@@ -183,6 +184,12 @@ Result<std::unique_ptr<StateDb>> StateDb::open(const fs::path& file) {
     Stmt probe(db, "SELECT kind FROM jobs LIMIT 0");
     if (!probe.ok())
       SEGFLOW_RETURN_IF_ERROR(s->exec("ALTER TABLE jobs ADD COLUMN kind TEXT NOT NULL DEFAULT 'train'"));
+  }
+  // ... nor did sends have a named destination: add it ("" = dicom.send_to).
+  {
+    Stmt probe(db, "SELECT target FROM dicom_sends LIMIT 0");
+    if (!probe.ok())
+      SEGFLOW_RETURN_IF_ERROR(s->exec("ALTER TABLE dicom_sends ADD COLUMN target TEXT NOT NULL DEFAULT ''"));
   }
   return s;
 }
@@ -368,7 +375,7 @@ namespace {
 
 constexpr const char* kSendColumns =
     "id, file, source, sop_class_uid, sop_instance_uid, state, attempts, next_attempt, last_error, "
-    "destination, created, updated";
+    "destination, created, updated, target";
 
 DicomSendRecord read_send(const Stmt& s) {
   DicomSendRecord r;
@@ -384,6 +391,7 @@ DicomSendRecord read_send(const Stmt& s) {
   r.destination = s.text(9);
   r.created = s.real(10);
   r.updated = s.real(11);
+  r.target = s.text(12);
   return r;
 }
 
@@ -393,12 +401,12 @@ Result<std::int64_t> StateDb::insert_dicom_send(const DicomSendRecord& r) {
   std::lock_guard<std::mutex> lock(mu_);
   Stmt s(db_,
          "INSERT INTO dicom_sends (file, source, sop_class_uid, sop_instance_uid, state, attempts, "
-         "next_attempt, last_error, destination, created, updated) VALUES (?,?,?,?,?,?,?,?,?,?,?)");
+         "next_attempt, last_error, destination, created, updated, target) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
   if (!s.ok()) return fail("queue a DICOM send");
   const double t = now();
   s.bind(1, r.file).bind(2, r.source).bind(3, r.sop_class_uid).bind(4, r.sop_instance_uid).bind(5, r.state);
   s.bind(6, r.attempts).bind(7, r.next_attempt).bind(8, r.last_error).bind(9, r.destination);
-  s.bind(10, t).bind(11, t);
+  s.bind(10, t).bind(11, t).bind(12, r.target);
   if (s.step() != SQLITE_DONE) return fail("queue a DICOM send");
   return static_cast<std::int64_t>(sqlite3_last_insert_rowid(db_));
 }

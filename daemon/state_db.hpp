@@ -80,6 +80,7 @@ struct DicomSendRecord {
   double next_attempt = 0.0;     ///< unix seconds; not tried before
   std::string last_error;        ///< why the last attempt failed ("" = none)
   std::string destination;       ///< AE@host:port of the last attempt
+  std::string target;            ///< the dicom.destinations name it goes to; "" = dicom.send_to
   double created = 0.0;          ///< unix seconds
   double updated = 0.0;          ///< unix seconds
 };

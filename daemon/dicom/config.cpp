@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 
+#include <cctype>
+
 #include "pipeline/options.hpp"
 
 namespace segflow::daemon::dicom {
@@ -99,6 +101,62 @@ void DicomSettings::bind(OptionParser& p) {
   p.integer("idle_timeout_s", idle_timeout_s, Range::closed(1, 3600), "s",
             "ACSE and DIMSE timeout: a peer silent this long is cut off");
   if (p.given("send_to")) p.section("send_to", send_to, "C-STORE destination of results", "key");
+  bind_destinations(p);
+}
+
+/// A destination name: 1-64 letters, digits, '_', '-' or '.'.
+static bool is_valid_destination_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (unsigned char c : name)
+    if (!std::isalnum(c) && c != '_' && c != '-' && c != '.') return false;
+  return true;
+}
+
+void DicomSettings::bind_destinations(OptionParser& p) {
+  nlohmann::json dests = nlohmann::json::object();
+  p.json_value("destinations", dests, "mapping",
+               "named C-STORE destinations: {NAME: {ae_title, host, port, retry_initial_s, ...}}");
+  if (!p.ok()) return;
+  if (!dests.is_object())
+    return p.fail("destinations",
+                  "expected a mapping {NAME: {ae_title, host, port}}, got " + pipeline::format_value(dests));
+  destinations.clear();
+  for (const auto& [name, value] : dests.items()) {
+    const std::string key = "destinations." + name;
+    if (!is_valid_destination_name(name))
+      return p.fail(key, "expected a name of 1-64 letters, digits, '_', '-' or '.', got \"" + name + "\"");
+    if (!value.is_object())
+      return p.fail(key, "expected a mapping {ae_title, host, port}, got " + pipeline::format_value(value));
+    OptionParser nested(value, p.path_of(key));
+    nested.name_keys("key");
+    DicomDestination d;
+    d.bind(nested);
+    p.add_error(nested.finish());
+    if (!p.ok()) return;
+    destinations[name] = d;
+  }
+}
+
+const DicomDestination* DicomSettings::destination(const std::string& target) const {
+  if (target.empty()) return send_to.enabled() ? &send_to : nullptr;
+  auto it = destinations.find(target);
+  return it == destinations.end() ? nullptr : &it->second;
+}
+
+Result<std::string> DicomSettings::resolve(const std::string& name) const {
+  if (destinations.count(name)) return name;
+  if (send_to.enabled() && send_to.ae_title == name) return std::string();
+  std::string known;
+  for (const auto& [n, d] : destinations) known += (known.empty() ? "" : ", ") + n;
+  if (send_to.enabled()) known += (known.empty() ? "" : ", ") + send_to.ae_title + " (dicom.send_to)";
+  return invalid_argument(
+      name + ": no such DICOM destination (expected " +
+      (known.empty() ? std::string("a name of dicom.destinations; none is configured") : "one of " + known) +
+      ")");
+}
+
+std::string destination_text(const DicomDestination& d) {
+  return d.ae_title + "@" + d.host + ":" + std::to_string(d.port);
 }
 
 }  // namespace segflow::daemon::dicom

@@ -21,10 +21,15 @@
 //       retry_initial_s: 5         # first retry delay; doubles per failed attempt
 //       retry_max_s: 600           # longest delay between attempts
 //       max_attempts: 20           # then the send is marked failed
+//     destinations:                # named destinations (auto_infer's send_to names one)
+//       PACS_A: {ae_title: ORTHANC, host: 10.0.0.5, port: 4242}   # same keys as send_to
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "messages/status.hpp"
 
 namespace segflow::pipeline {
 class OptionParser;
@@ -57,12 +62,27 @@ struct DicomSettings {
   std::int64_t max_association_bytes = std::int64_t{4} << 30;  ///< per association, >= 4096
   std::int64_t idle_timeout_s = 30;                            ///< ACSE and DIMSE timeout, s (1-3600)
   DicomDestination send_to;                                    ///< results go here (optional)
+  std::map<std::string, DicomDestination> destinations;        ///< named destinations (optional)
 
   /// True when the listener is on (port > 0).
   bool listening() const { return port > 0; }
   /// Reads the `dicom` section and checks the keys against each other (bind vs. the allow list).
   void bind(pipeline::OptionParser& p);
+  /// True when some destination is configured (send_to or destinations).
+  bool sends() const { return send_to.enabled() || !destinations.empty(); }
+  /// The destination a send's target names: destinations[target], or send_to for "" (null
+  /// when there is no such destination).
+  const DicomDestination* destination(const std::string& target) const;
+  /// What an auto_infer send_to NAME refers to: the target "NAME" when dicom.destinations has
+  /// it, "" (send_to) when it is dicom.send_to's AE title; an error listing what may be named.
+  Result<std::string> resolve(const std::string& name) const;
+
+ private:
+  void bind_destinations(pipeline::OptionParser& p);
 };
+
+/// "AE@host:port".
+std::string destination_text(const DicomDestination& d);
 
 /// True for a valid AE title: 1-16 characters, printable ASCII without backslash, not only
 /// spaces (leading and trailing spaces are not significant).

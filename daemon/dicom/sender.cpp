@@ -64,10 +64,6 @@ Result<FileHeader> read_header(const fs::path& file) {
   return h;
 }
 
-std::string destination_text(const DicomDestination& d) {
-  return d.ae_title + "@" + d.host + ":" + std::to_string(d.port);
-}
-
 }  // namespace
 
 double retry_delay_s(const DicomDestination& d, std::int64_t attempts) {
@@ -99,8 +95,7 @@ struct DicomSender::Impl {
       : s(std::move(settings)), outbox(state_dir / "dicom-outbox"), db(d) {}
 
   /// One failed attempt: back off, or give up after max_attempts.
-  void failed(DicomSendRecord& r, const std::string& why) {
-    const DicomDestination& d = s.send_to;
+  void failed(DicomSendRecord& r, const std::string& why, const DicomDestination& d) {
     r.attempts += 1;
     r.last_error = why;
     r.destination = destination_text(d);
@@ -111,19 +106,20 @@ struct DicomSender::Impl {
                  " failed for good after " + std::to_string(r.attempts) + " attempts: " + why);
     } else {
       const double delay = retry_delay_s(d, r.attempts);
-      r.next_attempt = StateDb::now() + delay;
+      r.updated = StateDb::now();  // the callback's attempt time: next_attempt - updated = delay
+      r.next_attempt = r.updated + delay;
       log::warn("dicom: send " + std::to_string(r.id) + " to " + r.destination + " failed (attempt " +
                 std::to_string(r.attempts) + "): " + why + "; next attempt in " + retry_delay_text(delay));
     }
     if (Status st = db.update_dicom_send(r); !st.is_ok()) log::error("dicom: " + st.message());
-    if (given_up) done(r);
+    done(r);  // state failed (for good) or queued (retried at next_attempt)
   }
 
-  void sent(DicomSendRecord& r) {
+  void sent(DicomSendRecord& r, const DicomDestination& d) {
     r.attempts += 1;
     r.state = "sent";
     r.last_error.clear();
-    r.destination = destination_text(s.send_to);
+    r.destination = destination_text(d);
     if (Status st = db.update_dicom_send(r); !st.is_ok()) log::error("dicom: " + st.message());
     std::error_code ec;
     fs::remove(r.file, ec);
@@ -131,9 +127,8 @@ struct DicomSender::Impl {
     done(r);
   }
 
-  /// Sends a batch of due records over one association.
-  void send(std::vector<DicomSendRecord>& batch) {
-    const DicomDestination& d = s.send_to;
+  /// Sends a batch of due records for `d` over one association.
+  void send(std::vector<DicomSendRecord>& batch, const DicomDestination& d) {
     std::vector<FileHeader> headers(batch.size());
     std::vector<bool> ready(batch.size(), false);
     DcmSCU scu;
@@ -150,7 +145,7 @@ struct DicomSender::Impl {
     for (std::size_t i = 0; i < batch.size(); ++i) {
       auto h = read_header(batch[i].file);
       if (!h.is_ok()) {
-        failed(batch[i], h.status().message());
+        failed(batch[i], h.status().message(), d);
         continue;
       }
       headers[i] = *h;
@@ -169,37 +164,65 @@ struct DicomSender::Impl {
     if (c.bad()) {
       const std::string why = "association with " + destination_text(d) + ": " + c.text();
       for (std::size_t i = 0; i < batch.size(); ++i)
-        if (ready[i]) failed(batch[i], why);
+        if (ready[i]) failed(batch[i], why, d);
       return;
     }
     for (std::size_t i = 0; i < batch.size(); ++i) {
       if (!ready[i]) continue;
       if (stopping.load()) break;  // still queued: sent after the restart
       if (!scu.isConnected()) {
-        failed(batch[i], "the association ended before this file was sent");
+        failed(batch[i], "the association ended before this file was sent", d);
         continue;
       }
       T_ASC_PresentationContextID pc =
           scu.findPresentationContextID(headers[i].sop_class.c_str(), headers[i].transfer_syntax.c_str());
       if (pc == 0) pc = scu.findAnyPresentationContextID(headers[i].sop_class.c_str(), "");
       if (pc == 0) {
-        failed(batch[i], destination_text(d) + " accepted no presentation context for SOP class " +
-                             headers[i].sop_class + " in " + headers[i].transfer_syntax);
+        failed(batch[i],
+               destination_text(d) + " accepted no presentation context for SOP class " +
+                   headers[i].sop_class + " in " + headers[i].transfer_syntax,
+               d);
         continue;
       }
       Uint16 status = 0;
       c = scu.sendSTORERequest(pc, OFFilename(batch[i].file.c_str()), nullptr, status);
       if (c.bad()) {
-        failed(batch[i], std::string("C-STORE: ") + c.text());
+        failed(batch[i], std::string("C-STORE: ") + c.text(), d);
       } else if (status == 0 || (status & 0xF000) == 0xB000) {
-        sent(batch[i]);
+        sent(batch[i], d);
       } else {
         char hex[8];
         std::snprintf(hex, sizeof hex, "%04x", status);
-        failed(batch[i], std::string("C-STORE status 0x") + hex + " (" + DU_cstoreStatusString(status) + ")");
+        failed(batch[i], std::string("C-STORE status 0x") + hex + " (" + DU_cstoreStatusString(status) + ")",
+               d);
       }
     }
     if (scu.isConnected()) (void)scu.releaseAssociation();
+  }
+
+  /// A send whose named destination is no longer configured: kept queued, looked at again
+  /// in a minute (configuring the name again and restarting delivers it).
+  void hold(DicomSendRecord& r) {
+    r.last_error = (r.target.empty() ? std::string("dicom.send_to") : "dicom.destinations." + r.target) +
+                   ": not configured (kept queued until it is)";
+    r.next_attempt = StateDb::now() + 60;
+    if (Status st = db.update_dicom_send(r); !st.is_ok()) log::error("dicom: " + st.message());
+    log::warn("dicom: send " + std::to_string(r.id) + ": " + r.last_error);
+  }
+
+  /// Sends the due records, one association per destination.
+  void send_due(std::vector<DicomSendRecord>& due) {
+    std::map<std::string, std::vector<DicomSendRecord>> by_target;
+    for (auto& r : due) by_target[r.target].push_back(std::move(r));
+    for (auto& [target, batch] : by_target) {
+      if (stopping.load()) return;
+      const DicomDestination* d = s.destination(target);
+      if (!d) {
+        for (auto& r : batch) hold(r);
+        continue;
+      }
+      send(batch, *d);
+    }
   }
 
   void run() {
@@ -209,7 +232,7 @@ struct DicomSender::Impl {
         if (!due.is_ok()) {
           log::error("dicom: " + due.status().message());
         } else if (!due->empty()) {
-          send(*due);
+          send_due(*due);
           continue;
         }
       } catch (const std::exception& e) {
@@ -230,7 +253,7 @@ void DicomSender::set_on_done(DoneFn fn) { impl_->on_done = std::move(fn); }
 
 Status DicomSender::start() {
   Impl& m = *impl_;
-  if (!m.s.send_to.enabled()) return Status::ok();
+  if (!m.s.sends()) return Status::ok();
   if (!std::getenv("SEGFLOW_DCMTK_LOG")) OFLog::getLogger("dcmtk").setLogLevel(OFLogger::FATAL_LOG_LEVEL);
   pipeline::register_dicom_codecs();  // a peer that only takes another transfer syntax gets a transcoded copy
   std::error_code ec;
@@ -239,7 +262,9 @@ Status DicomSender::start() {
     return io_error(m.outbox.string() + ": cannot create the DICOM outbox");
   m.stopping.store(false);
   m.thread = std::thread([&m] { m.run(); });
-  log::info("dicom: results go to " + destination_text(m.s.send_to));
+  if (m.s.send_to.enabled()) log::info("dicom: results go to " + destination_text(m.s.send_to));
+  for (const auto& [name, d] : m.s.destinations)
+    log::info("dicom: destination " + name + " is " + destination_text(d));
   return Status::ok();
 }
 
@@ -253,18 +278,18 @@ void DicomSender::stop() {
   if (m.thread.joinable()) m.thread.join();
 }
 
-Status DicomSender::check(const fs::path& file) const {
-  if (!impl_->s.send_to.enabled())
-    return invalid_argument("dicom.send_to: not configured (segflowd has nowhere to send " + file.string() +
-                            ")");
+Status DicomSender::check(const fs::path& file, const std::string& target) const {
+  if (!impl_->s.destination(target))
+    return invalid_argument((target.empty() ? std::string("dicom.send_to") : "dicom.destinations." + target) +
+                            ": not configured (segflowd has nowhere to send " + file.string() + ")");
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) return not_found(file.string() + ": no such file");
   return read_header(file).status();
 }
 
-Result<DicomSendRecord> DicomSender::enqueue(const fs::path& file) {
+Result<DicomSendRecord> DicomSender::enqueue(const fs::path& file, const std::string& target) {
   Impl& m = *impl_;
-  SEGFLOW_RETURN_IF_ERROR(check(file));
+  SEGFLOW_RETURN_IF_ERROR(check(file, target));
   std::error_code ec;
   SEGFLOW_ASSIGN_OR_RETURN(FileHeader h, read_header(file));
   std::string name;
@@ -287,7 +312,8 @@ Result<DicomSendRecord> DicomSender::enqueue(const fs::path& file) {
   r.sop_class_uid = h.sop_class;
   r.sop_instance_uid = h.sop_instance;
   r.next_attempt = StateDb::now();
-  r.destination = destination_text(m.s.send_to);
+  r.target = target;
+  r.destination = destination_text(*m.s.destination(target));
   auto id = m.db.insert_dicom_send(r);
   if (!id.is_ok()) {
     fs::remove(copy, ec);
@@ -306,6 +332,9 @@ Result<json> DicomSender::stats() const {
               {"queued", 0},
               {"sent", 0},
               {"failed", 0}};
+  json named = json::object();
+  for (const auto& [name, d] : m.s.destinations) named[name] = destination_text(d);
+  out["destinations"] = named;
   SEGFLOW_ASSIGN_OR_RETURN(auto counts, m.db.dicom_send_counts());
   for (const auto& [state, n] : counts) out[state] = n;
   SEGFLOW_ASSIGN_OR_RETURN(auto sends, m.db.dicom_sends(50));
@@ -320,6 +349,7 @@ Result<json> DicomSender::stats() const {
                     {"next_attempt", r.next_attempt},
                     {"last_error", r.last_error},
                     {"destination", r.destination},
+                    {"target", r.target},
                     {"created", r.created},
                     {"updated", r.updated}});
   out["sends"] = list;

@@ -1,14 +1,17 @@
 #pragma once
-// Results back to the hospital: a persistent queue of C-STORE sends to dicom.send_to
-// (DCMTK's DcmSCU), kept in the state database so that a restart loses nothing.
+// Results back to the hospital: a persistent queue of C-STORE sends to dicom.send_to or a
+// named destination of dicom.destinations (DCMTK's DcmSCU), kept in the state database so
+// that a restart loses nothing. Each send records its target (the destination's name; "" =
+// dicom.send_to); due sends go out one association per destination.
 //
 // enqueue() copies the file into state_dir/dicom-outbox/ (the caller may delete its own)
 // and records it as queued. The sender thread sends what is due, several files per
 // association, and retries failures with exponential back-off: retry_initial_s after the
 // first failed attempt, doubling up to retry_max_s; after max_attempts the send is marked
 // failed. A send is done when the peer answers success (0x0000) or a warning (0xBxxx); the
-// outbox copy is then removed. Sends go to the destination configured now, so fixing a
-// wrong dicom.send_to and restarting delivers what is still queued.
+// outbox copy is then removed. Sends go to the destination configured now under their
+// target, so fixing a wrong address and restarting delivers what is still queued; a target
+// no longer configured keeps its sends queued (looked at again each minute).
 //
 // Threads (no actors): one sender thread; enqueue() and stats() are safe from any thread.
 
@@ -32,7 +35,8 @@ class DicomSender {
   DicomSender(const DicomSender&) = delete;
   DicomSender& operator=(const DicomSender&) = delete;
 
-  /// Called on the sender thread when a send ends: sent, or failed for good.
+  /// Called on the sender thread after each attempt that ends a send (state sent, or failed
+  /// for good) or fails with a retry ahead (state queued, attempts and next_attempt updated).
   using DoneFn = std::function<void(const DicomSendRecord&)>;
   /// Sets the callback of ended sends (before start()).
   void set_on_done(DoneFn fn);
@@ -43,16 +47,17 @@ class DicomSender {
   /// dicom.idle_timeout_s). What is queued stays queued. Idempotent.
   void stop();
 
-  /// Whether enqueue(file) would accept the file (a destination is configured, the file is
-  /// a DICOM Part 10 file with SOP class and instance UIDs); the error names the file.
-  Status check(const std::filesystem::path& file) const;
+  /// Whether enqueue(file, target) would accept the file (the destination is configured:
+  /// dicom.send_to for target "", else dicom.destinations[target]; the file is a DICOM Part
+  /// 10 file with SOP class and instance UIDs); the error names the file.
+  Status check(const std::filesystem::path& file, const std::string& target = "") const;
   /// Queues a DICOM file (a SEG written by `segflow infer`, or any stored instance with a
-  /// SOP class and instance UID). Errors name the file and what is wrong with it.
-  Result<DicomSendRecord> enqueue(const std::filesystem::path& file);
+  /// SOP class and instance UID) for `target`. Errors name the file and what is wrong with it.
+  Result<DicomSendRecord> enqueue(const std::filesystem::path& file, const std::string& target = "");
 
-  /// {destination, queued, sent, failed, sends: [{id, source, sop_class_uid,
-  /// sop_instance_uid, state, attempts, next_attempt, last_error, destination, created,
-  /// updated}]} (newest first, at most 50).
+  /// {destination (dicom.send_to), destinations: {NAME: AE@host:port}, queued, sent, failed,
+  /// sends: [{id, source, sop_class_uid, sop_instance_uid, state, attempts, next_attempt,
+  /// last_error, destination, target, created, updated}]} (newest first, at most 50).
   Result<nlohmann::json> stats() const;
 
   struct Impl;

@@ -39,7 +39,9 @@ Result<json> DicomService::command(const std::vector<std::string>& send) {
   return json{{"node", node}, {"sender", sender}, {"queued", queued}};
 }
 
-Result<DicomSendRecord> DicomService::enqueue(const fs::path& file) { return sender_->enqueue(file); }
+Result<DicomSendRecord> DicomService::enqueue(const fs::path& file, const std::string& target) {
+  return sender_->enqueue(file, target);
+}
 
 void DicomService::set_on_send_done(std::function<void(const DicomSendRecord&)> fn) {
   sender_->set_on_done(std::move(fn));

@@ -1,11 +1,11 @@
 #pragma once
-// The daemon's DICOM side in one object: the storage node (dicom_node.hpp) when dicom.port
-// is set and the result sender (dicom_sender.hpp) when dicom.send_to is, plus the `dicom`
+// The daemon's DICOM side in one object: the storage node (node.hpp) when dicom.port is
+// set and the result sender (sender.hpp) when dicom.send_to or dicom.destinations is, plus the `dicom`
 // control command:
 //
 //   dicom   send ([FILE, ...], optional: queue these files for dicom.send_to)
 //           -> node: {listening, address, ..., recent: [...]} (dicom_node.hpp),
-//              sender: {destination, queued, sent, failed, sends: [...]},
+//              sender: {destination, destinations, queued, sent, failed, sends: [...]},
 //              queued: [send ids of the files just queued]
 //
 // Threading: start() and stop() from the daemon's main thread; command() from the control
@@ -46,9 +46,11 @@ class DicomService {
   /// checked first) and reports the node and the send queue.
   Result<nlohmann::json> command(const std::vector<std::string>& send);
 
-  /// Queues one file for dicom.send_to (auto_infer's SEGs); errors name the file.
-  Result<DicomSendRecord> enqueue(const std::filesystem::path& file);
-  /// Called on the sender thread when a send ends (sent or failed for good); before start().
+  /// Queues one file for dicom.send_to (target "") or dicom.destinations[target]
+  /// (auto_infer's SEGs); errors name the file.
+  Result<DicomSendRecord> enqueue(const std::filesystem::path& file, const std::string& target = "");
+  /// Called on the sender thread after an attempt: the send ended (sent or failed for good) or
+  /// waits for a retry (state queued); set before start().
   void set_on_send_done(std::function<void(const DicomSendRecord&)> fn);
   /// "AE@host:port" of dicom.send_to; "" when none is configured.
   std::string destination() const;

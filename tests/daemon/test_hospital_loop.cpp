@@ -197,8 +197,8 @@ TEST_CASE("an auto_infer send_to that names no configured destination stops segf
   ChildProcess d = start_segflowd({"--config", s.config.string()}, s.dir / "bad.log");
   CHECK(d.wait_exit(60) == 2);
   CHECK_MESSAGE(
-      d.log_tail().find("auto_infer[0].send_to: ORTHANC: no such DICOM destination (expected the AE "
-                        "title of dicom.send_to, PACS)") != std::string::npos,
+      d.log_tail().find("auto_infer[0].send_to: ORTHANC: no such DICOM destination (expected one of PACS "
+                        "(dicom.send_to))") != std::string::npos,
       d.log_tail());
   s.write_config("auto_infer:\n  - {dataset: incoming, checkpoint: " + model.string() +
                  ", send_to: PACS, output_format: nifti}\n");
@@ -207,6 +207,31 @@ TEST_CASE("an auto_infer send_to that names no configured destination stops segf
   CHECK_MESSAGE(d2.log_tail().find("auto_infer[0].send_to: output_format nifti writes no DICOM SEG") !=
                     std::string::npos,
                 d2.log_tail());
+
+  // Named destinations: an unknown name lists the known ones; each destination is checked.
+  const std::string named =
+      "dicom:\n  destinations:\n    PACS_A: {ae_title: A, host: 127.0.0.1, port: 104}\n";
+  const std::vector<std::pair<std::string, std::string>> bad_named = {
+      {named + "auto_infer:\n  - {dataset: incoming, checkpoint: " + model.string() + ", send_to: PACS_B}\n",
+       "auto_infer[0].send_to: PACS_B: no such DICOM destination (expected one of PACS_A)"},
+      {"dicom:\n  destinations:\n    PACS_A: {ae_title: A, host: 127.0.0.1}\n",
+       "dicom.destinations.PACS_A.port: missing"},
+      {"dicom:\n  destinations:\n    PACS_A: {ae_title: A, host: 127.0.0.1, port: 104, retry: 2}\n",
+       "dicom.destinations.PACS_A.retry: unknown key"},
+      {"dicom:\n  destinations:\n    \"a b\": {ae_title: A, host: 127.0.0.1, port: 104}\n",
+       "dicom.destinations.a b: expected a name of 1-64 letters"},
+      {"dicom:\n  destinations: [PACS_A]\n", "dicom.destinations: expected a mapping"},
+  };
+  int m = 0;
+  for (const auto& [yaml, message] : bad_named) {
+    const auto& config_text = yaml;  // clang 14 cannot capture a structured binding
+    CAPTURE(config_text);
+    s.write_config(yaml);
+    ChildProcess b =
+        start_segflowd({"--config", s.config.string()}, s.dir / ("bad_named" + std::to_string(m++) + ".log"));
+    CHECK(b.wait_exit(60) == 2);
+    CHECK_MESSAGE(b.log_tail().find(message) != std::string::npos, b.log_tail());
+  }
 
   // A model package instead of a checkpoint: one of the two, and the folder must exist.
   const std::vector<std::pair<std::string, std::string>> bad = {
@@ -320,6 +345,211 @@ TEST_CASE("Orthanc as the PACS: a series it C-STOREs to segflowd comes back into
       "hospital loop (pynetdicom -> segflowd -> Orthanc): %.2f s from the start of the push (a Python "
       "process) to the SEG in Orthanc\n",
       seconds_since(pushed2));
+  ok(s.control, {{"cmd", "shutdown"}});
+  CHECK(d->wait_exit(60) == 0);
+}
+
+namespace {
+
+/// Rewrites every instance of the series under `case_dir` to air (-1000 HU): a series in
+/// which the model finds no foreground.
+void blank_series(const fs::path& case_dir) {
+  auto r = run_command(
+      shell_quote(python()) + " -c " +
+      shell_quote("import pydicom,sys\n"
+                  "for f in sys.argv[1:]:\n"
+                  "    d=pydicom.dcmread(f); a=d.pixel_array.copy()\n"
+                  "    a[...]=int(round((-1000-float(d.RescaleIntercept))/float(d.RescaleSlope)))\n"
+                  "    d.PixelData=a.tobytes(); d.save_as(f)\n") +
+      quoted_files(series_files(case_dir)) + " 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+}
+
+/// The events named `name` that `events` got so far.
+std::vector<json> events_named(const Events& events, const std::string& name) {
+  std::vector<json> out;
+  for (const auto& [topic, body] : events.got)
+    if (body["event"] == name) out.push_back(body);
+  return out;
+}
+
+/// The send `id` of `segflow ctl dicom`'s queue (null when it is not listed).
+json send_entry(const std::string& control, std::int64_t id) {
+  const json reply = dicom_reply(control);  // kept alive: the loop walks into it
+  for (const auto& e : reply["sender"]["sends"])
+    if (e["id"] == id) return e;
+  return json();
+}
+
+/// RECEIVER on `dest` as dicom.send_to (named by its AE title), or as the named destination
+/// PACS_B of dicom.destinations (`named`).
+std::string pacs_down_config(const fs::path& checkpoint, int port, int dest, int max_attempts, bool named) {
+  const std::string destination =
+      "{ae_title: RECEIVER, host: 127.0.0.1, port: " + std::to_string(dest) +
+      ", retry_initial_s: 0.3, retry_max_s: 0.5, max_attempts: " + std::to_string(max_attempts) + "}";
+  return dicom_section(port, named ? "  destinations:\n    PACS_B: " + destination + "\n"
+                                   : "  send_to: " + destination + "\n") +
+         "auto_infer:\n  - {dataset: incoming, checkpoint: " + checkpoint.string() +
+         ", send_to: " + (named ? "PACS_B" : "RECEIVER") + ", quiet_seconds: 1}\n";
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the PACS down: an empty series sends nothing, SEGs are retried with back-off, fail after the "
+    "limit, survive SIGKILL and reach the PACS once it listens") {
+  require_dcmtk_tools();
+  Setup s;
+  const fs::path checkpoint = train_checkpoint(s, 0, segmenting_job(s.data / "tiny"));
+  const fs::path blank = synth_dicom(s.dir / "blank", 1, 31), first = synth_dicom(s.dir / "first", 1, 32),
+                 second = synth_dicom(s.dir / "second", 1, 33);
+  blank_series(blank / "case_000");
+  const int port = free_port(), dest = free_port();  // nothing listens on dest yet
+
+  // 1. At most 3 attempts. A series without foreground: `inferred` with empty: true, nothing queued.
+  s.write_config(pacs_down_config(checkpoint, port, dest, 3, false));
+  auto d = s.start();
+  Events events(s.events, "auto_infer");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto r = storescu(port, series_files(blank / "case_000"));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  auto inferred =
+      events.wait_for([](const std::string&, const json& b) { return b["event"] != "received"; }, 60);
+  REQUIRE_MESSAGE(inferred.has_value(), d->log_tail());
+  REQUIRE_MESSAGE((*inferred)["event"] == "inferred", inferred->dump());
+  CHECK((*inferred)["empty"] == true);
+  CHECK_MESSAGE((*inferred)["reason"].get<std::string>().find("no foreground") != std::string::npos,
+                inferred->dump());
+  CHECK((*inferred)["outputs"].empty());
+  const std::string blank_case = (*inferred)["case"].get<std::string>();
+
+  // 2. A series with foreground, the destination down: retried after 0.3 s, then 0.5 s (the
+  // back-off capped by retry_max_s), then failed for good after the third attempt.
+  r = storescu(port, series_files(first / "case_000"));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  auto failed = events.wait_for([](const std::string&, const json& b) { return b["event"] == "failed"; }, 60);
+  REQUIRE_MESSAGE(failed.has_value(), d->log_tail());
+  CHECK((*failed)["stage"] == "send");
+  CHECK((*failed)["attempts"] == 3);
+  CHECK_MESSAGE(
+      (*failed)["error"].get<std::string>().find("association with RECEIVER@127.0.0.1") != std::string::npos,
+      failed->dump());
+  const auto retries = events_named(events, "retrying");
+  REQUIRE(retries.size() == 2);
+  CHECK(retries[0]["attempts"] == 1);
+  CHECK(retries[1]["attempts"] == 2);
+  CHECK(retries[0]["retry_in_s"].get<double>() == doctest::Approx(0.3).epsilon(0.01));
+  CHECK(retries[1]["retry_in_s"].get<double>() == doctest::Approx(0.5).epsilon(0.01));
+  CHECK(events_named(events, "sent").empty());
+  const json q1 = dicom_reply(s.control)["sender"];
+  CHECK(q1["queued"] == 0);
+  CHECK(q1["failed"] == 1);
+  const json gone = send_entry(s.control, (*failed)["send"].get<std::int64_t>());
+  CHECK(gone["state"] == "failed");
+  CHECK(gone["attempts"] == 3);
+  CHECK_MESSAGE(!gone["last_error"].get<std::string>().empty(), gone.dump());
+
+  // 3. SIGKILL, then the named destination PACS_B (same peer) with unlimited attempts: a new
+  // series' SEG is queued for PACS_B and retried ...
+  d->kill();
+  s.write_config(pacs_down_config(checkpoint, port, dest, 1000, true));
+  d = s.start("segflowd2.log");
+  Events events2(s.events, "auto_infer");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  r = storescu(port, series_files(second / "case_000"));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  auto retry = events2.wait_for(
+      [](const std::string&, const json& b) { return b["event"] == "retrying" && b["attempts"] == 2; }, 60);
+  REQUIRE_MESSAGE(retry.has_value(), d->log_tail());
+  const std::int64_t send = (*retry)["send"].get<std::int64_t>();
+  const std::string case_id = (*retry)["case"].get<std::string>();
+
+  // ... and survives another SIGKILL: still queued after the restart, with its attempts.
+  d->kill();
+  d = s.start("segflowd3.log");
+  Events events3(s.events, "auto_infer");
+  const json kept = send_entry(s.control, send);
+  REQUIRE_MESSAGE(kept["state"] == "queued", kept.dump());
+  CHECK(kept["target"] == "PACS_B");
+  CHECK(kept["attempts"].get<std::int64_t>() >= 2);
+  REQUIRE_MESSAGE(
+      eventually(
+          [&] {
+            return read_file(s.dir / "segflowd3.log").find(case_id + ": the same instances as before") !=
+                   std::string::npos;
+          },
+          30),
+      d->log_tail());
+
+  // 4. The PACS comes up: the SEG is delivered once, the failed and the empty case stay as they are.
+  const fs::path received = s.dir / "received";
+  fs::create_directories(received);
+  ChildProcess scp({"storescp", "-aet", "RECEIVER", "-od", received.string(), std::to_string(dest)}, {},
+                   s.dir / "storescp.log");
+  auto sent = events3.wait_for([](const std::string&, const json& b) { return b["event"] == "sent"; }, 60);
+  REQUIRE_MESSAGE(sent.has_value(), d->log_tail());
+  CHECK((*sent)["send"] == send);
+  CHECK((*sent)["case"] == case_id);
+  CHECK((*sent)["destination"] == "RECEIVER@127.0.0.1:" + std::to_string(dest));
+  CHECK((*sent)["attempts"].get<std::int64_t>() > kept["attempts"].get<std::int64_t>());
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const auto got = files_in(received);
+  REQUIRE(got.size() == 1);
+  CHECK(instances({received}).begin().key() == (*sent)["sop_instance_uid"].get<std::string>());
+  const json q2 = dicom_reply(s.control)["sender"];
+  CHECK(q2["queued"] == 0);
+  CHECK(q2["sent"] == 1);
+  CHECK(q2["failed"] == 1);
+  CHECK(q2["destinations"]["PACS_B"] == "RECEIVER@127.0.0.1:" + std::to_string(dest));
+  events3.drain(200);
+  for (const auto& [topic, body] : events3.got) CHECK_MESSAGE(body["case"] != blank_case, body.dump());
+  ok(s.control, {{"cmd", "shutdown"}});
+  CHECK(d->wait_exit(60) == 0);
+}
+
+TEST_CASE("a send queued by an older segflowd (no named destinations in state.db) goes to dicom.send_to") {
+  require_dcmtk_tools();
+  Setup s;
+  const fs::path syn = synth_dicom(s.dir / "synth", 1, 41);
+  const fs::path file = series_files(syn / "case_000").front();
+  // The state database as segflowd wrote it before dicom_sends had a target column.
+  fs::create_directories(s.state / "dicom-outbox");
+  const fs::path copy = s.state / "dicom-outbox" / "1-1.dcm";
+  fs::copy_file(file, copy);
+  const std::string uid = instances({file}).begin().key();
+  auto w = run_command(
+      shell_quote(python()) + " -c " +
+      shell_quote(
+          "import sqlite3,sys\n"
+          "c=sqlite3.connect(sys.argv[1])\n"
+          "c.execute('CREATE TABLE dicom_sends (id INTEGER PRIMARY KEY AUTOINCREMENT, file TEXT NOT NULL, "
+          "source TEXT NOT NULL, sop_class_uid TEXT NOT NULL, sop_instance_uid TEXT NOT NULL, state TEXT "
+          "NOT NULL, attempts INTEGER NOT NULL, next_attempt REAL NOT NULL, last_error TEXT NOT NULL, "
+          "destination TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL)')\n"
+          "c.execute('INSERT INTO dicom_sends (file, source, sop_class_uid, sop_instance_uid, state, "
+          "attempts, next_attempt, last_error, destination, created, updated) VALUES "
+          "(?,?,?,?,?,2,0,?,?,0,0)', (sys.argv[2], sys.argv[3], '1.2.840.10008.5.1.4.1.1.2', sys.argv[4], "
+          "'queued', 'refused', 'OLD@127.0.0.1:1'))\n"
+          "c.commit()\n") +
+      " " + shell_quote((s.state / "state.db").string()) + " " + shell_quote(copy.string()) + " " +
+      shell_quote(file.string()) + " " + shell_quote(uid) + " 2>&1");
+  REQUIRE_MESSAGE(w.exit_code == 0, w.out);
+
+  const int dest = free_port();
+  const fs::path received = s.dir / "received";
+  fs::create_directories(received);
+  ChildProcess scp({"storescp", "-aet", "RECEIVER", "-od", received.string(), std::to_string(dest)}, {},
+                   s.dir / "storescp.log");
+  s.write_config("dicom:\n  send_to: {ae_title: RECEIVER, host: 127.0.0.1, port: " + std::to_string(dest) +
+                 "}\n  destinations:\n    OTHER: {ae_title: OTHER, host: 127.0.0.1, port: 1}\n");
+  auto d = s.start();
+  const json sent = wait_daemon_value(
+      *d, [&] { return send_entry(s.control, 1); }, [](const json& e) { return e["state"] == "sent"; },
+      "the old send is delivered", "send", 30);
+  CHECK(sent["target"] == "");
+  CHECK(sent["attempts"] == 3);
+  CHECK(sent["destination"] == "RECEIVER@127.0.0.1:" + std::to_string(dest));
+  CHECK(instances({received}).begin().key() == uid);
   ok(s.control, {{"cmd", "shutdown"}});
   CHECK(d->wait_exit(60) == 0);
 }
