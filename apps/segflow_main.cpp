@@ -69,8 +69,15 @@ commands:
                          of them on the same out-of-fold cases; the winner, and whether the
                          runner-up is within its confidence interval
   export   --checkpoint best.pt --to pytorch OUT.pt
-                         the trained network as a PyTorch state dict for MONAI's UNet or
-                         segment_anything's Sam, and OUT.json with its arguments
+                         the trained network as a PyTorch state dict for MONAI's UNet,
+                         nnU-Net's PlainConvUNet or segment_anything's Sam, and OUT.json
+  export   --checkpoint best.pt | --model MODEL_DIR --to onnx OUT [--opset N] [--fp16-weights]
+                         a unet / plain_unet as checked ONNX with OUT.manifest.json (its
+                         preprocessing, sliding window and classes)
+  export   --checkpoint best.pt --to nnunet RESULTS_DIR [--fold K] [--spacing X,Y,Z]
+                         a 3D plain_unet as an nnU-Net v2 results folder its predictor runs
+  import   --from nnunet RESULTS_DIR/fold_K --out DIR
+                         nnU-Net weights and plans as a segflow job, checkpoint and weights
   bench    CONFIG [--json] [--seconds S] [--epochs N] [--loaders actors,simple] [--set k=v ...]
                          samples/s of the real data path + trainer vs the compute step alone
   help                   this text
@@ -92,7 +99,7 @@ int main(int argc, char** argv) {
       {"train", cmd_train},     {"infer", cmd_infer},     {"ctl", cmd_ctl},
       {"bench", cmd_bench},     {"eval", cmd_eval},       {"export", cmd_export},
       {"plan", cmd_plan},       {"cv", cmd_cv},           {"postprocess", cmd_postprocess},
-      {"package", cmd_package}, {"select", cmd_select},     {"import", cmd_import},
+      {"package", cmd_package}, {"select", cmd_select},   {"import", cmd_import},
   };
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     std::fputs(kUsage, stdout);
