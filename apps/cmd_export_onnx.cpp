@@ -84,10 +84,14 @@ Status export_package(const fs::path& dir, const fs::path& out, const models::On
     fs::remove_all(partial);
     return st;
   }
+  std::error_code ec;
   if (package.postprocessing && pm.value("postprocessing", json()).is_string())
     fs::copy_file(package.dir / pm["postprocessing"].get<std::string>(),
-                  partial / pm["postprocessing"].get<std::string>());
-  std::error_code ec;
+                  partial / pm["postprocessing"].get<std::string>(), ec);
+  if (ec) {
+    fs::remove_all(partial);
+    return io_error(dir.string() + ": cannot copy its postprocessing plan: " + ec.message());
+  }
   fs::rename(partial, out, ec);
   if (ec) {
     fs::remove_all(partial);

@@ -9,6 +9,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "messages/file_util.hpp"
 #include "models/class_names.hpp"
 #include "models/inference.hpp"
 #include "models/job_config.hpp"
@@ -223,9 +224,10 @@ Status write_onnx_model(const ModelOptions& options, const torch::nn::Module& mo
   g.graph.inputs.push_back(tensor_info("image", in, "", nd));
   g.graph.outputs.push_back(tensor_info("logits", out_channels, "", nd));
   g.graph.metadata.emplace_back("segflow.model", options.name());
-  const std::string err = og::write_model(g.graph, out.string());
+  std::string bytes;
+  const std::string err = og::serialize_model(g.graph, bytes);
   if (!err.empty()) return invalid_argument(out.string() + ": " + err);
-  return Status::ok();
+  return write_file_atomically(out, bytes);
 }
 
 namespace {

@@ -5,10 +5,7 @@
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
-#include <unistd.h>
-#include <cstdio>
 #include <exception>
-#include <fstream>
 
 namespace segflow::onnx_graph {
 
@@ -116,7 +113,7 @@ onnx::ModelProto to_proto(const Graph& graph) {
 
 }  // namespace
 
-std::string write_model(const Graph& graph, const std::string& path) {
+std::string serialize_model(const Graph& graph, std::string& bytes) {
   if (graph.opset < min_opset() || graph.opset > max_opset())
     return "opset " + std::to_string(graph.opset) + ": expected " + std::to_string(min_opset()) + ".." +
            std::to_string(max_opset()) + " (the ONNX library this segflow was built with checks up to " +
@@ -132,18 +129,7 @@ std::string write_model(const Graph& graph, const std::string& path) {
   } catch (const std::exception& e) {
     return std::string("ONNX checker: ") + e.what();
   }
-  const std::string tmp = path + ".partial." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out || !model.SerializeToOstream(&out) || !out.flush()) {
-      std::remove(tmp.c_str());
-      return path + ": cannot write (" + tmp + ")";
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return path + ": cannot rename " + tmp + " into place";
-  }
+  if (!model.SerializeToString(&bytes)) return "cannot serialise the model";
   return {};
 }
 

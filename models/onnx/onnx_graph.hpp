@@ -73,8 +73,8 @@ int min_opset();
 int max_opset();
 
 /// Builds the ModelProto, runs the ONNX checker and strict shape/type inference on it, and
-/// writes it to `path` through a temporary file and a rename. Returns "" on success, else
-/// the error (the checker's message naming the node); nothing is left at `path` on error.
-std::string write_model(const Graph& graph, const std::string& path);
+/// serialises it into `bytes`. Returns "" on success, else the error (the checker's message
+/// naming the node). The caller writes the bytes (write_file_atomically on the LibTorch side).
+std::string serialize_model(const Graph& graph, std::string& bytes);
 
 }  // namespace segflow::onnx_graph
