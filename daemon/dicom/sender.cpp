@@ -47,6 +47,21 @@ struct FileHeader {
   std::string sop_class, sop_instance, transfer_syntax;
 };
 
+/// "SOP class 1.2.840.10008.5.1.4.1.1.66.4 (SegmentationStorage) in 1.2.840.10008.1.2.1" for
+/// each distinct class and transfer syntax of the ready headers.
+std::string sop_classes_text(const std::vector<FileHeader>& headers, const std::vector<bool>& ready) {
+  std::set<std::string> seen;
+  std::string out;
+  for (std::size_t i = 0; i < headers.size(); ++i) {
+    if (!ready[i]) continue;
+    const char* name = dcmFindNameOfUID(headers[i].sop_class.c_str(), nullptr);
+    std::string one = "SOP class " + headers[i].sop_class + (name ? std::string(" (") + name + ")" : "") +
+                      " in " + headers[i].transfer_syntax;
+    if (seen.insert(one).second) out += (out.empty() ? "" : ", ") + one;
+  }
+  return out;
+}
+
 Result<FileHeader> read_header(const fs::path& file) {
   DcmFileFormat ff;
   OFCondition c = ff.loadFile(OFFilename(file.c_str()), EXS_Unknown, EGL_noChange, 256);
@@ -62,6 +77,24 @@ Result<FileHeader> read_header(const fs::path& file) {
         file.string() +
         ": TransferSyntaxUID (0002,0010): missing (expected a DICOM Part 10 file with a meta header)");
   return h;
+}
+
+/// True for a C-STORE failure status that a retry cannot change (PS3.4 Annex B.2.3 and PS3.7
+/// Annex C): the SOP class is not supported or not authorised, the data set does not match
+/// its SOP class (A9xx), the peer cannot understand it (Cxxx), a mistyped or unrecognised
+/// request. Out of resources (A7xx), a processing failure (0110), a duplicate invocation
+/// (0210) and a resource limitation (0213) may pass and are retried.
+bool permanent_cstore_failure(Uint16 status) {
+  if ((status & 0xFF00) == 0xA700) return false;
+  if ((status & 0xFF00) == 0xA900 || (status & 0xF000) == 0xC000) return true;
+  switch (status) {
+    case 0x0110:
+    case 0x0210:
+    case 0x0213:
+      return false;
+    default:
+      return true;
+  }
 }
 
 }  // namespace
@@ -94,16 +127,18 @@ struct DicomSender::Impl {
   Impl(DicomSettings settings, const fs::path& state_dir, StateDb& d)
       : s(std::move(settings)), outbox(state_dir / "dicom-outbox"), db(d) {}
 
-  /// One failed attempt: back off, or give up after max_attempts.
-  void failed(DicomSendRecord& r, const std::string& why, const DicomDestination& d) {
+  /// One failed attempt: back off, or give up after max_attempts. A refusal that no retry
+  /// can change (`refused`) gives up at once; its error says so.
+  void failed(DicomSendRecord& r, const std::string& why, const DicomDestination& d, bool refused = false) {
     r.attempts += 1;
-    r.last_error = why;
+    r.last_error = refused ? "refused by " + destination_text(d) + " (not retried): " + why : why;
     r.destination = destination_text(d);
-    const bool given_up = r.attempts >= d.max_attempts;
+    const bool given_up = refused || r.attempts >= d.max_attempts;
     if (given_up) {
       r.state = "failed";
       log::error("dicom: send " + std::to_string(r.id) + " of " + r.source + " to " + r.destination +
-                 " failed for good after " + std::to_string(r.attempts) + " attempts: " + why);
+                 " failed for good after " + std::to_string(r.attempts) + " attempt" +
+                 (r.attempts == 1 ? "" : "s") + ": " + r.last_error);
     } else {
       const double delay = retry_delay_s(d, r.attempts);
       r.updated = StateDb::now();  // the callback's attempt time: next_attempt - updated = delay
@@ -162,9 +197,14 @@ struct DicomSender::Impl {
     OFCondition c = scu.initNetwork();
     if (c.good()) c = scu.negotiateAssociation();
     if (c.bad()) {
-      const std::string why = "association with " + destination_text(d) + ": " + c.text();
+      // A peer that accepts none of the SOP classes offered (a PACS not set up for DICOM SEG)
+      // refuses for good; a peer that is down or busy may answer later.
+      const bool refused = c == NET_EC_NoAcceptablePresentationContexts;
+      const std::string why = refused
+                                  ? "accepts no presentation context for " + sop_classes_text(headers, ready)
+                                  : "association with " + destination_text(d) + ": " + c.text();
       for (std::size_t i = 0; i < batch.size(); ++i)
-        if (ready[i]) failed(batch[i], why, d);
+        if (ready[i]) failed(batch[i], why, d, refused);
       return;
     }
     for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -178,10 +218,8 @@ struct DicomSender::Impl {
           scu.findPresentationContextID(headers[i].sop_class.c_str(), headers[i].transfer_syntax.c_str());
       if (pc == 0) pc = scu.findAnyPresentationContextID(headers[i].sop_class.c_str(), "");
       if (pc == 0) {
-        failed(batch[i],
-               destination_text(d) + " accepted no presentation context for SOP class " +
-                   headers[i].sop_class + " in " + headers[i].transfer_syntax,
-               d);
+        failed(batch[i], "accepts no presentation context for " + sop_classes_text({headers[i]}, {true}), d,
+               true);
         continue;
       }
       Uint16 status = 0;
@@ -194,7 +232,7 @@ struct DicomSender::Impl {
         char hex[8];
         std::snprintf(hex, sizeof hex, "%04x", status);
         failed(batch[i], std::string("C-STORE status 0x") + hex + " (" + DU_cstoreStatusString(status) + ")",
-               d);
+               d, permanent_cstore_failure(status));
       }
     }
     if (scu.isConnected()) (void)scu.releaseAssociation();

@@ -553,3 +553,117 @@ TEST_CASE("a send queued by an older segflowd (no named destinations in state.db
   ok(s.control, {{"cmd", "shutdown"}});
   CHECK(d->wait_exit(60) == 0);
 }
+
+namespace {
+
+/// A storescp association profile that accepts CT and MR images but not DICOM SEG: a PACS
+/// that was never set up for Segmentation Storage.
+void write_images_only_profile(const fs::path& file) {
+  write_file(file,
+             "[[TransferSyntaxes]]\n[Uncompressed]\nTransferSyntax1 = LocalEndianExplicit\n"
+             "TransferSyntax2 = OppositeEndianExplicit\nTransferSyntax3 = LittleEndianImplicit\n\n"
+             "[[PresentationContexts]]\n[ImagesOnly]\nPresentationContext1 = CTImageStorage\\Uncompressed\n"
+             "PresentationContext2 = MRImageStorage\\Uncompressed\n\n"
+             "[[Profiles]]\n[ImagesOnly]\nPresentationContexts = ImagesOnly\n");
+}
+
+/// Tilts the orientation of one slice in the middle of the series under `case_dir`: its
+/// slices no longer make one volume.
+void tilt_one_slice(const fs::path& case_dir) {
+  const auto files = series_files(case_dir);
+  auto r = run_command(shell_quote(python()) + " -c " +
+                       shell_quote("import pydicom,sys\n"
+                                   "d=pydicom.dcmread(sys.argv[1])\n"
+                                   "d.ImageOrientationPatient=[1,0,0,0,0.9,0.43589]\n"
+                                   "d.save_as(sys.argv[1])\n") +
+                       " " + shell_quote(files.at(files.size() / 2).string()) + " 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "bad input in the loop: a PACS that refuses SEG fails the send at once, a series that is no volume "
+    "fails its inference, each once, with reasons, and the daemon goes on") {
+  require_dcmtk_tools();
+  Setup s;
+  const fs::path checkpoint = train_checkpoint(s, 0, segmenting_job(s.data / "tiny"));
+  const fs::path good = synth_dicom(s.dir / "good", 1, 51), tilted = synth_dicom(s.dir / "tilted", 1, 52),
+                 later = synth_dicom(s.dir / "later", 1, 53);
+  tilt_one_slice(tilted / "case_000");
+  const int port = free_port(), dest = free_port();
+  const fs::path received = s.dir / "received", profile = s.dir / "images-only.cfg";
+  fs::create_directories(received);
+  write_images_only_profile(profile);
+  auto scp = std::make_unique<ChildProcess>(
+      std::vector<std::string>{"storescp", "-xf", profile.string(), "ImagesOnly", "-aet", "RECEIVER", "-od",
+                               received.string(), std::to_string(dest)},
+      std::vector<std::string>{}, s.dir / "storescp.log");
+  s.write_config(pacs_down_config(checkpoint, port, dest, 5, false));
+  auto d = s.start();
+  Events events(s.events, "auto_infer");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+  // 1. The PACS answers but accepts no Segmentation Storage: failed after one attempt, not
+  // retried, the reason names the SOP class.
+  auto r = storescu(port, series_files(good / "case_000"));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  auto refused =
+      events.wait_for([](const std::string&, const json& b) { return b["event"] == "failed"; }, 60);
+  REQUIRE_MESSAGE(refused.has_value(), d->log_tail());
+  CHECK((*refused)["stage"] == "send");
+  CHECK((*refused)["attempts"] == 1);
+  const std::string why = (*refused)["error"].get<std::string>();
+  CHECK_MESSAGE(why.find("refused by RECEIVER@127.0.0.1:" + std::to_string(dest)) != std::string::npos, why);
+  CHECK_MESSAGE(why.find("1.2.840.10008.5.1.4.1.1.66.4") != std::string::npos, why);
+  CHECK(events_named(events, "retrying").empty());
+  CHECK(events_named(events, "inferred").size() == 1);
+  CHECK(files_in(received).empty());
+
+  // 2. A series one of whose slices is tilted: its inference fails with the reader's reason.
+  r = storescu(port, series_files(tilted / "case_000"));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  auto bad = events.wait_for(
+      [](const std::string&, const json& b) { return b["event"] == "failed" && b["stage"] != "send"; }, 60);
+  REQUIRE_MESSAGE(bad.has_value(), d->log_tail());
+  CHECK((*bad)["stage"] == "inference");
+  const std::string reason = (*bad)["error"].get<std::string>();
+  CHECK_MESSAGE(reason.find("ImagePositionPatient") != std::string::npos, reason);
+  const std::string bad_case = (*bad)["case"].get<std::string>();
+
+  // The same bad series again: stored, but no second job and no second failure.
+  const std::int64_t completed = node_stats(s.control)["associations_completed"].get<std::int64_t>();
+  r = storescu(port, series_files(tilted / "case_000"));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  wait_node(
+      *d, s.control, [&](const json& n) { return n["associations_completed"] == completed + 1; },
+      "the second push of the bad series is stored");
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // quiet period, index and two polls
+  events.drain(200);
+  CHECK(events_named(events, "received").size() == 2);
+  CHECK(events_named(events, "failed").size() == 2);
+
+  // 3. The daemon goes on: the PACS is set up for SEG, the next series' SEG arrives; the
+  // refused one stays failed (not re-sent by itself).
+  scp.reset();
+  scp = std::make_unique<ChildProcess>(std::vector<std::string>{"storescp", "-aet", "RECEIVER", "-od",
+                                                                received.string(), std::to_string(dest)},
+                                       std::vector<std::string>{}, s.dir / "storescp2.log");
+  r = storescu(port, series_files(later / "case_000"));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  auto sent = events.wait_for([](const std::string&, const json& b) { return b["event"] == "sent"; }, 60);
+  REQUIRE_MESSAGE(sent.has_value(), d->log_tail());
+  CHECK((*sent)["attempts"] == 1);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  events.drain(200);
+  CHECK(events_named(events, "received").size() == 3);
+  CHECK(events_named(events, "failed").size() == 2);
+  CHECK(events_named(events, "sent").size() == 1);
+  CHECK(files_in(received).size() == 1);
+  const json q = dicom_reply(s.control)["sender"];
+  CHECK(q["queued"] == 0);
+  CHECK(q["sent"] == 1);
+  CHECK(q["failed"] == 1);
+  ok(s.control, {{"cmd", "shutdown"}});
+  CHECK(d->wait_exit(60) == 0);
+}
