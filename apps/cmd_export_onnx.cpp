@@ -21,6 +21,7 @@ using json = nlohmann::json;
 
 constexpr const char* kUsage =
     "usage: segflow export --checkpoint best.pt --to onnx OUT.onnx [--opset N] [--fp16-weights]\n"
+    "       (a sam checkpoint: OUT.encoder.onnx + OUT.decoder.onnx)\n"
     "       segflow export --model MODEL_DIR --to onnx OUT_DIR [--opset N] [--fp16-weights]";
 
 /// "<dir>/x.onnx" -> "<dir>/x.manifest.json".
@@ -41,7 +42,7 @@ Result<json> export_checkpoint(const fs::path& checkpoint, const fs::path& out,
   manifest["checkpoint"] = fs::absolute(checkpoint).string();
   SEGFLOW_RETURN_IF_ERROR(models::write_onnx_model(t.config().model, t.model().module(), out, eo));
   if (Status st = write_file_atomically(manifest_path(out), manifest.dump(2) + '\n'); !st.is_ok()) {
-    fs::remove(out);
+    for (const fs::path& f : models::onnx_output_files(t.config().model, out)) fs::remove(f);
     return st;
   }
   return manifest;
@@ -65,6 +66,11 @@ Status export_package(const fs::path& dir, const fs::path& out, const models::On
     if (!r.is_ok()) {
       fs::remove_all(partial);
       return r.status().with_context(dir.string() + ": member " + std::to_string(i));
+    }
+    if ((*r)["model"]["family"] == "sam") {  // two graphs and box prompts: no ensemble of them
+      fs::remove_all(partial);
+      return unsupported(dir.string() + ": member " + std::to_string(i) +
+                         ": a box-prompted sam; export its checkpoint with --checkpoint instead");
     }
     members.push_back(
         {{"onnx", stem + ".onnx"}, {"manifest", stem + ".manifest.json"}, {"run", m.run}, {"fold", m.fold}});
@@ -133,12 +139,17 @@ int cmd_export_onnx(int argc, char** argv) {
                                            ": expected a .onnx file (the manifest is written beside it)"));
   auto manifest = export_checkpoint(a->get("checkpoint"), out, eo);
   if (!manifest.is_ok()) return fail("export", manifest.status());
-  std::cout << json{{"onnx", out.string()},
-                    {"manifest", manifest_path(out).string()},
-                    {"family", (*manifest)["model"]["family"]},
-                    {"opset", eo.opset}}
-                   .dump()
-            << '\n';
+  json printed = {{"onnx", out.string()},
+                  {"manifest", manifest_path(out).string()},
+                  {"family", (*manifest)["model"]["family"]},
+                  {"opset", eo.opset}};
+  if (printed["family"] == "sam") {  // two graphs beside the manifest, no OUT.onnx
+    printed["onnx"] = json::array();
+    for (const char* part : {"encoder", "decoder"})
+      printed["onnx"].push_back(
+          (out.parent_path() / (*manifest)["model"][part]["file"].get<std::string>()).string());
+  }
+  std::cout << printed.dump() << '\n';
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include "models/job_config.hpp"
 #include "models/onnx/onnx_graph.hpp"
 #include "models/registry.hpp"
+#include "models/sam.hpp"
 #include "models/unet.hpp"
 #include "pipeline/pipeline_spec.hpp"
 #include "pipeline/stage_registry.hpp"
@@ -197,9 +198,7 @@ og::ValueInfo tensor_info(const std::string& name, int64_t channels, const std::
 Status write_onnx_model(const ModelOptions& options, const torch::nn::Module& module,
                         const std::filesystem::path& out, const OnnxExportOptions& eo) {
   if (std::holds_alternative<SamModelOptions>(options.net))
-    return unsupported(
-        "--to onnx: model 'sam' (box-prompted) cannot be exported to ONNX yet; unet and "
-        "plain_unet can (docs/how-to/export.md)");
+    return write_sam_onnx(dynamic_cast<const SamImpl&>(module), out, eo);
   GraphBuilder g(module, eo.fp16_weights);
   g.graph.opset = eo.opset;
   g.graph.name = options.name();
@@ -230,6 +229,12 @@ Status write_onnx_model(const ModelOptions& options, const torch::nn::Module& mo
   return write_file_atomically(out, bytes);
 }
 
+std::vector<std::filesystem::path> onnx_output_files(const ModelOptions& options,
+                                                     const std::filesystem::path& out) {
+  if (std::holds_alternative<SamModelOptions>(options.net)) return sam_onnx_files(out);
+  return {out};
+}
+
 namespace {
 
 /// What the deterministic stages do to the image, for a runtime that does not read segflow's
@@ -258,6 +263,8 @@ json preprocessing_summary(const json& stages) {
 
 Result<json> onnx_manifest(const JobConfig& cfg, const ModelInfo& info,
                            const std::filesystem::path& onnx_file, const OnnxExportOptions& eo) {
+  if (std::holds_alternative<SamModelOptions>(cfg.model.net))
+    return sam_onnx_manifest(cfg, info, onnx_file, eo);
   pipeline::StageRegistry registry = pipeline::builtin_registry();
   SEGFLOW_ASSIGN_OR_RETURN(pipeline::Pipeline pipe, pipeline::build_pipeline(cfg.stages, registry, cfg.file));
   const json all = pipe.to_json();

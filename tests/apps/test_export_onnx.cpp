@@ -248,17 +248,7 @@ TEST_CASE("segflow export --to onnx: bad input gets an error naming it and leave
   st::TempDir dir("export_onnx_bad");
   const std::string bin = st::shell_quote(st::segflow_bin());
   auto run = [&](const std::string& args) { return st::run_command(bin + " export " + args + " 2>&1"); };
-  // A SAM is refused by name, through the API (no file).
-  REQUIRE_OK_AND_ASSIGN(auto cfg,
-                        models::parse_job_config(onnx_job(dir.path(),
-                                                          "{name: sam, preset: tiny, spatial_dims: 2, "
-                                                          "in_channels: 3, out_channels: 1}"),
-                                                 "job.yaml"));
-  REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
-  const Status sam = models::write_onnx_model(cfg.model, t->model().module(), dir / "sam.onnx", {});
-  CHECK(sam.code() == ErrorCode::unsupported);
-  CHECK_MESSAGE(sam.message().find("'sam'") != std::string::npos, sam.message());
-  CHECK_FALSE(fs::exists(dir / "sam.onnx"));
+  // (A SAM is exported as two graphs: tests/apps/test_export_onnx_sam.cpp.)
   // An opset the ONNX library does not check, through the API and the CLI.
   REQUIRE_OK_AND_ASSIGN(auto ucfg,
                         models::parse_job_config(onnx_job(dir.path(), st::unet3d(2,
