@@ -233,11 +233,19 @@ void print_dicom(const json& r) {
                                                      : str(field(sender, "destination")).c_str(),
               str(field(sender, "queued")).c_str(), str(field(sender, "sent")).c_str(),
               str(field(sender, "failed")).c_str());
-  for (const auto& q : field(sender, "sends"))
+  const json destinations = field(sender, "destinations");  // kept alive: items() refers to it
+  for (const auto& [name, where] : destinations.items())
+    std::printf("  destination %s: %s\n", name.c_str(), str(where).c_str());
+  for (const auto& q : field(sender, "sends")) {
+    // "-> PACS_B (RECEIVER@host:port)": the named destination and where its last attempt went.
+    std::string to = has_text(field(q, "target")) ? str(field(q, "target")) : "send_to";
+    if (has_text(field(q, "destination"))) to += " (" + str(field(q, "destination")) + ")";
     std::printf(
-        "  send %s %s: %s, %s attempts%s\n", str(field(q, "id")).c_str(), str(field(q, "source")).c_str(),
-        str(field(q, "state")).c_str(), str(field(q, "attempts")).c_str(),
+        "  send %s %s -> %s: %s, %s attempts%s\n", str(field(q, "id")).c_str(),
+        str(field(q, "source")).c_str(), to.c_str(), str(field(q, "state")).c_str(),
+        str(field(q, "attempts")).c_str(),
         !has_text(field(q, "last_error")) ? "" : ("; last error: " + str(field(q, "last_error"))).c_str());
+  }
   for (const auto& id : field(r, "queued")) std::printf("queued as send %s\n", str(id).c_str());
 }
 

@@ -501,6 +501,14 @@ TEST_CASE(
   CHECK(q2["sent"] == 1);
   CHECK(q2["failed"] == 1);
   CHECK(q2["destinations"]["PACS_B"] == "RECEIVER@127.0.0.1:" + std::to_string(dest));
+  auto ctl = run_segflow("ctl --endpoint " + shell_quote(s.control) + " dicom");
+  REQUIRE_MESSAGE(ctl.exit_code == 0, ctl.out);
+  CHECK_MESSAGE(
+      ctl.out.find("destination PACS_B: RECEIVER@127.0.0.1:" + std::to_string(dest)) != std::string::npos,
+      ctl.out);
+  CHECK_MESSAGE(
+      ctl.out.find(" -> PACS_B (RECEIVER@127.0.0.1:" + std::to_string(dest) + "): sent") != std::string::npos,
+      ctl.out);
   events3.drain(200);
   for (const auto& [topic, body] : events3.got) CHECK_MESSAGE(body["case"] != blank_case, body.dump());
   ok(s.control, {{"cmd", "shutdown"}});
@@ -664,6 +672,13 @@ TEST_CASE(
   CHECK(q["queued"] == 0);
   CHECK(q["sent"] == 1);
   CHECK(q["failed"] == 1);
+  // The text view names where each send went and why the refused one failed.
+  auto ctl = run_segflow("ctl --endpoint " + shell_quote(s.control) + " dicom");
+  REQUIRE_MESSAGE(ctl.exit_code == 0, ctl.out);
+  const std::string where = " -> send_to (RECEIVER@127.0.0.1:" + std::to_string(dest) + "): ";
+  CHECK_MESSAGE(ctl.out.find(where + "failed, 1 attempts; last error: refused by") != std::string::npos,
+                ctl.out);
+  CHECK_MESSAGE(ctl.out.find(where + "sent, 1 attempts") != std::string::npos, ctl.out);
   ok(s.control, {{"cmd", "shutdown"}});
   CHECK(d->wait_exit(60) == 0);
 }
