@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <chrono>
+#include <cstdlib>
 #include <fstream>
 
 #include "job_yaml.hpp"
@@ -27,8 +29,16 @@ using json = nlohmann::json;
 
 namespace {
 
-/// A SAM job at img 32 (patch 4: an 8 x 8 embedding grid) around `model_extra` options.
-std::string sam_onnx_job(const fs::path& dir, const std::string& model_extra) {
+/// The tiny SAM of these tests at img 32 (patch 4: an 8 x 8 embedding grid) with `extra` options.
+std::string sam_onnx_tiny(const std::string& extra) {
+  return "{name: sam, preset: tiny, img_size: 32, patch_size: 4, embed_dim: 32, num_heads: 2, spatial_dims: "
+         "2, "
+         "in_channels: 3, out_channels: 1" +
+         extra + "}";
+}
+
+/// A SAM job around `model` (CT window, medsam_box; built here, not trained).
+std::string sam_onnx_job(const fs::path& dir, const std::string& model) {
   st::JobYaml job;
   job.name = "sam-onnx";
   job.seed = "5";
@@ -37,10 +47,7 @@ std::string sam_onnx_job(const fs::path& dir, const std::string& model_extra) {
   job.num_classes = "2";
   job.stages = {st::kLoadStage, st::kCtWindowStage,
                 st::stage("medsam_box", "{image_size: 32, bbox_shift: 2, num_samples: 2}")};
-  job.model =
-      "{name: sam, preset: tiny, img_size: 32, patch_size: 4, embed_dim: 32, num_heads: 2, spatial_dims: 2, "
-      "in_channels: 3, out_channels: 1" +
-      model_extra + "}";
+  job.model = model;
   job.loss = "{name: dice_bce, sigmoid: true, to_onehot_y: false}";
   job.optimizer = "{name: adamw, lr: 0.001}";
   job.epochs = 1;
@@ -63,14 +70,14 @@ json sam_onnx_check(const std::string& args) {
 }
 
 /// A real CT slice (TotalSegmentator's example, the middle one) CT-windowed to [0, 1] and
-/// resized to 32 x 32, as three channels: (1, 3, 32, 32).
-at::Tensor sam_onnx_real_slice() {
+/// resized to size x size, as three channels: (1, 3, size, size).
+at::Tensor sam_onnx_real_slice(int64_t size) {
   REQUIRE_OK_AND_ASSIGN(auto img,
                         pipeline::read_image(st::testdata_path("totalsegmentator/example_ct_sm.nii.gz")));
   at::Tensor s = img.voxels.to(at::kFloat).select(1, img.voxels.size(1) / 2).unsqueeze(0);  // (1, 1, Y, X)
   s = ((s + 200.0) / 500.0).clamp(0.0, 1.0);
   s = torch::nn::functional::interpolate(s, torch::nn::functional::InterpolateFuncOptions()
-                                                .size(std::vector<int64_t>{32, 32})
+                                                .size(std::vector<int64_t>{size, size})
                                                 .mode(torch::kBilinear)
                                                 .align_corners(false));
   return s.repeat({1, 3, 1, 1});
@@ -88,64 +95,43 @@ std::string sam_onnx_boxes_json(const std::vector<std::array<double, 6>>& boxes)
   return j.dump();
 }
 
-}  // namespace
+/// Builds the SAM of `model` (seeded; position tables and norms perturbed away from their
+/// 0 / 1 initialisation so that they count), runs its eval-mode forward_full on image / boxes,
+/// exports it to dir/<name>.onnx and saves the tensors to dir/<name>.io.pt; the
+/// "ENC:DEC:IO" argument of sam_onnx_check.py parity.
+std::string sam_onnx_export_with_io(const fs::path& dir, const std::string& name, const std::string& model,
+                                    const models::OnnxExportOptions& eo, const at::Tensor& image,
+                                    const at::Tensor& boxes) {
+  REQUIRE_OK_AND_ASSIGN(auto cfg, models::parse_job_config(sam_onnx_job(dir, model), "job.yaml"));
+  torch::manual_seed(7);
+  REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
+  auto& sam = dynamic_cast<models::SamImpl&>(t->model().module());
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  for (auto& p : sam.named_parameters())
+    if (p.key().find("rel_pos") != std::string::npos || p.key().find("pos_embed") != std::string::npos ||
+        p.key().find("norm") != std::string::npos || p.key().find("neck") != std::string::npos)
+      p.value().add_(at::randn(p.value().sizes(), gen) * 0.3);
+  sam.eval();
+  const models::SamOutput y = sam.forward_full(image, boxes);
+  std::vector<std::pair<std::string, at::Tensor>> io = {{"image", image},
+                                                        {"boxes", boxes},
+                                                        {"image_embeddings", y.image_embeddings},
+                                                        {"low_res_masks", y.low_res_masks}};
+  if (y.iou_predictions.defined()) io.emplace_back("iou_predictions", y.iou_predictions);
+  const fs::path out = dir / (name + ".onnx"), io_file = dir / (name + ".io.pt");
+  REQUIRE_OK(models::write_onnx_model(cfg.model, sam, out, eo));
+  CHECK_FALSE(fs::exists(out));  // two files instead
+  const auto files = models::sam_onnx_files(out);
+  REQUIRE(fs::exists(files[0]));
+  REQUIRE(fs::exists(files[1]));
+  const std::vector<char> bytes = models::pytorch_state_dict_bytes(io);
+  std::ofstream(io_file, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return st::shell_quote(files[0].string() + ":" + files[1].string() + ":" + io_file.string());
+}
 
-TEST_CASE("segflow's SAM ONNX export: onnxruntime gives segflow's embedding, low-res masks and IoU") {
-  st::TempDir dir("export_onnx_sam_parity");
-  struct Variant {
-    std::string name, model;
-    models::OnnxExportOptions eo;
-  };
-  const std::string windowed =
-      ", depth: 3, use_rel_pos: true, window_size: 3, global_attn_indexes: [1], iou_head: true, "
-      "num_multimask_outputs: 2";
-  const std::vector<Variant> variants = {
-      {"windowed_relpos_iou", windowed, {17, false}},
-      {"windowed_relpos_iou_opset13", windowed, {13, false}},
-      {"windowed_relpos_iou_fp16", windowed, {17, true}},
-      {"tiny_global", ", depth: 1", {17, false}},
-  };
-  // Batch of 2: a real CT slice and noise, each with its box in model-input pixels.
-  const at::Tensor image = at::cat({sam_onnx_real_slice(), at::rand({1, 3, 32, 32})}, 0);
-  const at::Tensor boxes = torch::tensor({{6.0F, 8.5F, 22.0F, 25.0F}, {0.0F, 3.0F, 31.0F, 17.5F}});
-  std::string triples;
-  std::vector<std::string> names;
-  for (const Variant& v : variants) {
-    CAPTURE(v.name);
-    REQUIRE_OK_AND_ASSIGN(auto cfg, models::parse_job_config(sam_onnx_job(dir.path(), v.model), "job.yaml"));
-    torch::manual_seed(7);
-    REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
-    auto& sam = dynamic_cast<models::SamImpl&>(t->model().module());
-    {  // Zero-initialised tables (relative and absolute positions) and unit norms away from 0 / 1.
-      torch::NoGradGuard no_grad;
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
-      for (auto& p : sam.named_parameters())
-        if (p.key().find("rel_pos") != std::string::npos || p.key().find("pos_embed") != std::string::npos ||
-            p.key().find("norm") != std::string::npos || p.key().find("neck") != std::string::npos)
-          p.value().add_(at::randn(p.value().sizes(), gen) * 0.3);
-    }
-    sam.eval();
-    torch::NoGradGuard no_grad;
-    const models::SamOutput y = sam.forward_full(image, boxes);
-    std::vector<std::pair<std::string, at::Tensor>> io = {{"image", image},
-                                                          {"boxes", boxes},
-                                                          {"image_embeddings", y.image_embeddings},
-                                                          {"low_res_masks", y.low_res_masks}};
-    if (y.iou_predictions.defined()) io.emplace_back("iou_predictions", y.iou_predictions);
-    const fs::path out = dir / (v.name + ".onnx"), io_file = dir / (v.name + ".io.pt");
-    REQUIRE_OK(models::write_onnx_model(cfg.model, sam, out, v.eo));
-    CHECK_FALSE(fs::exists(out));  // two files instead
-    const auto files = models::sam_onnx_files(out);
-    REQUIRE(fs::exists(files[0]));
-    REQUIRE(fs::exists(files[1]));
-    const std::vector<char> bytes = models::pytorch_state_dict_bytes(io);
-    std::ofstream(io_file, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    triples += " " + st::shell_quote(files[0].string() + ":" + files[1].string() + ":" + io_file.string());
-    names.push_back(v.name);
-  }
-  const json results = sam_onnx_check("parity" + triples);
-  // 3 outputs with the IoU head, 2 without.
-  REQUIRE(results.size() == 3 * 3 + 2);
+/// Checks sam_onnx_check.py parity's rows: max |diff| <= `rel` (fp16 weights: `rel_fp16`) of the largest.
+void sam_onnx_check_rows(const json& results, double rel, double rel_fp16) {
   for (const json& r : results) {
     const std::string name = r["model"], output = r["output"];
     CAPTURE(name);
@@ -153,10 +139,54 @@ TEST_CASE("segflow's SAM ONNX export: onnxruntime gives segflow's embedding, low
     const double diff = r["max_abs_diff"], max = r["max_abs"];
     MESSAGE(name << " " << output << ": onnxruntime vs segflow max |diff| " << diff << " of max " << max);
     CHECK(max > 0);
-    const bool fp16 = name.find("_fp16") != std::string::npos;  // 11 significant bits per weight
-    CHECK(diff <= (fp16 ? 3e-2 : 1e-4) * max);
+    CHECK(diff <= (name.find("_fp16") != std::string::npos ? rel_fp16 : rel) * max);
   }
+}
+
+}  // namespace
+
+TEST_CASE("segflow's SAM ONNX export: onnxruntime gives segflow's embedding, low-res masks and IoU") {
+  st::TempDir dir("export_onnx_sam_parity");
+  // Windows of 3 on the 8 x 8 grid (padded to 9), relative positions, a global block, the IoU head.
+  const std::string windowed = sam_onnx_tiny(
+      ", depth: 3, use_rel_pos: true, window_size: 3, global_attn_indexes: [1], iou_head: true, "
+      "num_multimask_outputs: 2");
+  // Batch of 2: a real CT slice and noise, each with its box in model-input pixels.
+  const at::Tensor image = at::cat({sam_onnx_real_slice(32), at::rand({1, 3, 32, 32})}, 0);
+  const at::Tensor boxes = torch::tensor({{6.0F, 8.5F, 22.0F, 25.0F}, {0.0F, 3.0F, 31.0F, 17.5F}});
+  std::string triples;
+  triples += " " + sam_onnx_export_with_io(dir.path(), "windowed", windowed, {17, false}, image, boxes);
+  triples +=
+      " " + sam_onnx_export_with_io(dir.path(), "windowed_opset13", windowed, {13, false}, image, boxes);
+  triples += " " + sam_onnx_export_with_io(dir.path(), "windowed_fp16", windowed, {17, true}, image, boxes);
+  triples += " " + sam_onnx_export_with_io(dir.path(), "tiny_global", sam_onnx_tiny(", depth: 1"),
+                                           {17, false}, image, boxes);
+  const json results = sam_onnx_check("parity" + triples);
+  REQUIRE(results.size() == 3 * 3 + 2);      // 3 outputs with the IoU head, 2 without
+  sam_onnx_check_rows(results, 1e-4, 3e-2);  // fp16: 11 significant bits per weight
   CHECK_FALSE(st::has_temporaries(dir.path()));
+}
+
+TEST_CASE("segflow's SAM ONNX export at the vit_b preset (1024 x 1024; manual: SEGFLOW_SAM_ONNX_VIT_B=1)") {
+  if (std::getenv("SEGFLOW_SAM_ONNX_VIT_B") == nullptr) {
+    MESSAGE("skipped: minutes on a CPU; set SEGFLOW_SAM_ONNX_VIT_B=1 to run it");
+    return;
+  }
+  st::TempDir dir("export_onnx_sam_vit_b");
+  const at::Tensor image = sam_onnx_real_slice(1024);
+  const at::Tensor boxes = torch::tensor({{200.0F, 260.0F, 700.0F, 800.0F}});
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string triple = sam_onnx_export_with_io(
+      dir.path(), "vit_b", "{name: sam, preset: vit_b, spatial_dims: 2, in_channels: 3, out_channels: 1}",
+      {17, false}, image, boxes);
+  const auto t1 = std::chrono::steady_clock::now();
+  const json results = sam_onnx_check("parity " + triple);
+  const auto t2 = std::chrono::steady_clock::now();
+  MESSAGE("vit_b: segflow forward + export " << std::chrono::duration<double>(t1 - t0).count()
+                                             << " s, onnxruntime encoder + decoder (with session setup) "
+                                             << std::chrono::duration<double>(t2 - t1).count() << " s");
+  REQUIRE(results.size() == 3);
+  sam_onnx_check_rows(results, 1e-4, 1e-4);
 }
 
 TEST_CASE(
@@ -167,11 +197,12 @@ TEST_CASE(
   auto s = st::run_command(bin + " synth --cases 1 --size 32 --format nifti --seed 9 --out " +
                            st::shell_quote(dir / "data") + " 2>&1");
   REQUIRE_MESSAGE(s.exit_code == 0, s.out);
-  REQUIRE_OK_AND_ASSIGN(auto cfg, models::parse_job_config(sam_onnx_job(dir.path(),
-                                                                        ", depth: 2, iou_head: true, "
-                                                                        "use_rel_pos: true, window_size: 3, "
-                                                                        "global_attn_indexes: [1]"),
-                                                           "job.yaml"));
+  REQUIRE_OK_AND_ASSIGN(
+      auto cfg,
+      models::parse_job_config(sam_onnx_job(dir.path(), sam_onnx_tiny(", depth: 2, iou_head: true, "
+                                                                      "use_rel_pos: true, window_size: 3, "
+                                                                      "global_attn_indexes: [1]")),
+                               "job.yaml"));
   torch::manual_seed(7);
   REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
   const fs::path ckpt = dir / "sam.pt";
@@ -230,8 +261,8 @@ TEST_CASE(
 
 TEST_CASE("segflow export --to onnx of a SAM: bad input is named and leaves nothing behind") {
   st::TempDir dir("export_onnx_sam_bad");
-  REQUIRE_OK_AND_ASSIGN(auto cfg,
-                        models::parse_job_config(sam_onnx_job(dir.path(), ", depth: 1"), "job.yaml"));
+  REQUIRE_OK_AND_ASSIGN(
+      auto cfg, models::parse_job_config(sam_onnx_job(dir.path(), sam_onnx_tiny(", depth: 1")), "job.yaml"));
   REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
   // An opset the ONNX library does not check: the encoder is refused before anything is written.
   const Status old = models::write_onnx_model(cfg.model, t->model().module(), dir / "sam.onnx", {12, false});
