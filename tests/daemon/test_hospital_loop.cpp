@@ -682,3 +682,62 @@ TEST_CASE(
   ok(s.control, {{"cmd", "shutdown"}});
   CHECK(d->wait_exit(60) == 0);
 }
+
+TEST_CASE(
+    "a model that does not fit the series (two input channels for a one-channel CT series) fails each case "
+    "with the reason, once, and nothing is queued") {
+  require_dcmtk_tools();
+  Setup s;
+  // A checkpoint of a two-channel UNet: the synthetic cases with their CT repeated as _0001.
+  const fs::path two = s.dir / "two-channel";
+  auto r =
+      run_segflow("synth --cases 3 --size 24 --format nifti --seed 61 --out " + shell_quote(two.string()));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  for (const auto& e : fs::directory_iterator(two / "imagesTr")) {
+    const std::string name = e.path().filename().string();
+    const auto at = name.find("_0000");
+    REQUIRE(at != std::string::npos);
+    fs::copy_file(e.path(), two / "imagesTr" / (name.substr(0, at) + "_0001" + name.substr(at + 5)));
+  }
+  JobYaml job;
+  job.root = two;
+  job.model =
+      "{name: unet, spatial_dims: 3, in_channels: 2, out_channels: 5, channels: [4, 8], strides: [2], "
+      "num_res_units: 0, norm: batch}";
+  job.epochs = 1;
+  job.val_cases = "1";
+  job.runs_dir = s.dir / "runs";
+  write_file(s.dir / "two.yaml", job.yaml());
+  r = run_segflow("train " + shell_quote((s.dir / "two.yaml").string()) + " --quiet");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  fs::path checkpoint;
+  for (const auto& e : fs::recursive_directory_iterator(s.dir / "runs"))
+    if (e.path().filename() == "last.pt") checkpoint = e.path();
+  REQUIRE(!checkpoint.empty());
+
+  const fs::path syn = synth_dicom(s.dir / "synth", 1, 62);
+  const int port = free_port(), dest = free_port();
+  s.write_config(pacs_down_config(checkpoint, port, dest, 3, false));
+  auto d = s.start();
+  Events events(s.events, "auto_infer");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  r = storescu(port, series_files(syn / "case_000"));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  auto failed = events.wait_for([](const std::string&, const json& b) { return b["event"] == "failed"; }, 60);
+  REQUIRE_MESSAGE(failed.has_value(), d->log_tail());
+  CHECK((*failed)["stage"] == "inference");
+  const std::string why = (*failed)["error"].get<std::string>();
+  CHECK_MESSAGE(why.find("takes 2 image channels, got 1") != std::string::npos, why);
+  // Nothing queued, nothing written, and the daemon still answers.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  events.drain(200);
+  CHECK(events_named(events, "inferred").empty());
+  CHECK(events_named(events, "failed").size() == 1);
+  const json q = dicom_reply(s.control)["sender"];
+  CHECK(q["queued"] == 0);
+  CHECK(q["sent"] == 0);
+  CHECK(q["failed"] == 0);
+  CHECK(files_in(s.state / "inferred" / "incoming").empty());
+  ok(s.control, {{"cmd", "shutdown"}});
+  CHECK(d->wait_exit(60) == 0);
+}
