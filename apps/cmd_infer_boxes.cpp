@@ -7,7 +7,6 @@
 #include "apps/infer_boxes.hpp"
 #include "models/box_inference.hpp"
 #include "models/inference.hpp"
-#include "pipeline/io/case_files.hpp"
 
 namespace segflow::apps {
 namespace {
@@ -28,20 +27,6 @@ json result_line(const models::BoxInferResult& r) {
   return {{"case", x.case_id},   {"output", x.output.string()}, {"size", x.size},
           {"labels", x.labels},  {"segments", spans},           {"slices_embedded", r.slices_embedded},
           {"seconds", x.seconds}};
-}
-
-/// The file under folder `dir` whose case id (channel suffix stripped) is `id`: a box file
-/// (.json / .csv) or a label map; "" when none.
-fs::path prompt_file_for(const fs::path& dir, const std::string& id, bool box_file) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string ext = e.path().extension().string();
-    if (box_file && ext != ".json" && ext != ".csv") continue;
-    if (box_file ? e.path().stem().string() == id
-                 : pipeline::strip_channel_zero(pipeline::case_id_of(e.path())) == id)
-      return e.path();
-  }
-  return {};
 }
 
 /// A folder of scans (or a dataset): each case with its own prompts from the folders given as
@@ -72,7 +57,7 @@ int infer_folder_with_boxes(const models::BoxInferOptions& base) {
     if (c.channels.size() != 1)
       st = invalid_argument("box-prompted inference takes one image per case, got " +
                             std::to_string(c.channels.size()) + " channels");
-    const fs::path prompt = prompt_file_for(prompts, c.id, box_files);
+    const fs::path prompt = models::prompt_file_for(prompts, c.id, box_files);
     if (st.is_ok() && prompt.empty())
       st = not_found(prompts.string() + ": no " +
                      (box_files ? "box file " + c.id + ".json or .csv" : "label map") + " for case " + c.id);

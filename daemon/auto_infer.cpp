@@ -1,10 +1,13 @@
 #include "daemon/auto_infer.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 
 #include "daemon/dicom/service.hpp"
 #include "messages/log.hpp"
+#include "models/box_inference.hpp"
 
 namespace segflow::daemon {
 
@@ -42,6 +45,68 @@ bool is_final(const std::string& state) {
 bool is_empty_seg_failure(const std::string& output, const std::string& reason) {
   return fs::path(output).extension() == ".dcm" &&
          reason.find("labels: expected at least one label value > 0") != std::string::npos;
+}
+
+/// A file's mtime in nanoseconds since the Unix epoch (as the watcher's case records); 0
+/// when it cannot be read.
+std::int64_t file_mtime_ns(const fs::path& p) {
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) return 0;
+  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+}
+
+/// "name size mtime" of each entry of a folder (a box rule's boxes_dir), sorted: a box file
+/// that arrives or changes changes it. "" for a missing folder.
+std::string folder_listing(const fs::path& dir) {
+  std::vector<std::string> parts;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code ec2;
+    const auto size = it->is_regular_file(ec2) ? it->file_size(ec2) : 0;
+    parts.push_back(it->path().filename().string() + '\x1f' + std::to_string(size) + '\x1f' +
+                    std::to_string(file_mtime_ns(it->path())));
+  }
+  std::sort(parts.begin(), parts.end());
+  std::string out;
+  for (const auto& p : parts) out += p + '\x1e';
+  return out;
+}
+
+/// FNV-1a (64 bits) of `text` as 16 hex digits.
+std::string fnv_hex(const std::string& text) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const char ch : text) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+/// A box rule's prompts for one case: its prompt file (box file or label map) and that file's
+/// mtime, or the error naming what is missing.
+struct CasePrompts {
+  fs::path file;
+  std::int64_t mtime_ns = 0;
+  std::string error;
+};
+
+/// The prompts of case `c` under `rule` (prompts: boxes | label_map); the box file is found by
+/// the rule of `segflow infer --boxes DIR` (models::prompt_file_for).
+CasePrompts prompts_of(const AutoInferRule& rule, const pipeline::CaseEntry& c) {
+  CasePrompts p;
+  if (rule.prompts == "boxes") {
+    p.file = models::prompt_file_for(rule.boxes_dir, c.id, true);
+    if (p.file.empty())
+      p.error = rule.boxes_dir.string() + ": no box file " + c.id + ".json or " + c.id + ".csv for case " +
+                c.id + " (prompts: boxes)";
+  } else if (c.label) {
+    p.file = *c.label;
+  } else {
+    p.error = "case " + c.id +
+              ": no label map (prompts: label_map takes the case's label file, e.g. labelsTr/" + c.id +
+              ".nii.gz)";
+  }
+  if (!p.file.empty()) p.mtime_ns = file_mtime_ns(p.file);
+  return p;
 }
 
 constexpr const char* kEmptyReason =
@@ -83,9 +148,13 @@ Status AutoInfer::prepare() {
     if (!fs::is_directory(r.output, ec))
       return io_error("auto_infer: output " + r.output.string() + " (dataset " + r.dataset +
                       "): cannot create the folder");
+    const std::string prompts = r.prompts.empty()      ? ""
+                                : r.prompts == "boxes" ? ", box prompts from " + r.boxes_dir.string()
+                                                       : ", box prompts from each case's label map";
     log::info("auto_infer: new cases of " + r.dataset + " are inferred with " +
-              (r.model.empty() ? r.checkpoint.string() : "the package " + r.model.string()) + " into " +
-              r.output.string() + (r.send_to.empty() ? "" : ", SEGs sent to " + r.send_to));
+              (r.model.empty() ? r.checkpoint.string() : "the package " + r.model.string()) + prompts +
+              (r.propagate ? " (propagated)" : "") + " into " + r.output.string() +
+              (r.send_to.empty() ? "" : ", SEGs sent to " + r.send_to));
   }
   return Status::ok();
 }
@@ -114,6 +183,7 @@ void AutoInfer::publish(const std::string& event, const std::string& dataset, co
 }
 
 void AutoInfer::store(const Tracked& t) {
+  if (!t.stored) return;
   if (Status st = db_.set_meta(meta_key(t.dataset, t.case_id), t.record.dump()); !st.is_ok())
     log::error("auto_infer: " + st.message());
 }
@@ -153,6 +223,7 @@ void AutoInfer::poll_rule(std::size_t index, bool dirty) {
     signature += c.case_id + '\x1f' + c.status + '\x1f' + std::to_string(c.mtime_ns) + '\x1e';
     by_id[c.case_id] = &c;
   }
+  if (rule.prompts == "boxes") signature += folder_listing(rule.boxes_dir);  // a box file that arrives late
   auto it = seen_.find(rule.dataset);
   if (!dirty && !quiet_.count(rule.dataset) && it != seen_.end() && it->second == signature) return;
   seen_[rule.dataset] = signature;
@@ -181,21 +252,33 @@ void AutoInfer::consider_case(std::size_t index, const pipeline::CaseEntry& c, c
     quiet_.insert(rule.dataset);  // look again at the next poll
     return;
   }
-  if (auto t = tried_.find(key); t != tried_.end() && t->second == rec.mtime_ns) return;
-  tried_[key] = rec.mtime_ns;
+  // A case's version: its newest file, or its prompt file when that is newer (a box file
+  // that arrives after the case, or is corrected, runs it again).
+  const CasePrompts prompts = rule.prompts.empty() ? CasePrompts{} : prompts_of(rule, c);
+  const std::int64_t version = std::max(rec.mtime_ns, prompts.mtime_ns);
+  if (auto t = tried_.find(key); t != tried_.end() && t->second == version) return;
+  tried_[key] = version;
   if (c.images.size() != 1) {
     log::warn("auto_infer: " + key + ": " + std::to_string(c.images.size()) +
               " image channels; auto_infer runs single-channel cases only (skipped)");
     return;
   }
+  if (!prompts.error.empty()) {
+    publish("failed", rule.dataset, c.id,
+            {{"stage", "prompts"},
+             {"prompts", rule.prompts},
+             {"input", c.images.front().string()},
+             {"error", prompts.error}});
+    return;
+  }
   if (series)
-    submit_series(index, c, rec);
+    submit_series(index, c, rec, prompts.file);
   else
-    submit_nifti_case(rule, c, rec);
+    submit_nifti_case(index, c, version, prompts.file);
 }
 
 Result<std::int64_t> AutoInfer::submit(const AutoInferRule& rule, const pipeline::CaseEntry& c,
-                                       const fs::path& out) {
+                                       const fs::path& out, const fs::path& prompt) {
   InferJobSpec spec;
   spec.checkpoint = rule.checkpoint.string();
   spec.model = rule.model.string();
@@ -206,6 +289,11 @@ Result<std::int64_t> AutoInfer::submit(const AutoInferRule& rule, const pipeline
   spec.trigger = "auto_infer";
   spec.dataset = rule.dataset;
   spec.case_id = c.id;
+  if (!rule.prompts.empty()) {
+    (rule.prompts == "boxes" ? spec.boxes : spec.boxes_from) = prompt.string();
+    spec.propagate = rule.propagate;
+    spec.box_margin = rule.box_margin;
+  }
   auto r = jobs_.submit_infer(spec);
   if (!r.is_ok()) {
     publish("failed", rule.dataset, c.id,
@@ -221,8 +309,9 @@ Result<std::int64_t> AutoInfer::submit(const AutoInferRule& rule, const pipeline
   return job;
 }
 
-void AutoInfer::submit_nifti_case(const AutoInferRule& rule, const pipeline::CaseEntry& c,
-                                  const CaseRecord& rec) {
+void AutoInfer::submit_nifti_case(std::size_t index, const pipeline::CaseEntry& c, std::int64_t version_ns,
+                                  const fs::path& prompt) {
+  const AutoInferRule& rule = rules_[index];
   std::error_code ec;
   for (const auto& format : formats_of(rule, false)) {
     if (format == "seg") {
@@ -233,16 +322,27 @@ void AutoInfer::submit_nifti_case(const AutoInferRule& rule, const pipeline::Cas
     const fs::path out = rule.output / (c.id + ".nii.gz");
     // A job in flight, or one submitted since the case's newest file was written (this
     // daemon's or a previous one's, failed or not), is not repeated.
-    if (fs::exists(out, ec) || jobs_.infer_submitted(out.string(), static_cast<double>(rec.mtime_ns) * 1e-9))
+    if (fs::exists(out, ec) || jobs_.infer_submitted(out.string(), static_cast<double>(version_ns) * 1e-9))
       continue;
-    auto job = submit(rule, c, out);
-    if (job.is_ok())
-      publish("received", rule.dataset, c.id,
-              {{"input", c.images.front().string()}, {"jobs", json::array({*job})}});
+    auto job = submit(rule, c, out, prompt);
+    if (!job.is_ok()) continue;
+    json body = {{"input", c.images.front().string()}, {"jobs", json::array({*job})}};
+    if (!prompt.empty()) body["prompt_file"] = prompt.string();
+    publish("received", rule.dataset, c.id, body);
+    Tracked t;  // followed until its job ends (inferred or failed), not stored
+    t.rule = index;
+    t.dataset = rule.dataset;
+    t.case_id = c.id;
+    t.last_instance = static_cast<double>(version_ns) * 1e-9;
+    t.stored = false;
+    t.record = {
+        {"jobs", json::array({*job})}, {"outputs", json::array({out.string()})}, {"state", "submitted"}};
+    active_[rule.dataset + "/" + c.id] = std::move(t);
   }
 }
 
-void AutoInfer::submit_series(std::size_t index, const pipeline::CaseEntry& c, const CaseRecord& rec) {
+void AutoInfer::submit_series(std::size_t index, const pipeline::CaseEntry& c, const CaseRecord& rec,
+                              const fs::path& prompt) {
   const AutoInferRule& rule = rules_[index];
   Tracked t;
   t.rule = index;
@@ -250,7 +350,14 @@ void AutoInfer::submit_series(std::size_t index, const pipeline::CaseEntry& c, c
   t.case_id = c.id;
   t.last_instance = static_cast<double>(rec.mtime_ns) * 1e-9;
   const std::string key = meta_key(rule.dataset, c.id);
-  const std::string signature = series_signature(rec, c.label ? c.label->string() : std::string());
+  // With prompts, the prompt file is part of the signature: new boxes make a new SEG.
+  std::string signature = series_signature(rec, c.label ? c.label->string() : std::string());
+  if (!prompt.empty()) {
+    std::error_code ec;
+    signature += "+prompts-" +
+                 fnv_hex(prompt.filename().string() + '\x1f' + std::to_string(fs::file_size(prompt, ec)) +
+                         '\x1f' + std::to_string(file_mtime_ns(prompt)));
+  }
   t.record = read_record(db_, key);
   if (t.record.value("signature", "") == signature) {
     // Seen before with these very instances: follow what is left of it (after a restart).
@@ -272,7 +379,7 @@ void AutoInfer::submit_series(std::size_t index, const pipeline::CaseEntry& c, c
               {"outputs", json::array()}};
   for (const auto& format : formats_of(rule, true)) {
     const fs::path out = rule.output / (c.id + (format == "seg" ? ".dcm" : ".nii.gz"));
-    auto job = submit(rule, c, out);
+    auto job = submit(rule, c, out, prompt);
     if (!job.is_ok()) continue;
     t.record["jobs"].push_back(*job);
     t.record["outputs"].push_back(out.string());

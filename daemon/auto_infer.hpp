@@ -25,12 +25,22 @@
 // retried queue of `segflow ctl dicom send`). Progress survives a restart: recorded jobs are
 // followed again and recorded sends reported.
 //
+// Box-prompted (sam) checkpoints (rule.prompts): each case's job takes its prompts from the
+// box file <case id>.json or .csv in rule.boxes_dir (found as `segflow infer --boxes DIR`
+// finds it, models::prompt_file_for) or from the case's label file (prompts: label_map), with
+// rule.propagate and rule.box_margin; the job is models::run_box_inference (the SEG names its
+// segments by the checkpoint's classes). A case's version is its newest file or its prompt
+// file, whichever is newer: a box file that arrives after its case, or is replaced, runs the
+// case (again). A case without prompts is a failed event (stage prompts, the error naming the
+// missing file) and no job; the other cases go on.
+//
 // Events (topic "auto_infer"): {event: received | inferred | retrying | sent | failed,
 // dataset, case, ...}: received when a case is complete and its jobs are queued (jobs,
-// instances), inferred when its jobs completed (outputs, seconds_since_last_instance),
+// instances), inferred when its jobs completed (outputs, seconds_since_last_instance; NIfTI
+// cases too, but their jobs are not followed across a restart: the job events say it),
 // retrying after each failed send attempt with attempts left (send, attempts, error,
 // retry_in_s), sent when the destination stored the SEG (send, destination,
-// sop_instance_uid, attempts, seconds_since_last_instance), failed with stage submit |
+// sop_instance_uid, attempts, seconds_since_last_instance), failed with stage prompts | submit |
 // inference | send and the error (a send: after dicom.send_to.max_attempts).
 //
 // An empty prediction (the model found no foreground in the series) is no failure: a DICOM
@@ -83,23 +93,27 @@ class AutoInfer {
   void on_send_done(const DicomSendRecord& send);
 
  private:
-  /// A DICOM case in progress: its jobs, then its SEG's send.
+  /// A case in progress: its jobs, then (DICOM) its SEG's send.
   struct Tracked {
     std::size_t rule = 0;
     std::string dataset, case_id;
     nlohmann::json record;     ///< what is stored under meta_key: signature, jobs, seg, send, state
     double last_instance = 0;  ///< unix seconds of the newest file
+    bool stored = true;        ///< a DICOM series: the record is kept in the state database
   };
 
   void poll_rule(std::size_t index, bool dirty);
   void consider_case(std::size_t index, const pipeline::CaseEntry& c, const CaseRecord& rec);
-  void submit_nifti_case(const AutoInferRule& rule, const pipeline::CaseEntry& c, const CaseRecord& rec);
-  void submit_series(std::size_t index, const pipeline::CaseEntry& c, const CaseRecord& rec);
+  void submit_nifti_case(std::size_t index, const pipeline::CaseEntry& c, std::int64_t version_ns,
+                         const std::filesystem::path& prompt);
+  void submit_series(std::size_t index, const pipeline::CaseEntry& c, const CaseRecord& rec,
+                     const std::filesystem::path& prompt);
   void follow_jobs();
   bool follow(Tracked& t);
   void queue_seg(Tracked& t, const std::string& seg);
+  /// One job writing `out`; `prompt` is the case's box file or label map (box rules).
   Result<std::int64_t> submit(const AutoInferRule& rule, const pipeline::CaseEntry& c,
-                              const std::filesystem::path& out);
+                              const std::filesystem::path& out, const std::filesystem::path& prompt);
   void publish(const std::string& event, const std::string& dataset, const std::string& case_id,
                nlohmann::json body);
   void store(const Tracked& t);
@@ -116,7 +130,7 @@ class AutoInfer {
   std::map<std::string, std::string> seen_;    ///< dataset -> signature of its case records
   std::set<std::string> quiet_;                ///< datasets with a series still in its quiet period
   std::map<std::string, std::int64_t> tried_;  ///< "dataset/case" -> mtime_ns submitted (or skipped)
-  std::map<std::string, Tracked> active_;      ///< "dataset/case" -> a DICOM case whose jobs run
+  std::map<std::string, Tracked> active_;      ///< "dataset/case" -> a case whose jobs run
 };
 
 /// The signature of a DICOM series: a hash of its files' names (SOP instance UIDs), sizes and

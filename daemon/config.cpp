@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "models/checkpoint.hpp"
 #include "models/job_config.hpp"
 #include "models/planning/plan.hpp"
 #include "pipeline/options.hpp"
@@ -89,7 +90,33 @@ void AutoInferRule::bind(OptionParser& p) {
   p.number("quiet_seconds", quiet_seconds, pipeline::Range::non_negative(), "s",
            "a DICOM series is complete after this long without a new instance");
   if (p.ok() && !send_to.empty() && output_format == "nifti")
-    p.fail("send_to", "output_format nifti writes no DICOM SEG to send (use seg or both)");
+    return p.fail("send_to", "output_format nifti writes no DICOM SEG to send (use seg or both)");
+  bind_prompts(p);
+}
+
+void AutoInferRule::bind_prompts(OptionParser& p) {
+  p.choice("prompts", prompts, {"", "boxes", "label_map"},
+           "box-prompted (sam) checkpoints: boxes (a box file per case in boxes_dir) or label_map (the "
+           "case's label file)");
+  std::string dir = boxes_dir.string();
+  p.string("boxes_dir", dir, "prompts: boxes: folder of <case id>.json / .csv; \"\" = <dataset>/boxes");
+  boxes_dir = dir;
+  p.boolean("propagate", propagate, "one seed box per label, propagated slice by slice");
+  p.integer("box_margin", box_margin, Range::at_least(0), "voxels",
+            "propagate: voxels added per side to the previous slice's mask box (default 3)");
+  if (!p.ok()) return;
+  if (!model.empty() && !prompts.empty())
+    return p.fail("prompts",
+                  "a model package holds no box-prompted model (segflow package refuses them); "
+                  "leave prompts out or give the sam checkpoint");
+  if (prompts.empty())
+    for (const char* k : {"boxes_dir", "propagate", "box_margin"})
+      if (p.given(k)) return p.fail(k, "used only with prompts: boxes or label_map");
+  if (p.given("boxes_dir") && prompts != "boxes")
+    return p.fail("boxes_dir", "used only with prompts: boxes, got prompts: " + prompts);
+  if (p.given("box_margin") && !propagate) return p.fail("box_margin", "used only with propagate: true");
+  if (!prompts.empty() && tta != "none")
+    return p.fail("tta", "box-prompted inference has no TTA; got " + tta);
 }
 
 namespace {
@@ -270,6 +297,33 @@ std::string tcp_host(const std::string& ep) {
   return colon == std::string::npos ? rest : rest.substr(0, colon);
 }
 
+/// A box-prompted (sam) checkpoint needs prompts and any other takes none: the model's name
+/// from the checkpoint's meta record (its tensors are not loaded). A checkpoint that cannot be
+/// read is an error only with prompts; without, its jobs report it as for any checkpoint.
+Status check_auto_infer_prompts(const AutoInferRule& r, const std::string& key) {
+  if (!r.model.empty()) return Status::ok();  // packages: prompts refused by bind
+  auto meta = models::read_checkpoint_meta(r.checkpoint);
+  if (!meta.is_ok()) {
+    if (r.prompts.empty()) return Status::ok();
+    return invalid_config(key + ".checkpoint: " + r.checkpoint.string() +
+                          ": cannot be read to check it takes box prompts: " + meta.status().message());
+  }
+  const json* name = nullptr;
+  if (auto cfg = meta->find("config"); cfg != meta->end() && cfg->is_object())
+    if (auto m = cfg->find("model"); m != cfg->end() && m->is_object())
+      if (auto n = m->find("name"); n != m->end() && n->is_string()) name = &*n;
+  const std::string model = name ? name->get<std::string>() : std::string("unknown");
+  if (model == "sam" && r.prompts.empty())
+    return invalid_config(key + ".prompts: missing: " + r.checkpoint.string() +
+                          " is a box-prompted (sam) checkpoint; expected prompts: boxes (a box file per "
+                          "case) or label_map (the case's label file)");
+  if (model != "sam" && !r.prompts.empty())
+    return invalid_config(key + ".prompts: " + r.checkpoint.string() +
+                          " is not a box-prompted (sam) checkpoint (model '" + model +
+                          "'); leave prompts, boxes_dir, propagate and box_margin out");
+  return Status::ok();
+}
+
 }  // namespace
 
 Status check_endpoint(const std::string& ep, const std::string& what) {
@@ -335,6 +389,9 @@ Status finalize_daemon_config(DaemonConfig& c) {
       if (!target.is_ok()) return invalid_config(key + ".send_to: " + target.status().message());
       r.send_target = *target;
     }
+    if (r.prompts == "boxes" && r.boxes_dir.empty()) r.boxes_dir = c.data_root / r.dataset / "boxes";
+    abs(r.boxes_dir);
+    SEGFLOW_RETURN_IF_ERROR(check_auto_infer_prompts(r, key));
   }
   for (std::size_t i = 0; i < c.auto_train.size(); ++i) {
     AutoTrainRule& r = c.auto_train[i];

@@ -19,7 +19,8 @@
 //   auto_infer:                    # models run on each new case of a dataset (auto_infer.hpp)
 //     - {dataset: NAME, checkpoint: PATH | model: PACKAGE_DIR, output: DIR, tta: none|mirror|mirror-all,
 //     device: auto,
-//        output_format: seg|nifti|both, send_to: DESTINATION, quiet_seconds: 5}
+//        output_format: seg|nifti|both, send_to: DESTINATION, quiet_seconds: 5,
+//        prompts: boxes|label_map, boxes_dir: DIR, propagate: false, box_margin: 3}  # sam only
 //   auto_train:                    # datasets planned and trained when they appear (auto_train.hpp)
 //     - {dataset: NAME|PATH|"*", configuration: 3d_fullres, folds: [0] | all, set: {key: value},
 //        memory_gb: 8, memory_model: measured, device: auto}
@@ -74,8 +75,21 @@ struct AutoInferRule {
   /// the newest file of the case); the node files instances at the end of their association,
   /// so 0 = complete at the association's end. NIfTI cases are not held back.
   double quiet_seconds = 5.0;
+  /// Box-prompted (sam) checkpoints only, required with one: where each case's box prompts
+  /// come from. "boxes": the box file <case id>.json or .csv in boxes_dir (the format of
+  /// `segflow infer --boxes`); "label_map": the case's label file (`--boxes-from`). "" = none
+  /// (a UNet checkpoint or a package). Checked against the checkpoint at start.
+  std::string prompts;
+  /// prompts: boxes: the folder of the box files; "" = <data_root>/<dataset>/boxes.
+  std::filesystem::path boxes_dir;
+  bool propagate = false;  ///< one seed box per label, propagated slice by slice (`--propagate`)
+  /// propagate: voxels added per side to the previous slice's mask box; -1 = the default of
+  /// `--box-margin` (3, models::kDefaultBoxMargin).
+  std::int64_t box_margin = -1;
   /// Reads one entry (pipeline/options.hpp): dataset and one of checkpoint or model are required.
   void bind(pipeline::OptionParser& p);
+  /// The prompt keys: prompts, boxes_dir, propagate, box_margin (each only where it applies).
+  void bind_prompts(pipeline::OptionParser& p);
 };
 
 /// One `auto_train` entry: plan a dataset of data_root when it appears (or its files change)
@@ -137,6 +151,9 @@ Result<DaemonConfig> parse_daemon_config(const std::string& yaml_text, const std
 /// an auto_infer send_to must name a configured destination (a name of dicom.destinations or
 /// dicom.send_to.ae_title; resolved into send_target) and
 /// its output_format must write a SEG (seg or both, or "" which becomes seg for DICOM input).
+/// An auto_infer checkpoint that is box-prompted (sam) needs prompts and one that is not
+/// takes none (read from the checkpoint's meta record); boxes_dir defaults to
+/// <data_root>/<dataset>/boxes.
 /// An auto_train dataset given as a path must be a folder of data_root (it becomes its name).
 Status finalize_daemon_config(DaemonConfig& cfg);
 

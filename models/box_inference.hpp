@@ -86,6 +86,12 @@ struct BoxInferResult {
 Result<std::vector<SliceBox>> read_box_file(const std::filesystem::path& file, const pipeline::Image& image,
                                             const std::vector<std::string>& names);
 
+/// The prompt file of case `id` in folder `dir` (a folder run of `segflow infer --boxes DIR` /
+/// `--boxes-from DIR`, and auto_infer's boxes_dir): with `box_file` the box file whose name
+/// is `<id>.json` or `<id>.csv`, else the label map whose case id (channel suffix stripped)
+/// is `id`. "" when there is none (or `dir` cannot be read).
+std::filesystem::path prompt_file_for(const std::filesystem::path& dir, const std::string& id, bool box_file);
+
 /// The box of every label on every slice of a label map (1, Z, Y, X): ascending label, then
 /// slice.
 std::vector<SliceBox> boxes_from_label_map(const at::Tensor& labels);

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "models/box_inference.hpp"
+#include "pipeline/io/case_files.hpp"
 #include "pipeline/io/image.hpp"
 
 namespace segflow::models {
@@ -274,6 +275,20 @@ Result<std::vector<SliceBox>> read_box_file(const std::filesystem::path& file, c
     out.push_back(b);
   }
   return out;
+}
+
+std::filesystem::path prompt_file_for(const std::filesystem::path& dir, const std::string& id,
+                                      bool box_file) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string ext = e.path().extension().string();
+    if (box_file && ext != ".json" && ext != ".csv") continue;
+    if (box_file ? e.path().stem().string() == id
+                 : pipeline::strip_channel_zero(pipeline::case_id_of(e.path())) == id)
+      return e.path();
+  }
+  return {};
 }
 
 std::vector<SliceBox> boxes_from_label_map(const at::Tensor& labels) {

@@ -2,7 +2,9 @@
 // get an error reply naming the key, and no job, run folder or dataset is made.
 #include <doctest/doctest.h>
 
+#include "daemon/config.hpp"
 #include "daemon/daemon_harness.hpp"
+#include "daemon/infer_fixtures.hpp"
 
 using namespace segflow::testing;
 using namespace segflow::testing::daemon;
@@ -60,4 +62,65 @@ TEST_CASE("start with a bad option in any section is refused with the key named 
   CHECK(ok(s.control, {{"cmd", "list"}})["jobs"].size() == 1);
   ok(s.control, {{"cmd", "stop"}, {"job", good["job"]}});
   REQUIRE(d->alive());
+}
+
+TEST_CASE("auto_infer prompt options are checked against the checkpoint at start, naming the field") {
+  Setup s;
+  auto made = run_segflow("synth --cases 1 --size 32 --format nifti --seed 9 --out " +
+                          shell_quote((s.dir / "scans").string()));
+  REQUIRE_MESSAGE(made.exit_code == 0, made.out);
+  const std::string sam = daemon_box_checkpoint(s.dir / "scans", s.dir / "sam.pt", true).string();
+  const std::string unet = daemon_box_checkpoint(s.dir / "scans", s.dir / "unet.pt", false).string();
+  fs::create_directories(s.dir / "package");
+  const std::string pkg = (s.dir / "package").string();
+  auto check = [&](const std::string& entry) -> std::string {
+    auto cfg = segflow::daemon::parse_daemon_config(
+        "data_root: " + s.data.string() + "\nauto_infer:\n  - " + entry + "\n", "daemon.yaml");
+    if (!cfg.is_ok()) return cfg.status().message();
+    segflow::Status st = segflow::daemon::finalize_daemon_config(*cfg);
+    return st.is_ok() ? std::string() : st.message();
+  };
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{dataset: a, checkpoint: " + sam + "}",
+       "daemon.yaml: auto_infer[0].prompts: missing: " + sam +
+           " is a box-prompted (sam) checkpoint; expected prompts: boxes"},
+      {"{dataset: a, checkpoint: " + unet + ", prompts: boxes}",
+       "daemon.yaml: auto_infer[0].prompts: " + unet + " is not a box-prompted (sam) checkpoint"},
+      {"{dataset: a, checkpoint: " + sam + ", prompts: box}", "auto_infer[0].prompts: expected one of"},
+      {"{dataset: a, checkpoint: " + unet + ", propagate: true}",
+       "auto_infer[0].propagate: used only with prompts: boxes or label_map"},
+      {"{dataset: a, checkpoint: " + sam + ", prompts: boxes, box_margin: 2}",
+       "auto_infer[0].box_margin: used only with propagate: true"},
+      {"{dataset: a, checkpoint: " + sam + ", prompts: label_map, propagate: true, box_margin: -1}",
+       "auto_infer[0].box_margin: "},
+      {"{dataset: a, checkpoint: " + sam + ", prompts: label_map, boxes_dir: /tmp}",
+       "auto_infer[0].boxes_dir: used only with prompts: boxes, got prompts: label_map"},
+      {"{dataset: a, checkpoint: " + sam + ", prompts: boxes, tta: mirror}",
+       "auto_infer[0].tta: box-prompted inference has no TTA"},
+      {"{dataset: a, model: " + pkg + ", prompts: boxes}",
+       "auto_infer[0].prompts: a model package holds no box-prompted model"},
+  };
+  for (const auto& [entry, message] : bad) {
+    const auto& yaml_entry = entry;  // clang 14 cannot capture a structured binding
+    CAPTURE(yaml_entry);
+    const std::string got = check(entry);
+    CHECK_MESSAGE(contains(got, message), got);
+  }
+  // Good entries; boxes_dir defaults to the dataset's boxes/ folder.
+  CHECK(check("{dataset: a, checkpoint: " + unet + "}").empty());
+  CHECK(check("{dataset: a, checkpoint: " + sam + ", prompts: label_map, propagate: true, box_margin: 0}")
+            .empty());
+  auto cfg = segflow::daemon::parse_daemon_config("data_root: " + s.data.string() +
+                                                      "\nauto_infer:\n  - {dataset: a, checkpoint: " + sam +
+                                                      ", prompts: boxes}\n",
+                                                  "daemon.yaml");
+  REQUIRE_OK(cfg);
+  REQUIRE_OK(segflow::daemon::finalize_daemon_config(*cfg));
+  CHECK(cfg->auto_infer[0].boxes_dir == s.data / "a" / "boxes");
+
+  // segflowd itself refuses to start (exit 2) with the message.
+  s.write_config("auto_infer:\n  - {dataset: a, checkpoint: " + sam + "}\n");
+  ChildProcess d = start_segflowd({"--config", s.config.string()}, s.dir / "bad.log");
+  CHECK(d.wait_exit(60) == 2);
+  CHECK_MESSAGE(contains(d.log_tail(), "auto_infer[0].prompts: missing: " + sam), d.log_tail());
 }

@@ -8,24 +8,10 @@
 #include <set>
 
 #include "daemon/daemon_harness.hpp"
+#include "daemon/infer_fixtures.hpp"
 
 using namespace segflow::testing;
 using namespace segflow::testing::daemon;
-
-namespace {
-
-/// Copies `from` to `to` through a file outside the watched folder and a rename, as a
-/// transfer tool would (the watcher sees one complete file appear).
-void drop_file(const fs::path& aside, const fs::path& from_or_empty, const std::string& text,
-               const fs::path& to) {
-  if (from_or_empty.empty())
-    write_file(aside, text);
-  else
-    fs::copy_file(from_or_empty, aside, fs::copy_options::overwrite_existing);
-  fs::rename(aside, to);
-}
-
-}  // namespace
 
 TEST_CASE("auto_infer runs a dataset's model once on each new case and reports results and failures") {
   Setup s;

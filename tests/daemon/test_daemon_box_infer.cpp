@@ -4,38 +4,11 @@
 #include <torch/torch.h>
 
 #include "daemon/daemon_harness.hpp"
-#include "job_yaml.hpp"
-#include "models/job_config.hpp"
-#include "models/trainer.hpp"
+#include "daemon/infer_fixtures.hpp"
 #include "pipeline/io/image_io.hpp"
 
 using namespace segflow::testing;
 using namespace segflow::testing::daemon;
-
-namespace {
-
-/// An untrained tiny SAM (img 32) or the tiny UNet of JobYaml, saved as `file`.
-fs::path daemon_box_checkpoint(const fs::path& data, const fs::path& file, bool sam) {
-  JobYaml job;
-  job.root = data;
-  job.runs_dir = file.parent_path() / "runs";
-  if (sam) {
-    job.num_classes = "2";
-    job.stages = {kLoadStage, kCtWindowStage, stage("medsam_box", "{image_size: 32, num_samples: 2}")};
-    job.model =
-        "{name: sam, preset: tiny, img_size: 32, patch_size: 4, embed_dim: 32, depth: 1, num_heads: 2, "
-        "spatial_dims: 2, in_channels: 3, out_channels: 1}";
-    job.loss = "{name: dice_bce, sigmoid: true, to_onehot_y: false}";
-    job.validation = "";
-  }
-  REQUIRE_OK_AND_ASSIGN(auto cfg, segflow::models::parse_job_config(job.yaml(), "job.yaml"));
-  torch::manual_seed(3);
-  REQUIRE_OK_AND_ASSIGN(auto t, segflow::models::Trainer::create(cfg, c10::Device("cpu")));
-  REQUIRE_OK(t->save_checkpoint(file));
-  return file;
-}
-
-}  // namespace
 
 TEST_CASE("ctl infer with a box file runs a box-prompted checkpoint as segflow infer --boxes does") {
   Setup s;
