@@ -387,11 +387,12 @@ void AutoInfer::submit_series(std::size_t index, const pipeline::CaseEntry& c, c
   if (t.record["jobs"].empty()) t.record["state"] = "failed";
   store(t);
   if (t.record["jobs"].empty()) return;
-  publish("received", rule.dataset, c.id,
-          {{"input", c.images.front().string()},
-           {"instances", std::stoll(signature.substr(0, signature.find('-')))},
-           {"signature", signature},
-           {"jobs", t.record["jobs"]}});
+  json body = {{"input", c.images.front().string()},
+               {"instances", std::stoll(signature.substr(0, signature.find('-')))},
+               {"signature", signature},
+               {"jobs", t.record["jobs"]}};
+  if (!prompt.empty()) body["prompt_file"] = prompt.string();
+  publish("received", rule.dataset, c.id, body);
   active_[rule.dataset + "/" + c.id] = std::move(t);
 }
 

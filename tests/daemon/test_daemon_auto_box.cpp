@@ -170,6 +170,8 @@ TEST_CASE("auto_infer runs a box-prompted checkpoint on each arriving case with 
   std::map<std::string, int> received, failed;
   for (const auto& [topic, body] : events.got) {
     if (body["event"] == "received") ++received[body["case"].get<std::string>()];
+    if (body["event"] == "received" && body["case"] == "case_d")
+      CHECK(body["prompt_file"] == boxes_d.string());
     if (body["event"] == "failed") ++failed[body["case"].get<std::string>()];
   }
   CHECK(received == std::map<std::string, int>{{"case_a", 1}, {"case_b", 1}, {"case_c", 1}, {"case_d", 1}});
