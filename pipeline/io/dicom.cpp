@@ -168,6 +168,22 @@ struct SeriesPlan {
   Geometry geometry;
 };
 
+/// `st` (the chosen stack does not make a volume: a gap, uneven steps) with the stacks set
+/// aside named: a slice of the series with another orientation or size leaves a gap in the
+/// stack read, and the gap alone would hide why.
+Status with_set_aside(const Status& st, const StackChoice& choice) {
+  if (choice.skipped.empty()) return st;
+  std::string msg = st.message() + "; set aside as another stack:";
+  for (std::size_t i = 0; i < choice.skipped.size() && i < 3; ++i) {
+    const StackSkip& s = choice.skipped[i];
+    msg +=
+        std::string(i ? ";" : "") + " " + std::to_string(s.slices) + (s.slices == 1 ? " slice" : " slices") +
+        (s.files.empty() ? std::string() : " (" + s.files.front().filename().string() + ")") + ", " + s.key;
+  }
+  if (choice.skipped.size() > 3) msg += "; ...";
+  return {st.code(), msg};
+}
+
 Result<SeriesPlan> plan_series(const std::vector<fs::path>& files) {
   ensure_dcmtk_ready();
   if (files.empty()) return invalid_argument("read_dicom_series: expected at least one file, got none");
@@ -192,7 +208,9 @@ Result<SeriesPlan> plan_series(const std::vector<fs::path>& files) {
   }
   SEGFLOW_ASSIGN_OR_RETURN(plan.choice, choose_stack(plan.hs));
   plan.slices = std::move(plan.choice.chosen.slices);
-  SEGFLOW_ASSIGN_OR_RETURN(plan.geometry, assemble_geometry(plan.hs, plan.slices, plan.stats));
+  auto geometry = assemble_geometry(plan.hs, plan.slices, plan.stats);
+  if (!geometry.is_ok()) return with_set_aside(geometry.status(), plan.choice);
+  plan.geometry = std::move(*geometry);
   return plan;
 }
 

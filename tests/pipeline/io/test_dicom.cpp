@@ -341,6 +341,9 @@ TEST_CASE("a DICOM slice of another size leaves its stack, and the gap it leaves
   CHECK(contains(m, info.files[2].string()));
   CHECK(contains(m, info.files[0].string()));
   CHECK(contains(m, "a slice is missing: gap in the series"));
+  // The error names the slice that left: why the stack has a gap.
+  CHECK(contains(m, "set aside as another stack: 1 slice (" + info.files[1].filename().string() + ")"));
+  CHECK(contains(m, "8 x 10"));
   // An extra image of another size (a screen capture in the series) is skipped instead.
   edit_dicom_file(info.files[1], [](DcmDataset& ds) { ds.putAndInsertUint16(DCM_Columns, 8); });
   fs::copy_file(info.files[1], dir / "capture.dcm");
@@ -495,6 +498,8 @@ TEST_CASE("a DICOM slice in another orientation leaves its stack, and the gap it
   CHECK(contains(m, info.files[3].string()));
   CHECK(contains(m, info.files[1].string()));
   CHECK(contains(m, "gap in the series"));
+  CHECK(contains(m, "set aside as another stack: 1 slice (" + info.files[2].filename().string() + ")"));
+  CHECK(contains(m, "orientation [1, 0, 0, 0, 0, -1]"));
   {  // Debian's pydicom test files
     // A real radial localizer series: seven slices, seven orientations, no stack to read.
     const std::string real = read_dicom_error(st::debian_pydicom_path("dicomdirtests/98892003/MR700"));
