@@ -14,12 +14,15 @@ voxel box of BOXES.json (segflow's box file, "space": "voxel") its slice repeate
 channels and resized as the manifest says, the box mapped into the model's frame, the encoder
 and decoder run, the low-resolution logits upsampled, sigmoid, threshold and the label merge;
 compared voxel by voxel with `segflow infer --boxes`. Prints {voxels, agree, agreement,
-box_pixels, box_agreement, foreground}: box_* over the slices that hold a box.
+box_pixels, box_agreement, foreground, segflow_foreground, seconds, network_s}: box_* over the
+slices that hold a box; seconds from the manifest read to the label map (sessions included),
+network_s in the two graphs' run calls (one embedding per slice, as segflow).
 Exit 3 when onnxruntime cannot be imported, 2 for input this runner cannot follow.
 """
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,6 +85,7 @@ def slice_input(x, size, longest):
 def run_infer(manifest_path, image_path, boxes_path, segflow_path):
     import nibabel as nib
 
+    t0 = time.perf_counter()
     m = json.load(open(manifest_path))
     here = os.path.dirname(manifest_path)
     enc = session(os.path.join(here, m["model"]["encoder"]["file"]))
@@ -97,11 +101,16 @@ def run_infer(manifest_path, image_path, boxes_path, segflow_path):
     _, Z, H, W = vol.shape
     labels = np.zeros((Z, H, W), np.int64)
     best = np.zeros((Z, H, W), np.float32)
+    network_s, cached_z, emb = 0.0, None, None
     for b in boxes["boxes"]:
         z = b["slice"]
-        emb = enc.run(["image_embeddings"], {"image": slice_input(vol[:, z], size, longest).numpy()})[0]
+        t1 = time.perf_counter()
+        if z != cached_z:  # one embedding per slice, as segflow keeps the last one
+            emb = enc.run(["image_embeddings"], {"image": slice_input(vol[:, z], size, longest).numpy()})[0]
+            cached_z = z
         box = np.array([model_box(b, H, W, size, longest)], np.float32)
         low = torch.from_numpy(dec.run(["low_res_masks"], {"image_embeddings": emb, "boxes": box})[0])
+        network_s += time.perf_counter() - t1
         if longest > 0:
             low = F.interpolate(low, size=(size, size), mode="bilinear", align_corners=False)
             nh, nw = int(H * longest / max(H, W) + 0.5), int(W * longest / max(H, W) + 0.5)
@@ -110,13 +119,15 @@ def run_infer(manifest_path, image_path, boxes_path, segflow_path):
         take = (p > threshold) & (p > best[z])
         best[z][take] = p[take]
         labels[z][take] = b["label"]
+    seconds = time.perf_counter() - t0
     ref = np.asarray(nib.load(segflow_path).dataobj).transpose(2, 1, 0).astype(np.int64)
     agree = int((labels == ref).sum())
     zs = sorted({b["slice"] for b in boxes["boxes"]})
     box_agree = int((labels[zs] == ref[zs]).sum())
     print(json.dumps({"voxels": int(ref.size), "agree": agree, "agreement": agree / ref.size,
                       "box_pixels": int(ref[zs].size), "box_agreement": box_agree / ref[zs].size,
-                      "foreground": int((labels > 0).sum()), "segflow_foreground": int((ref > 0).sum())}))
+                      "foreground": int((labels > 0).sum()), "segflow_foreground": int((ref > 0).sum()),
+                      "seconds": round(seconds, 4), "network_s": round(network_s, 4)}))
 
 
 if __name__ == "__main__":
