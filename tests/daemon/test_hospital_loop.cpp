@@ -637,6 +637,7 @@ TEST_CASE(
   CHECK((*bad)["stage"] == "inference");
   const std::string reason = (*bad)["error"].get<std::string>();
   CHECK_MESSAGE(reason.find("ImagePositionPatient") != std::string::npos, reason);
+  CHECK_MESSAGE(reason.find("set aside as another stack: 1 slice") != std::string::npos, reason);
   const std::string bad_case = (*bad)["case"].get<std::string>();
 
   // The same bad series again: stored, but no second job and no second failure.
