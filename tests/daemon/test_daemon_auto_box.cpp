@@ -2,7 +2,8 @@
 // watched folder takes its prompts from its box file (<dataset>/boxes/<case id>.json|.csv) or
 // from its label map (with 3D propagation), and the label map written equals `segflow infer
 // --boxes / --boxes-from` on the same files (a DICOM series: the SEG too); a case without a
-// box file is a failed event, the daemon goes on, and the case runs once its box file arrives. And auto_infer
+// box file is a failed event, the daemon goes on, and the case runs once its box file arrives;
+// a corrected box file makes a series' label map and SEG again. And auto_infer
 // with a model package: what `segflow infer --model` writes.
 #include <doctest/doctest.h>
 #include <torch/torch.h>
@@ -164,7 +165,31 @@ TEST_CASE("auto_infer runs a box-prompted checkpoint on each arriving case with 
   CHECK(!names.empty());
   CHECK(names == json::parse(run_python(labels_py, {(s.dir / "cli_d.dcm").string()})));
 
-  // Each case ran once, case_b failed once.
+  // A corrected box file for the series: a new label map and SEG, from the new boxes.
+  const fs::path boxes_d2 = s.dir / "d2.json";
+  write_file(boxes_d2, R"({"boxes": [{"label": 1, "slice": 12, "x0": 8, "y0": 8, "x1": 26, "y1": 24}]})");
+  drop_file(aside, boxes_d2, "", boxes_d);
+  auto inferred_d = [&] {
+    int n = 0;
+    for (const auto& [topic, body] : events.got) n += body["case"] == "case_d" && body["event"] == "inferred";
+    return n;
+  };
+  REQUIRE_MESSAGE(eventually(
+                      [&] {
+                        events.drain(100);
+                        return inferred_d() == 2;
+                      },
+                      90),
+                  d->log_tail());
+  CHECK(torch::equal(
+      auto_box_voxels(out3 / "case_d.nii.gz"),
+      cli_infer("--checkpoint " + shell_quote(sam.string()) + " --input " +
+                    shell_quote((dicom / "case_000").string()) + " --boxes " + shell_quote(boxes_d2.string()),
+                s.dir / "cli_d2.nii.gz")));
+  CHECK_FALSE(
+      torch::equal(auto_box_voxels(s.dir / "cli_d.nii.gz"), auto_box_voxels(s.dir / "cli_d2.nii.gz")));
+
+  // Each case ran once (case_d twice), case_b failed once.
   std::this_thread::sleep_for(std::chrono::seconds(3));  // a rescan (rescan_interval_s: 2)
   events.drain(200);
   std::map<std::string, int> received, failed;
@@ -174,9 +199,10 @@ TEST_CASE("auto_infer runs a box-prompted checkpoint on each arriving case with 
       CHECK(body["prompt_file"] == boxes_d.string());
     if (body["event"] == "failed") ++failed[body["case"].get<std::string>()];
   }
-  CHECK(received == std::map<std::string, int>{{"case_a", 1}, {"case_b", 1}, {"case_c", 1}, {"case_d", 1}});
+  CHECK(received == std::map<std::string, int>{{"case_a", 1}, {"case_b", 1}, {"case_c", 1}, {"case_d", 2}});
   CHECK(failed == std::map<std::string, int>{{"case_b", 1}});
-  CHECK(ok(s.control, {{"cmd", "list"}})["jobs"].size() == 5);  // case_d: NIfTI and SEG
+  CHECK(inferred_d() == 2);
+  CHECK(ok(s.control, {{"cmd", "list"}})["jobs"].size() == 7);  // case_d: NIfTI and SEG, twice
   ok(s.control, {{"cmd", "shutdown"}});
   CHECK(d->wait_exit(60) == 0);
 }
