@@ -78,6 +78,10 @@ commands:
                          a 3D plain_unet as an nnU-Net v2 results folder its predictor runs
   import   --from nnunet RESULTS_DIR/fold_K --out DIR
                          nnU-Net weights and plans as a segflow job, checkpoint and weights
+  import   --from monai MODEL.pt|BUNDLE_DIR --out DIR [--layout monai|segflow]
+           [--spatial-dims 3 --in-channels 1 --out-channels 2 --channels 16,32,.. --strides 2,2,..
+           --num-res-units N --norm batch|instance ...]
+                         MONAI UNet weights (a bundle, or a state dict and its arguments) the same way
   bench    CONFIG [--json] [--seconds S] [--epochs N] [--loaders actors,simple] [--set k=v ...]
                          samples/s of the real data path + trainer vs the compute step alone
   help                   this text

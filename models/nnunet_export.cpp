@@ -11,6 +11,7 @@
 #include "messages/file_util.hpp"
 #include "models/export.hpp"
 #include "models/job_config.hpp"
+#include "models/torch_load.hpp"
 #include "models/trainer.hpp"
 #include "models/unet.hpp"
 #include "models/weights.hpp"
@@ -408,15 +409,8 @@ Result<c10::impl::GenericDict> read_nnunet_checkpoint(const std::filesystem::pat
   std::error_code ec;
   if (!std::filesystem::is_regular_file(p, ec))
     return not_found(p.string() + ": missing (the fold's checkpoint)");
-  std::ifstream in(p, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue v;
-  try {
-    v = torch::jit::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    return corrupt_data(p.string() + ": not a checkpoint torch.load's plain unpickler reads: " +
-                        std::string(e.what()).substr(0, 200));
-  }
+  // read_torch_save, not pickle_load: nnU-Net's own trainer saves OrderedDicts.
+  SEGFLOW_ASSIGN_OR_RETURN(c10::IValue v, read_torch_save(p));
   if (!v.isGenericDict()) return corrupt_data(p.string() + ": expected a dict");
   return v.toGenericDict();
 }
