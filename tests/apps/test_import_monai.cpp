@@ -149,6 +149,8 @@ TEST_CASE("segflow import --from monai refuses what does not fit, writing nothin
   refused((dir / "small.pt").string(), kSmallArgs + std::string(" --norm batch"),
           "tensors the network needs are missing: model.0.conv.unit0.adn.N.weight");
   refused((dir / "small.pt").string(), "--channels 4,8", "spatial_dims: missing");
+  write_text(dir / "junk.pt", "not a zip archive");
+  refused((dir / "junk.pt").string(), kSmallArgs, "junk.pt: not a torch.save zip archive");
   // Bundles: no network_def, another network, a bundle reference, no weights.
   write_text(dir / "nodef" / "configs" / "inference.json", R"({"inferer": {}})");
   refused((dir / "nodef").string(), "", "inference.json: network_def: missing");
