@@ -115,8 +115,13 @@ def main(out):
 def nnunet_trainer(fold_dir):
     import tempfile
 
-    for var in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
-        os.environ.setdefault(var, tempfile.mkdtemp(prefix="nnunet_env_"))
+    with tempfile.TemporaryDirectory(prefix="nnunet_env_") as env:
+        for var in ("nnUNet_raw", "nnUNet_preprocessed", "nnUNet_results"):
+            os.environ[var] = os.path.join(env, var)  # nnunetv2 reads them on import
+        return nnunet_trainer_in_env(fold_dir)
+
+
+def nnunet_trainer_in_env(fold_dir):
     try:
         from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
     except ImportError as e:
