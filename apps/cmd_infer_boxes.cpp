@@ -49,6 +49,9 @@ int infer_folder_with_boxes(const models::BoxInferOptions& base) {
   if (base.output.has_extension() && !fs::is_directory(base.output))
     return fail("infer", invalid_argument("--output " + base.output.string() +
                                           ": a folder input writes into a folder (one file per case)"));
+  // The checkpoint is loaded once for every case (and a bad one fails before any case).
+  auto model = models::load_box_model(base.checkpoint, base.device);
+  if (!model.is_ok()) return fail("infer", model.status());
   fs::create_directories(base.output);
   int failed = 0;
   for (const models::InferCase& c : *cases) {
@@ -66,7 +69,7 @@ int infer_folder_with_boxes(const models::BoxInferOptions& base) {
       o.input = c.channels.front();
       const bool seg = base.format == "seg" || (base.format.empty() && c.dicom);
       o.output = base.output / (c.id + (seg ? ".dcm" : ".nii.gz"));
-      auto r = models::run_box_inference(o);
+      auto r = models::run_box_inference(o, **model);
       if (r.is_ok()) {
         std::cout << result_line(*r).dump() << '\n' << std::flush;
         continue;

@@ -391,21 +391,43 @@ Result<BoxLabelMap> propagate_boxes(const std::vector<SliceBox>& seeds, const Si
   return m;
 }
 
+Result<std::unique_ptr<Trainer>> load_box_model(const std::filesystem::path& checkpoint,
+                                                const std::string& device) {
+  if (checkpoint.empty()) return invalid_argument("--checkpoint: required");
+  SEGFLOW_ASSIGN_OR_RETURN(auto trainer, load_for_inference(checkpoint, device));
+  const ModelInfo& info = trainer->model().info();
+  if (!info.needs_box)
+    return invalid_argument(checkpoint.string() +
+                            ": --boxes/--boxes-from/--propagate: expected a box-prompted (sam) "
+                            "checkpoint, got a '" +
+                            info.name + "' model, which takes no boxes");
+  return trainer;
+}
+
 Result<BoxInferResult> run_box_inference(const BoxInferOptions& o) {
   using namespace box_infer_detail;
   try {
-    const auto t0 = std::chrono::steady_clock::now();
     if (o.checkpoint.empty()) return invalid_argument("--checkpoint: required");
+    const bool dicom = is_dicom(o.input);
+    SEGFLOW_RETURN_IF_ERROR(
+        box_infer_detail::check_options(o, box_infer_detail::output_file(o, dicom), dicom));
+    SEGFLOW_ASSIGN_OR_RETURN(auto trainer, load_box_model(o.checkpoint, o.device));
+    return run_box_inference(o, *trainer);
+  } catch (const c10::Error& e) {
+    return internal_error(o.input.string() + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return internal_error(o.input.string() + ": " + e.what());
+  }
+}
+
+Result<BoxInferResult> run_box_inference(const BoxInferOptions& o, Trainer& model) {
+  using namespace box_infer_detail;
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
     const bool dicom = is_dicom(o.input);
     const fs::path out = output_file(o, dicom);
     SEGFLOW_RETURN_IF_ERROR(check_options(o, out, dicom));
-    SEGFLOW_ASSIGN_OR_RETURN(auto trainer, load_for_inference(o.checkpoint, o.device));
-    const ModelInfo& info = trainer->model().info();
-    if (!info.needs_box)
-      return invalid_argument(o.checkpoint.string() +
-                              ": --boxes/--boxes-from/--propagate: expected a box-prompted (sam) "
-                              "checkpoint, got a '" +
-                              info.name + "' model, which takes no boxes");
+    Trainer* trainer = &model;
     const std::vector<std::string> names =
         o.class_names.empty() ? job_class_names(trainer->config()) : o.class_names;
     SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image input, pipeline::read_image(o.input));

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -121,8 +122,17 @@ Result<BoxLabelMap> segment_boxes(const std::vector<SliceBox>& boxes, const Size
 Result<BoxLabelMap> propagate_boxes(const std::vector<SliceBox>& seeds, const Size3& size,
                                     std::int64_t margin, const SliceSegmenter& segment);
 
+/// Loads a box-prompted checkpoint for inference on `device`; errors for a model that takes
+/// no boxes.
+Result<std::unique_ptr<Trainer>> load_box_model(const std::filesystem::path& checkpoint,
+                                                const std::string& device);
+
 /// Runs box-prompted inference on one scan and writes the label map (NIfTI or DICOM SEG).
 /// Everything is checked before anything is written.
 Result<BoxInferResult> run_box_inference(const BoxInferOptions& options);
+
+/// The same with `model` loaded once by load_box_model (a folder of scans); options.checkpoint
+/// and options.device are not read again.
+Result<BoxInferResult> run_box_inference(const BoxInferOptions& options, Trainer& model);
 
 }  // namespace segflow::models

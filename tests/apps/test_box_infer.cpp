@@ -544,6 +544,18 @@ TEST_CASE("a folder of scans takes a folder of prompts case by case; --amp bf16 
   REQUIRE(fs::exists(dir.path() / "outb" / "a.nii.gz"));
   CHECK(
       torch::equal(box_voxels(dir.path() / "outb" / "a.nii.gz"), box_voxels(dir.path() / "one_box.nii.gz")));
+  // The checkpoint is loaded once for the folder: a missing one fails the run once, before any case.
+  const fs::path missing = dir.path() / "missing.pt";
+  auto no_ckpt =
+      run_segflow("infer --checkpoint " + bq(missing) + " --device cpu --input " + bq(dir.path() / "scans") +
+                      " --boxes-from " + bq(dir.path() / "labels") + " --output " + bq(dir.path() / "outm"),
+                  dir.path());
+  CHECK(no_ckpt.exit_code != 0);
+  const std::size_t first = no_ckpt.err.find(missing.string());
+  CHECK_MESSAGE(first != std::string::npos, no_ckpt.err);
+  CHECK_MESSAGE(no_ckpt.err.find(missing.string(), first + 1) == std::string::npos, no_ckpt.err);
+  CHECK(no_ckpt.out.empty());
+  CHECK_FALSE(fs::exists(dir.path() / "outm"));
   auto not_folder = infer("--input " + bq(dir.path() / "scans") + " --boxes-from " + bq(label) +
                           " --output " + bq(dir.path() / "outx"));
   CHECK(not_folder.exit_code == 2);
