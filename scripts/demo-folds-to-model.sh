@@ -7,13 +7,16 @@
 #
 # usage: scripts/demo-folds-to-model.sh [WORK_DIR]      (default: /tmp/segflow-demo; emptied first)
 # env:   SEGFLOW (default build/apps/segflow), CASES (9), FOLDS (3), EPOCHS (40),
-#        CONFIGURATIONS ("3d_fullres 2d"), THREADS (OMP_NUM_THREADS, default 2),
+#        CONFIGURATIONS ("3d_fullres 2d"): plan configurations, or NAME=JOB.yaml for a
+#          hand-written recipe trained on the same data (data.root set to WORK_DIR/data), e.g.
+#          "quickstart=configs/quickstart-unet3d.yaml nnunet=configs/nnunet-like-3d.yaml";
+#        SIZE (32: the synthetic cases' edge), THREADS (OMP_NUM_THREADS, default 2),
 #        START_AT=7 (reuse WORK_DIR's trained runs, cv and selection; redo package and infer)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 segflow="${SEGFLOW:-$here/build/apps/segflow}"
 work="${1:-/tmp/segflow-demo}"
-cases="${CASES:-9}" folds="${FOLDS:-3}" epochs="${EPOCHS:-40}"
+cases="${CASES:-9}" folds="${FOLDS:-3}" epochs="${EPOCHS:-40}" size="${SIZE:-32}"
 read -r -a configs <<<"${CONFIGURATIONS:-3d_fullres 2d}"
 export OMP_NUM_THREADS="${THREADS:-2}"
 py="$here/.venv/bin/python"
@@ -28,14 +31,24 @@ else
   rm -rf "$work" && mkdir -p "$work" && cd "$work"
 
   step "1. a dataset: $cases synthetic CT-like cases with 4 organs" \
-    "$segflow" synth --out data --cases "$cases" --size 32 --format nifti --seed 4
-  step "2. plan: nnU-Net's rules, two configurations" \
-    "$segflow" plan data --configurations "$(IFS=,; echo "${configs[*]}")" --device cpu
+    "$segflow" synth --out data --cases "$cases" --size "$size" --format nifti --seed 4
+  planned=()
+  for c in "${configs[@]}"; do [[ "$c" == *=* ]] || planned+=("$c"); done
+  if [ "${#planned[@]}" -gt 0 ]; then
+    step "2. plan: nnU-Net's rules, ${#planned[@]} configuration(s)" \
+      "$segflow" plan data --configurations "$(IFS=,; echo "${planned[*]}")" --device cpu
+  fi
 
   summaries=()
-  for c in "${configs[@]}"; do
+  for entry in "${configs[@]}"; do
+    c="${entry%%=*}" job="data/.segflow-plans/$entry.yaml" extra=()
+    if [[ "$entry" == *=* ]]; then  # a recipe of the user's: on the demo's data, under the demo's name
+      job="${entry#*=}"
+      [[ "$job" == /* ]] || job="$here/$job"
+      extra=(--set "data.root=$work/data" --set "name=data-$c")
+    fi
     step "3. train $c: $folds folds of $epochs epochs, out-of-fold predictions and probabilities saved" \
-      "$segflow" train "data/.segflow-plans/$c.yaml" --fold all --quiet \
+      "$segflow" train "$job" "${extra[@]}" --fold all --quiet \
       --set "data.folds=$folds" --set "train.epochs=$epochs" --set "train.val_interval=$epochs" \
       --set "train.checkpoint_interval=$epochs" --set validation.save_probabilities=true \
       --set "output.runs_dir=runs-$c"
