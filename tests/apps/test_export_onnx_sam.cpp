@@ -38,7 +38,9 @@ std::string sam_onnx_tiny(const std::string& extra) {
 }
 
 /// A SAM job around `model` (CT window, medsam_box; built here, not trained).
-std::string sam_onnx_job(const fs::path& dir, const std::string& model) {
+/// `longest_side`: medsam_box at the slice's own size, then resize_longest_side to 32 with
+/// padding (LiteMedSAM's recipe) instead of medsam_box's plain resize to 32.
+std::string sam_onnx_job(const fs::path& dir, const std::string& model, bool longest_side = false) {
   st::JobYaml job;
   job.name = "sam-onnx";
   job.seed = "5";
@@ -46,7 +48,9 @@ std::string sam_onnx_job(const fs::path& dir, const std::string& model) {
   job.synth = "{cases: 2, size: 32, format: nifti, seed: 9}";
   job.num_classes = "2";
   job.stages = {st::kLoadStage, st::kCtWindowStage,
-                st::stage("medsam_box", "{image_size: 32, bbox_shift: 2, num_samples: 2}")};
+                st::stage("medsam_box", longest_side ? "{image_size: 0, bbox_shift: 2, num_samples: 2}"
+                                                     : "{image_size: 32, bbox_shift: 2, num_samples: 2}")};
+  if (longest_side) job.stages.push_back(st::stage("resize_longest_side", "{size: 32}"));
   job.model = model;
   job.loss = "{name: dice_bce, sigmoid: true, to_onehot_y: false}";
   job.optimizer = "{name: adamw, lr: 0.001}";
@@ -190,36 +194,79 @@ TEST_CASE("segflow's SAM ONNX export at the vit_b preset (1024 x 1024; manual: S
   sam_onnx_check_rows(results, 1e-4, 1e-4);
 }
 
-TEST_CASE(
-    "segflow export --to onnx of a SAM checkpoint: its manifest drives onnxruntime to segflow infer "
-    "--boxes' masks") {
-  st::TempDir dir("export_onnx_sam_infer");
-  const std::string bin = st::shell_quote(st::segflow_bin());
-  auto s = st::run_command(bin + " synth --cases 1 --size 32 --format nifti --seed 9 --out " +
-                           st::shell_quote(dir / "data") + " 2>&1");
-  REQUIRE_MESSAGE(s.exit_code == 0, s.out);
-  REQUIRE_OK_AND_ASSIGN(
-      auto cfg,
-      models::parse_job_config(sam_onnx_job(dir.path(), sam_onnx_tiny(", depth: 2, iou_head: true, "
-                                                                      "use_rel_pos: true, window_size: 3, "
-                                                                      "global_attn_indexes: [1]")),
-                               "job.yaml"));
+namespace {
+
+/// A seeded, untrained SAM checkpoint of `job` at dir/<name>.pt, exported by the CLI to
+/// dir/out/<name>.onnx; the manifest's JSON (the printed line checked).
+json sam_onnx_cli_export(const fs::path& dir, const std::string& name, const std::string& job) {
+  REQUIRE_OK_AND_ASSIGN(auto cfg, models::parse_job_config(job, "job.yaml"));
   torch::manual_seed(7);
   REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
-  const fs::path ckpt = dir / "sam.pt";
-  REQUIRE_OK(t->save_checkpoint(ckpt));
-  const fs::path out = dir / "out" / "sam.onnx";
+  REQUIRE_OK(t->save_checkpoint(dir / (name + ".pt")));
+  const fs::path out = dir / "out" / (name + ".onnx");
   fs::create_directories(out.parent_path());
-  auto r = st::run_command(bin + " export --checkpoint " + st::shell_quote(ckpt) + " --to onnx " +
-                           st::shell_quote(out) + " 2>&1");
+  auto r =
+      st::run_command(st::shell_quote(st::segflow_bin()) + " export --checkpoint " +
+                      st::shell_quote(dir / (name + ".pt")) + " --to onnx " + st::shell_quote(out) + " 2>&1");
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   const json printed = json::parse(r.out.substr(r.out.rfind('{')));
   CHECK(printed["family"] == "sam");
   REQUIRE(printed["onnx"].size() == 2);
-  CHECK(printed["onnx"][0] == (dir / "out" / "sam.encoder.onnx").string());
-  CHECK(printed["onnx"][1] == (dir / "out" / "sam.decoder.onnx").string());
+  CHECK(printed["onnx"][0] == (dir / "out" / (name + ".encoder.onnx")).string());
+  CHECK(printed["onnx"][1] == (dir / "out" / (name + ".decoder.onnx")).string());
   CHECK_FALSE(fs::exists(out));
-  const json m = json::parse(st::read_file(dir / "out" / "sam.manifest.json"));
+  return json::parse(st::read_file(dir / "out" / (name + ".manifest.json")));
+}
+
+struct SamOnnxInput {
+  fs::path image;
+  std::vector<std::array<double, 6>> boxes;  ///< label, slice, x0, y0, x1, y1 (voxels)
+};
+
+/// `segflow infer --boxes` with dir/<name>.pt on each input against sam_onnx_check.py infer
+/// driven by dir/out/<name>.manifest.json: > 99.9% of the voxels equal.
+void sam_onnx_compare_infer(const fs::path& dir, const std::string& name,
+                            const std::vector<SamOnnxInput>& inputs) {
+  for (const SamOnnxInput& in : inputs) {
+    CAPTURE(in.image);
+    const std::string stem = name + "_" + in.image.stem().stem().string();
+    const fs::path boxes = dir / (stem + "_boxes.json"), seg = dir / (stem + "_seg.nii.gz");
+    st::write_file(boxes, sam_onnx_boxes_json(in.boxes));
+    auto inf = st::run_command(st::shell_quote(st::segflow_bin()) + " infer --checkpoint " +
+                               st::shell_quote(dir / (name + ".pt")) + " --input " +
+                               st::shell_quote(in.image) + " --output " + st::shell_quote(seg) + " --boxes " +
+                               st::shell_quote(boxes) + " --device cpu --quiet 2>&1");
+    REQUIRE_MESSAGE(inf.exit_code == 0, inf.out);
+    const json j =
+        sam_onnx_check("infer " + st::shell_quote(dir / "out" / (name + ".manifest.json")) + " " +
+                       st::shell_quote(in.image) + " " + st::shell_quote(boxes) + " " + st::shell_quote(seg));
+    MESSAGE(stem << ": onnxruntime + manifest vs segflow infer --boxes: " << j.dump());
+    CHECK(j["segflow_foreground"].get<int64_t>() > 0);
+    CHECK(j["box_agreement"].get<double>() > 0.999);
+    CHECK(j["agreement"].get<double>() > 0.999);
+  }
+}
+
+/// The real CT (122 x 101 x 30: slices neither square nor of the model's size) with two boxes.
+SamOnnxInput sam_onnx_real_input() {
+  return {st::testdata_path("totalsegmentator/example_ct_sm.nii.gz"),
+          {{1, 15, 20, 15, 90, 80}, {1, 12, 50, 30, 110, 95}}};
+}
+
+}  // namespace
+
+TEST_CASE(
+    "segflow export --to onnx of a SAM checkpoint: its manifest drives onnxruntime to segflow infer "
+    "--boxes' masks") {
+  st::TempDir dir("export_onnx_sam_infer");
+  auto s = st::run_command(st::shell_quote(st::segflow_bin()) +
+                           " synth --cases 1 --size 32 --format nifti --seed 9 --out " +
+                           st::shell_quote(dir / "data") + " 2>&1");
+  REQUIRE_MESSAGE(s.exit_code == 0, s.out);
+  const json m = sam_onnx_cli_export(
+      dir.path(), "sam",
+      sam_onnx_job(dir.path(), sam_onnx_tiny(", depth: 2, iou_head: true, use_rel_pos: true, window_size: 3, "
+                                             "global_attn_indexes: [1]")));
   CHECK(m["model"]["image_size"] == 32);
   CHECK(m["model"]["encoder"]["file"] == "sam.encoder.onnx");
   CHECK(m["model"]["decoder"]["outputs"].size() == 2);  // low_res_masks, iou_predictions
@@ -228,36 +275,22 @@ TEST_CASE(
   CHECK(m["preprocessing"]["slice"]["resize_longest_side"] == 0);
   REQUIRE(m["preprocessing"]["stages"].size() == 2);  // load, the CT window: before medsam_box
   CHECK(m["preprocessing"]["stages"][1]["name"] == "scale_intensity_range");
-
-  // A synthetic case at the model's size and real CT (122 x 101 slices, resized to 32 x 32).
-  struct Input {
-    fs::path image;
-    std::vector<std::array<double, 6>> boxes;
-  };
-  const std::vector<Input> inputs = {
-      {dir / "data" / "imagesTr" / "case_000_0000.nii.gz", {{1, 10, 4, 6, 20, 22}, {2, 10, 12, 10, 28, 30}}},
-      {st::testdata_path("totalsegmentator/example_ct_sm.nii.gz"),
-       {{1, 15, 20, 15, 90, 80}, {1, 12, 50, 30, 110, 95}}},
-  };
-  for (const Input& in : inputs) {
-    CAPTURE(in.image);
-    const fs::path boxes = dir / (in.image.stem().stem().string() + "_boxes.json");
-    const fs::path seg = dir / (in.image.stem().stem().string() + "_seg.nii.gz");
-    st::write_file(boxes, sam_onnx_boxes_json(in.boxes));
-    auto inf = st::run_command(bin + " infer --checkpoint " + st::shell_quote(ckpt) + " --input " +
-                               st::shell_quote(in.image) + " --output " + st::shell_quote(seg) + " --boxes " +
-                               st::shell_quote(boxes) + " --device cpu --quiet 2>&1");
-    REQUIRE_MESSAGE(inf.exit_code == 0, inf.out);
-    const json j =
-        sam_onnx_check("infer " + st::shell_quote(dir / "out" / "sam.manifest.json") + " " +
-                       st::shell_quote(in.image) + " " + st::shell_quote(boxes) + " " + st::shell_quote(seg));
-    MESSAGE(in.image.filename().string()
-            << ": onnxruntime + manifest vs segflow infer --boxes: " << j.dump());
-    CHECK(j["segflow_foreground"].get<int64_t>() > 0);
-    CHECK(j["box_agreement"].get<double>() > 0.999);
-    CHECK(j["agreement"].get<double>() > 0.999);
-  }
+  // A synthetic case at the model's size (two overlapping boxes on one slice) and real CT.
+  sam_onnx_compare_infer(
+      dir.path(), "sam",
+      {{dir / "data" / "imagesTr" / "case_000_0000.nii.gz", {{1, 10, 4, 6, 20, 22}, {2, 10, 12, 10, 28, 30}}},
+       sam_onnx_real_input()});
   CHECK_FALSE(st::has_temporaries(dir / "out"));
+}
+
+TEST_CASE(
+    "segflow export --to onnx of a SAM trained through resize_longest_side: the manifest's resize, pad and "
+    "crop give segflow infer --boxes' masks") {
+  st::TempDir dir("export_onnx_sam_longest");
+  const json m =
+      sam_onnx_cli_export(dir.path(), "lite", sam_onnx_job(dir.path(), sam_onnx_tiny(", depth: 1"), true));
+  CHECK(m["preprocessing"]["slice"]["resize_longest_side"] == 32);
+  sam_onnx_compare_infer(dir.path(), "lite", {sam_onnx_real_input()});
 }
 
 TEST_CASE("segflow export --to onnx of a SAM: bad input is named and leaves nothing behind") {
