@@ -48,62 +48,53 @@ Result<json> export_checkpoint(const fs::path& checkpoint, const fs::path& out,
   return manifest;
 }
 
-/// Every member of a package into the new folder `out`: <i>-<run>.onnx + manifests, and
-/// ensemble.json with how the members combine (mean of probabilities), the TTA and the
-/// package's postprocessing. Written in "<out>.partial" and renamed.
-Status export_package(const fs::path& dir, const fs::path& out, const models::OnnxExportOptions& eo) {
-  SEGFLOW_ASSIGN_OR_RETURN(models::ModelPackage package, models::read_model_package(dir));
-  if (fs::exists(out))
-    return invalid_argument(out.string() + ": already exists (a package exports into a new folder)");
-  const fs::path partial = out.string() + ".partial";
-  fs::remove_all(partial);
-  fs::create_directories(partial);
+/// Every member of `package` as <i>-<run>.onnx + manifest into `folder`; their entries for
+/// ensemble.json.
+Result<json> export_members(const models::ModelPackage& package, const fs::path& dir, const fs::path& folder,
+                            const models::OnnxExportOptions& eo) {
   json members = json::array();
   for (std::size_t i = 0; i < package.members.size(); ++i) {
     const auto& m = package.members[i];
     const std::string stem = std::to_string(i) + "-" + m.run;
-    auto r = export_checkpoint(package.dir / m.checkpoint, partial / (stem + ".onnx"), eo);
-    if (!r.is_ok()) {
-      fs::remove_all(partial);
-      return r.status().with_context(dir.string() + ": member " + std::to_string(i));
-    }
-    if ((*r)["model"]["family"] == "sam") {  // two graphs and box prompts: no ensemble of them
-      fs::remove_all(partial);
+    auto r = export_checkpoint(package.dir / m.checkpoint, folder / (stem + ".onnx"), eo);
+    if (!r.is_ok()) return r.status().with_context(dir.string() + ": member " + std::to_string(i));
+    if ((*r)["model"]["family"] == "sam")  // two graphs and box prompts: no ensemble of them
       return unsupported(dir.string() + ": member " + std::to_string(i) +
                          ": a box-prompted sam; export its checkpoint with --checkpoint instead");
-    }
     members.push_back(
         {{"onnx", stem + ".onnx"}, {"manifest", stem + ".manifest.json"}, {"run", m.run}, {"fold", m.fold}});
   }
-  const json& pm = package.manifest;
-  const json ensemble = {{"format", "segflow-onnx-ensemble"},
-                         {"version", 1},
-                         {"package", fs::absolute(dir).string()},
-                         {"members", members},
-                         {"combine",
-                          "mean of the members' probabilities on the first member's preprocessed grid, "
-                          "then argmax (as segflow infer --model)"},
-                         {"tta", pm.value("tta", json("none"))},
-                         {"classes", package.class_names},
-                         {"postprocessing", pm.value("postprocessing", json())}};
-  if (Status st = write_file_atomically(partial / "ensemble.json", ensemble.dump(2) + '\n'); !st.is_ok()) {
-    fs::remove_all(partial);
-    return st;
-  }
-  std::error_code ec;
-  if (package.postprocessing && pm.value("postprocessing", json()).is_string())
-    fs::copy_file(package.dir / pm["postprocessing"].get<std::string>(),
-                  partial / pm["postprocessing"].get<std::string>(), ec);
-  if (ec) {
-    fs::remove_all(partial);
-    return io_error(dir.string() + ": cannot copy its postprocessing plan: " + ec.message());
-  }
-  fs::rename(partial, out, ec);
-  if (ec) {
-    fs::remove_all(partial);
-    return io_error(out.string() + ": cannot rename " + partial.string() + " into place: " + ec.message());
-  }
-  return Status::ok();
+  return members;
+}
+
+/// Every member of a package into the new folder `out`: <i>-<run>.onnx + manifests, and
+/// ensemble.json with how the members combine (mean of probabilities), the TTA and the
+/// package's postprocessing. Written in a temporary folder and renamed (write_folder_atomically).
+Status export_package(const fs::path& dir, const fs::path& out, const models::OnnxExportOptions& eo) {
+  SEGFLOW_ASSIGN_OR_RETURN(models::ModelPackage package, models::read_model_package(dir));
+  if (fs::exists(out))
+    return invalid_argument(out.string() + ": already exists (a package exports into a new folder)");
+  return write_folder_atomically(out, [&](const fs::path& folder) -> Status {
+    SEGFLOW_ASSIGN_OR_RETURN(json members, export_members(package, dir, folder, eo));
+    const json& pm = package.manifest;
+    const json ensemble = {{"format", "segflow-onnx-ensemble"},
+                           {"version", 1},
+                           {"package", fs::absolute(dir).string()},
+                           {"members", members},
+                           {"combine",
+                            "mean of the members' probabilities on the first member's preprocessed grid, "
+                            "then argmax (as segflow infer --model)"},
+                           {"tta", pm.value("tta", json("none"))},
+                           {"classes", package.class_names},
+                           {"postprocessing", pm.value("postprocessing", json())}};
+    SEGFLOW_RETURN_IF_ERROR(write_file_atomically(folder / "ensemble.json", ensemble.dump(2) + '\n'));
+    std::error_code ec;
+    if (package.postprocessing && pm.value("postprocessing", json()).is_string())
+      fs::copy_file(package.dir / pm["postprocessing"].get<std::string>(),
+                    folder / pm["postprocessing"].get<std::string>(), ec);
+    if (ec) return io_error(dir.string() + ": cannot copy its postprocessing plan: " + ec.message());
+    return Status::ok();
+  });
 }
 
 }  // namespace

@@ -42,6 +42,32 @@ Status replace_file_atomically(const fs::path& file,
   return Status::ok();
 }
 
+Status write_folder_atomically(const fs::path& folder,
+                               const std::function<Status(const fs::path& tmp)>& fill) {
+  std::error_code ec;
+  if (folder.has_parent_path()) fs::create_directories(folder.parent_path(), ec);
+  const fs::path tmp = temp_path_for(folder);
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directories(tmp, ec))
+    return io_error(tmp.string() + ": cannot create the folder: " + (ec ? ec.message() : "it exists"));
+  Status st;
+  try {
+    st = fill(tmp);
+  } catch (const std::exception& e) {
+    st = io_error(folder.string() + ": writing failed: " + e.what());
+  }
+  if (st.is_ok()) {
+    fs::rename(tmp, folder, ec);
+    if (ec)
+      st = io_error(folder.string() + ": cannot rename " + tmp.string() + " into place: " + ec.message());
+  }
+  if (!st.is_ok()) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+  }
+  return st;
+}
+
 Status write_file_atomically(const fs::path& file, std::string_view bytes) {
   return replace_file_atomically(file, [&](const fs::path& tmp) -> Status {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

@@ -28,6 +28,13 @@ Status write_file_atomically(const std::filesystem::path& file, std::string_view
 Status replace_file_atomically(const std::filesystem::path& file,
                                const std::function<Status(const std::filesystem::path& tmp)>& write);
 
+/// The same for a folder: `fill` writes into a fresh temporary folder next to `folder`
+/// (temp_path_for); on success it is renamed onto `folder` (which must not exist, or be an
+/// empty folder), on failure (or an exception) it is removed with everything in it and the
+/// error returned. Readers never see a half-written folder, and nothing is left behind.
+Status write_folder_atomically(const std::filesystem::path& folder,
+                               const std::function<Status(const std::filesystem::path& tmp)>& fill);
+
 /// An exclusive advisory lock (flock) on a lock file, held until destruction. For making
 /// something once when several processes may try at the same time (a synthesised dataset,
 /// a cache entry, a run folder): take the lock, check whether it exists, make it if not.

@@ -1,7 +1,5 @@
 #include "models/model_package.hpp"
 
-#include <unistd.h>
-
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -412,22 +410,8 @@ Result<ModelPackage> write_model_package(const PackageOptions& o) {
     SEGFLOW_RETURN_IF_ERROR(check_postprocessing(*plan, o.postprocessing, cs.front().classes));
   }
   json manifest = manifest_of(cs, o, src, plan);
-  const fs::path parent = o.out.has_parent_path() ? o.out.parent_path() : fs::path(".");
-  fs::create_directories(parent, ec);
-  const fs::path tmp = parent / (o.out.filename().string() + ".partial-" + std::to_string(::getpid()));
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return io_error(tmp.string() + ": cannot create the folder: " + ec.message());
-  Status st = fill_package(tmp, manifest, cs, o.postprocessing);
-  if (st.is_ok()) {
-    fs::rename(tmp, o.out, ec);
-    if (ec)
-      st = io_error(o.out.string() + ": cannot rename " + tmp.string() + " into place: " + ec.message());
-  }
-  if (!st.is_ok()) {
-    fs::remove_all(tmp, ec);
-    return st;
-  }
+  SEGFLOW_RETURN_IF_ERROR(write_folder_atomically(
+      o.out, [&](const fs::path& tmp) { return fill_package(tmp, manifest, cs, o.postprocessing); }));
   if (o.note) o.note("wrote " + o.out.string() + " (" + std::to_string(cs.size()) + " member(s))");
   return read_model_package(o.out, false);
 }

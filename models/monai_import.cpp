@@ -307,22 +307,13 @@ Status copy_monai_weights(torch::nn::Module& module, const json& model,
 
 Status write_monai_import(const fs::path& out, const std::string& yaml, Trainer& trainer,
                           const MonaiImport& r) {
-  std::error_code ec;
-  const fs::path tmp = temp_path_for(out);
-  auto write = [&]() -> Status {
-    if (!fs::create_directories(tmp, ec)) return io_error(tmp.string() + ": cannot create: " + ec.message());
+  return write_folder_atomically(out, [&](const fs::path& tmp) -> Status {
     SEGFLOW_RETURN_IF_ERROR(write_file_atomically(tmp / "job.yaml", yaml));
     SEGFLOW_RETURN_IF_ERROR(trainer.save_checkpoint(tmp / "model.pt"));
     SEGFLOW_RETURN_IF_ERROR(
         write_tensor_archive(tmp / "weights.sfta", named_tensors(trainer.model().module())));
-    SEGFLOW_RETURN_IF_ERROR(write_file_atomically(tmp / "import.json", r.to_json().dump(2) + "\n"));
-    fs::rename(tmp, out, ec);
-    if (ec) return io_error(out.string() + ": cannot rename " + tmp.string() + " onto it: " + ec.message());
-    return Status::ok();
-  };
-  Status st = write();
-  if (!st.is_ok()) fs::remove_all(tmp, ec);
-  return st;
+    return write_file_atomically(tmp / "import.json", r.to_json().dump(2) + "\n");
+  });
 }
 
 }  // namespace

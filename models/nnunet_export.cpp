@@ -281,23 +281,15 @@ Status write_nnunet_results(const NnunetResults& results, const std::filesystem:
   std::error_code ec;
   if (fs::exists(out, ec))
     return invalid_argument(out.string() + ": exists; expected a new results folder (nothing was written)");
-  const fs::path tmp = temp_path_for(out);
-  auto write = [&]() -> Status {
+  return write_folder_atomically(out, [&](const fs::path& tmp) -> Status {
     const fs::path fold = tmp / ("fold_" + std::to_string(results.fold));
     if (!fs::create_directories(fold, ec))
       return io_error(fold.string() + ": cannot create: " + ec.message());
     SEGFLOW_RETURN_IF_ERROR(write_file_atomically(tmp / "dataset.json", results.dataset.dump(2) + '\n'));
     SEGFLOW_RETURN_IF_ERROR(write_file_atomically(tmp / "plans.json", results.plans.dump(2) + '\n'));
     const std::vector<char> bytes = torch_save_bytes(results.checkpoint);
-    SEGFLOW_RETURN_IF_ERROR(
-        write_file_atomically(fold / "checkpoint_final.pth", std::string_view(bytes.data(), bytes.size())));
-    fs::rename(tmp, out, ec);
-    if (ec) return io_error(out.string() + ": cannot rename " + tmp.string() + " onto it: " + ec.message());
-    return Status::ok();
-  };
-  Status st = write();
-  if (!st.is_ok()) fs::remove_all(tmp, ec);
-  return st;
+    return write_file_atomically(fold / "checkpoint_final.pth", std::string_view(bytes.data(), bytes.size()));
+  });
 }
 
 }  // namespace segflow::models
@@ -469,24 +461,14 @@ Result<std::filesystem::path> import_nnunet(const std::filesystem::path& fold_di
   auto& module = trainer->model().module();
   for (auto& p : module.named_parameters()) SEGFLOW_RETURN_IF_ERROR(copy(p.key(), p.value()));
   for (auto& b : module.named_buffers()) SEGFLOW_RETURN_IF_ERROR(copy(b.key(), b.value()));
-  const fs::path tmp = temp_path_for(out);
-  auto write = [&]() -> Status {
-    if (!fs::create_directories(tmp, ec)) return io_error(tmp.string() + ": cannot create: " + ec.message());
+  SEGFLOW_RETURN_IF_ERROR(write_folder_atomically(out, [&](const fs::path& tmp) -> Status {
     SEGFLOW_RETURN_IF_ERROR(write_file_atomically(tmp / "job.yaml", yaml));
     SEGFLOW_RETURN_IF_ERROR(trainer->save_checkpoint(tmp / "model.pt"));
     TensorMap tensors;  // segflow names, for model.weights (fine-tuning)
     for (const auto& p : module.named_parameters()) tensors[p.key()] = p.value().detach();
     for (const auto& b : module.named_buffers()) tensors[b.key()] = b.value().detach();
-    SEGFLOW_RETURN_IF_ERROR(write_tensor_archive(tmp / "weights.sfta", tensors));
-    fs::rename(tmp, out, ec);
-    if (ec) return io_error(out.string() + ": cannot rename " + tmp.string() + " onto it: " + ec.message());
-    return Status::ok();
-  };
-  Status st = write();
-  if (!st.is_ok()) {
-    fs::remove_all(tmp, ec);
-    return st;
-  }
+    return write_tensor_archive(tmp / "weights.sfta", tensors);
+  }));
   return out / "model.pt";
 }
 

@@ -104,6 +104,55 @@ TEST_CASE("a failed replace leaves the old file untouched, removes its temporary
   CHECK_FALSE(has_temporaries(dir.path()));
 }
 
+TEST_CASE("write_folder_atomically renames a filled folder into place, and removes a failed one whole") {
+  TempDir dir("atomic_folder");
+  const fs::path out = dir / "nested" / "model";  // missing parents are made
+  fs::path seen;
+  REQUIRE_OK(segflow::write_folder_atomically(out, [&](const fs::path& tmp) -> Status {
+    seen = tmp;
+    CHECK(fs::is_directory(tmp));
+    CHECK(fs::is_empty(tmp));
+    CHECK(tmp.parent_path() == out.parent_path());  // beside the target: the rename is atomic
+    CHECK_FALSE(fs::exists(out));                   // nothing visible while it is filled
+    fs::create_directories(tmp / "fold_0");
+    write_file(tmp / "fold_0" / "checkpoint.pth", "weights");
+    write_file(tmp / "plans.json", "{}");
+    return Status::ok();
+  }));
+  CHECK(read_file(out / "fold_0" / "checkpoint.pth") == "weights");
+  CHECK(read_file(out / "plans.json") == "{}");
+  CHECK_FALSE(fs::exists(seen));
+  CHECK_FALSE(has_temporaries(out.parent_path()));
+
+  // A filler that fails half way, or throws: nothing of it is left, the error comes back.
+  const fs::path other = dir / "other";
+  const Status st = segflow::write_folder_atomically(other, [&](const fs::path& tmp) {
+    fs::create_directories(tmp / "a" / "b");
+    write_file(tmp / "a" / "b" / "half", "x");
+    return segflow::invalid_argument("plans.json: missing");
+  });
+  CHECK(st.code() == ErrorCode::invalid_argument);
+  CHECK(st.message() == "plans.json: missing");
+  const Status thrown = segflow::write_folder_atomically(other, [&](const fs::path& tmp) -> Status {
+    write_file(tmp / "half", "x");
+    throw std::runtime_error("serializer exploded");
+  });
+  CHECK(thrown.code() == ErrorCode::io_error);
+  CHECK(thrown.message() == other.string() + ": writing failed: serializer exploded");
+  CHECK_FALSE(fs::exists(other));
+  CHECK_FALSE(has_temporaries(dir.path()));
+
+  // A target that exists and holds something is not replaced: the new folder is removed.
+  const Status taken = segflow::write_folder_atomically(out, [&](const fs::path& tmp) {
+    write_file(tmp / "plans.json", "new");
+    return Status::ok();
+  });
+  CHECK(taken.code() == ErrorCode::io_error);
+  CHECK(contains(taken.message(), "cannot rename"));
+  CHECK(read_file(out / "plans.json") == "{}");
+  CHECK_FALSE(has_temporaries(out.parent_path()));
+}
+
 TEST_CASE("writing a file into a missing folder is an io_error naming the file") {
   TempDir dir("atomic_missing");
   const fs::path f = dir / "no_such_folder" / "metrics.json";
