@@ -454,24 +454,51 @@ Result<std::pair<json, int64_t>> sam_box_stages(const JobConfig& cfg) {
 
 }  // namespace
 
+namespace {
+
+json sam_tensor(const std::string& name, json shape) {
+  return {{"name", name}, {"shape", std::move(shape)}, {"dtype", "float32"}};
+}
+
+/// The manifest's "model": the two files with their inputs and outputs.
+json sam_model_json(const SamOptions& o, const fs::path& onnx_file, const OnnxExportOptions& eo, bool iou) {
+  const int64_t S = o.image_encoder.img_size, e = S / o.image_encoder.patch_size,
+                D = o.image_encoder.out_chans;
+  const std::vector<fs::path> files = sam_onnx_files(onnx_file);
+  const json embeddings = sam_tensor("image_embeddings", {"batch", D, e, e});
+  json outputs = {sam_tensor("low_res_masks", {"batch", 1, 4 * e, 4 * e})};
+  if (iou) outputs.push_back(sam_tensor("iou_predictions", {"batch", 1}));
+  return {{"family", "sam"},
+          {"opset", eo.opset},
+          {"weights", eo.fp16_weights ? "float16" : "float32"},
+          {"spatial_dims", 2},
+          {"image_size", S},
+          {"fixed_size", "the encoder takes exactly image_size x image_size (no dynamic spatial axes)"},
+          {"encoder",
+           {{"file", files[0].filename().string()},
+            {"inputs", {sam_tensor("image", {"batch", o.image_encoder.in_chans, S, S})}},
+            {"outputs", {embeddings}}}},
+          {"decoder",
+           {{"file", files[1].filename().string()},
+            {"inputs", {embeddings, sam_tensor("boxes", {"batch", 4})}},
+            {"outputs", outputs},
+            {"batch", "one box per embedding: repeat an image's embedding for each of its boxes"}}}};
+}
+
+}  // namespace
+
 Result<json> sam_onnx_manifest(const JobConfig& cfg, const ModelInfo& info, const fs::path& onnx_file,
                                const OnnxExportOptions& eo) {
   const SamOptions& o = std::get<SamModelOptions>(cfg.model.net).sam;
-  const int64_t S = o.image_encoder.img_size, e = S / o.image_encoder.patch_size,
-                D = o.image_encoder.out_chans;
+  const std::string S = std::to_string(o.image_encoder.img_size);
   SEGFLOW_ASSIGN_OR_RETURN(auto box_stages, sam_box_stages(cfg));
   const auto& [stages, longest] = box_stages;
-  const std::vector<fs::path> files = sam_onnx_files(onnx_file);
-  json decoder_outputs = {
-      {{"name", "low_res_masks"}, {"shape", {"batch", 1, 4 * e, 4 * e}}, {"dtype", "float32"}}};
-  if (info.iou_output || o.mask_decoder.iou_head)
-    decoder_outputs.push_back({{"name", "iou_predictions"}, {"shape", {"batch", 1}}, {"dtype", "float32"}});
   const std::string slice_rule =
-      longest > 0 ? "resize_longest_side: the slice's longest side resized to " + std::to_string(longest) +
-                        " (bilinear, align_corners false), zero-padded at the bottom/right to " +
-                        std::to_string(S) + " x " + std::to_string(S)
-                  : "bilinear resize (align_corners false) of the slice to " + std::to_string(S) + " x " +
-                        std::to_string(S) + " (none when it already has that size)";
+      longest > 0
+          ? "resize_longest_side: the slice's longest side resized to " + std::to_string(longest) +
+                " (bilinear, align_corners false), zero-padded at the bottom/right to " + S + " x " + S
+          : "bilinear resize (align_corners false) of the slice to " + S + " x " + S +
+                " (none when it already has that size)";
   const std::string box_rule =
       longest > 0
           ? "x0, y0, x1, y1 (voxel indices, inclusive) times s = " + std::to_string(longest) + " / max(H, W)"
@@ -481,52 +508,31 @@ Result<json> sam_onnx_manifest(const JobConfig& cfg, const ModelInfo& info, cons
       longest > 0 ? "low_res_masks bilinear (align_corners false) to S x S, cut to the unpadded "
                     "part (the resized slice's size), then bilinear to H x W"
                   : "low_res_masks bilinear (align_corners false) to the slice's H x W";
-  std::vector<std::string> names = job_class_names(cfg);
-  return json{
-      {"format", "segflow-onnx-manifest"},
-      {"version", 1},
-      {"job", cfg.name},
-      {"model",
-       {{"family", "sam"},
-        {"opset", eo.opset},
-        {"weights", eo.fp16_weights ? "float16" : "float32"},
-        {"spatial_dims", 2},
-        {"image_size", S},
-        {"fixed_size", "the encoder takes exactly image_size x image_size (no dynamic spatial axes)"},
-        {"encoder",
-         {{"file", files[0].filename().string()},
-          {"inputs",
-           {{{"name", "image"}, {"shape", {"batch", o.image_encoder.in_chans, S, S}}, {"dtype", "float32"}}}},
-          {"outputs",
-           {{{"name", "image_embeddings"}, {"shape", {"batch", D, e, e}}, {"dtype", "float32"}}}}}},
-        {"decoder",
-         {{"file", files[1].filename().string()},
-          {"inputs",
-           {{{"name", "image_embeddings"}, {"shape", {"batch", D, e, e}}, {"dtype", "float32"}},
-            {{"name", "boxes"}, {"shape", {"batch", 4}}, {"dtype", "float32"}}}},
-          {"outputs", decoder_outputs},
-          {"batch", "one box per embedding: repeat an image's embedding for each of its boxes"}}}}},
-      {"classes", names},
-      {"preprocessing",
-       {{"stages", stages},
-        {"note",
-         "the deterministic stages before medsam_box, run on the whole volume (C, Z, Y, X); the "
-         "model then sees one axial slice at a time"},
-        {"slice",
-         {{"channels", "a 1-channel slice repeated to 3"},
-          {"resize", slice_rule},
-          {"resize_longest_side", longest}}}}},
-      {"boxes",
-       {{"order", "x0, y0, x1, y1"},
-        {"frame", "pixels of the model input (the resized slice), float32"},
-        {"from_voxel_box", box_rule}}},
-      {"postprocessing",
-       {{"upsample", upsample_rule},
-        {"activation", "sigmoid"},
-        {"mask_threshold", kMaskThreshold},
-        {"label_merge",
-         "a pixel takes a box's label when its probability is above mask_threshold and above the "
-         "probability it holds (segflow infer --boxes)"}}}};
+  return json{{"format", "segflow-onnx-manifest"},
+              {"version", 1},
+              {"job", cfg.name},
+              {"model", sam_model_json(o, onnx_file, eo, info.iou_output)},
+              {"classes", job_class_names(cfg)},
+              {"preprocessing",
+               {{"stages", stages},
+                {"note",
+                 "the deterministic stages before medsam_box, run on the whole volume (C, Z, Y, X); the "
+                 "model then sees one axial slice at a time"},
+                {"slice",
+                 {{"channels", "a 1-channel slice repeated to 3 channels"},
+                  {"resize", slice_rule},
+                  {"resize_longest_side", longest}}}}},
+              {"boxes",
+               {{"order", "x0, y0, x1, y1"},
+                {"frame", "pixels of the model input (the resized slice), float32"},
+                {"from_voxel_box", box_rule}}},
+              {"postprocessing",
+               {{"upsample", upsample_rule},
+                {"activation", "sigmoid"},
+                {"mask_threshold", kMaskThreshold},
+                {"label_merge",
+                 "a pixel takes a box's label when its probability is above mask_threshold and above the "
+                 "probability it holds (segflow infer --boxes)"}}}};
 }
 
 }  // namespace segflow::models
