@@ -129,12 +129,6 @@ Result<NnunetPreprocessing> translate_stages(const pipeline::PipelineSpec& spec,
   return p;
 }
 
-/// (x, y, z) values in nnU-Net's array order (z, y, x).
-template <typename T>
-json zyx(const std::vector<T>& xyz) {
-  return json(std::vector<T>(xyz.rbegin(), xyz.rend()));
-}
-
 json resampling_kwargs(bool is_seg) {
   return {{"is_seg", is_seg}, {"order", 1}, {"order_z", 0}, {"force_separate_z", false}};
 }
@@ -194,6 +188,76 @@ c10::IValue checkpoint_dict(const ExportedModel& m, const std::string& configura
   return c10::IValue(ck);
 }
 
+/// What the configuration's name, sizes and mirroring axes are, in nnU-Net's array order.
+struct NnunetGeometry {
+  std::string configuration;         ///< "3d_fullres" | "2d"
+  std::vector<std::int64_t> patch;   ///< (z,) y, x
+  std::vector<double> spacing;       ///< (z,) y, x; the job's whole spacing is spacing_zyx
+  std::vector<double> spacing_zyx;   ///< the job's resample target, z, y, x
+  std::vector<std::int64_t> mirror;  ///< inference_allowed_mirroring_axes
+};
+
+/// The geometry of a `dims`-D plain_unet: a 3D one's patch and spacing are (z, y, x); a 2D
+/// one (segflow runs it slice by slice along array axis 0, z, like nnU-Net's 2d
+/// configuration) gets the (y, x) of the job's window and spacing.
+Result<NnunetGeometry> nnunet_geometry(const JobConfig& cfg, const NnunetPreprocessing& pre, int dims) {
+  const std::vector<std::int64_t>& roi =
+      cfg.validation.roi_size.empty() ? pre.crop_xyz : cfg.validation.roi_size;
+  // A 2D window may be written [x, y] or [x, y, z] (segflow's inference takes x, y).
+  if (roi.size() != 3 && !(dims == 2 && roi.size() == 2))
+    return invalid_argument(cfg.file + ": validation.roi_size: expected [x, y, z]" +
+                            (dims == 2 ? std::string(" or [x, y]") : std::string()) +
+                            " (nnU-Net's patch_size; no rand_crop_pos_neg size to fall back on)");
+  NnunetGeometry g;
+  g.configuration = dims == 2 ? "2d" : "3d_fullres";
+  const std::vector<std::int64_t> patch_xyz(roi.begin(), roi.begin() + dims);
+  const std::vector<double> spacing_xyz(pre.spacing_xyz->begin(), pre.spacing_xyz->end());
+  g.patch.assign(patch_xyz.rbegin(), patch_xyz.rend());
+  g.spacing_zyx.assign(spacing_xyz.rbegin(), spacing_xyz.rend());
+  g.spacing.assign(g.spacing_zyx.end() - dims, g.spacing_zyx.end());
+  // rand_flip's axis a (0 = x) is array axis dims - 1 - a; a 2D network has no z to mirror.
+  for (std::int64_t a : pre.flip_xyz)
+    if (a >= 0 && a < dims) g.mirror.push_back(dims - 1 - a);
+  std::sort(g.mirror.begin(), g.mirror.end());
+  g.mirror.erase(std::unique(g.mirror.begin(), g.mirror.end()), g.mirror.end());
+  return g;
+}
+
+/// Where nnU-Net's inference differs from the job's, beyond what translate_stages found.
+void add_notes(std::vector<std::string>& notes, const JobConfig& cfg, const NnunetGeometry& g) {
+  if (g.configuration == "2d")
+    notes.push_back(
+        "2d: nnU-Net keeps each case's own z spacing and resamples y and x only; the job "
+        "resamples z to " +
+        json(g.spacing_zyx[0]).dump() + " mm too, so slices differ unless a case's z spacing is that");
+  notes.push_back(
+      "nnU-Net crops each case to the bounding box of its non-zero voxels before normalising "
+      "and labels the outside 0; segflow does not crop");
+  notes.push_back("tile_step_size " + std::to_string(1.0 - cfg.validation.overlap) +
+                  " reproduces validation.overlap; nnU-Net's Gaussian (sigma 1/8 of the patch) and window "
+                  "placement may differ from segflow's where windows overlap");
+}
+
+json configuration_json(const JobConfig& cfg, const PlainConvUNetOptions& o, const NnunetPreprocessing& pre,
+                        const NnunetGeometry& g, const json& spec_args) {
+  return {{"data_identifier", "segflow_" + g.configuration},
+          {"preprocessor_name", "DefaultPreprocessor"},
+          {"batch_size", cfg.train.batch_size},
+          {"patch_size", g.patch},
+          {"median_image_size_in_voxels", g.patch},
+          {"spacing", g.spacing},
+          {"normalization_schemes", std::vector<std::string>(o.in_channels, pre.scheme)},
+          {"use_mask_for_norm", std::vector<bool>(o.in_channels, pre.use_mask_for_norm)},
+          {"resampling_fn_data", "resample_data_or_seg_to_shape"},
+          {"resampling_fn_data_kwargs", resampling_kwargs(false)},
+          {"resampling_fn_seg", "resample_data_or_seg_to_shape"},
+          {"resampling_fn_seg_kwargs", resampling_kwargs(true)},
+          {"resampling_fn_probabilities", "resample_data_or_seg_to_shape"},
+          {"resampling_fn_probabilities_kwargs", resampling_kwargs(false)},
+          {"architecture", plans_architecture(spec_args)},
+          {"batch_dice", true}};
+}
+
 }  // namespace
 
 Result<NnunetResults> nnunet_results(const JobConfig& cfg, const std::vector<std::string>& class_names,
@@ -204,63 +268,33 @@ Result<NnunetResults> nnunet_results(const JobConfig& cfg, const std::vector<std
                             ": model.name: expected plain_unet (nnU-Net builds dynamic_network_"
                             "architectures' PlainConvUNet), got " +
                             cfg.model.name() + "; export --to pytorch writes a unet as MONAI's UNet");
-  if (o->spatial_dims != 3)
-    return invalid_argument(cfg.file +
-                            ": model.spatial_dims: 2D plain_unet is not exported to nnU-Net's 2d "
-                            "configuration yet; expected 3");
   SEGFLOW_ASSIGN_OR_RETURN(NnunetPreprocessing pre, translate_stages(cfg.stages, o->in_channels));
   if (!pre.spacing_xyz) pre.spacing_xyz = options.spacing;
   if (!pre.spacing_xyz)
     return invalid_argument(cfg.file +
                             ": stages: no resample stage, and nnU-Net resamples every case to its "
                             "configuration's spacing; expected a resample stage or --spacing X,Y,Z");
-  std::vector<std::int64_t> patch = cfg.validation.roi_size.empty() ? pre.crop_xyz : cfg.validation.roi_size;
-  if (patch.size() != 3)
-    return invalid_argument(cfg.file +
-                            ": validation.roi_size: expected [x, y, z] (nnU-Net's patch_size; "
-                            "no rand_crop_pos_neg size to fall back on)");
+  SEGFLOW_ASSIGN_OR_RETURN(NnunetGeometry g, nnunet_geometry(cfg, pre, o->spatial_dims));
   SEGFLOW_ASSIGN_OR_RETURN(ExportedModel m, export_model(cfg.model, module));
 
   NnunetResults r;
-  r.configuration = "3d_fullres";
+  r.configuration = g.configuration;
   r.fold = options.fold;
-  const std::vector<double> spacing(pre.spacing_xyz->begin(), pre.spacing_xyz->end());
   json intensity = json::object();
   for (std::int64_t c = 0; c < o->in_channels; ++c) intensity[std::to_string(c)] = pre.intensity;
-  json conf = {{"data_identifier", "segflow_3d_fullres"},
-               {"preprocessor_name", "DefaultPreprocessor"},
-               {"batch_size", cfg.train.batch_size},
-               {"patch_size", zyx(patch)},
-               {"median_image_size_in_voxels", zyx(patch)},
-               {"spacing", zyx(spacing)},
-               {"normalization_schemes", std::vector<std::string>(o->in_channels, pre.scheme)},
-               {"use_mask_for_norm", std::vector<bool>(o->in_channels, pre.use_mask_for_norm)},
-               {"resampling_fn_data", "resample_data_or_seg_to_shape"},
-               {"resampling_fn_data_kwargs", resampling_kwargs(false)},
-               {"resampling_fn_seg", "resample_data_or_seg_to_shape"},
-               {"resampling_fn_seg_kwargs", resampling_kwargs(true)},
-               {"resampling_fn_probabilities", "resample_data_or_seg_to_shape"},
-               {"resampling_fn_probabilities_kwargs", resampling_kwargs(false)},
-               {"architecture", plans_architecture(m.spec["args"])},
-               {"batch_dice", true}};
-  std::vector<std::int64_t> mirror;  // array axes (0 = z) of the job's flips
-  for (std::int64_t a : pre.flip_xyz) mirror.insert(mirror.begin(), 2 - a);
-  std::sort(mirror.begin(), mirror.end());
-  pre.notes.push_back(
-      "nnU-Net crops each case to the bounding box of its non-zero voxels before normalising "
-      "and labels the outside 0; segflow does not crop");
-  pre.notes.push_back(
-      "tile_step_size " + std::to_string(1.0 - cfg.validation.overlap) +
-      " reproduces validation.overlap; nnU-Net's Gaussian (sigma 1/8 of the patch) and window "
-      "placement may differ from segflow's where windows overlap");
+  add_notes(pre.notes, cfg, g);
+  // A 2d configuration's case "shape" has one slice; the median spacing keeps the job's z
+  // (segflow import --from nnunet resamples z to it).
+  json median_shape = g.patch;
+  if (g.patch.size() == 2) median_shape.insert(median_shape.begin(), 1);
   r.plans = {{"dataset_name", "Dataset999_" + cfg.name},
              {"plans_name", "nnUNetPlans"},
-             {"original_median_spacing_after_transp", zyx(spacing)},
-             {"original_median_shape_after_transp", zyx(patch)},
+             {"original_median_spacing_after_transp", g.spacing_zyx},
+             {"original_median_shape_after_transp", median_shape},
              {"image_reader_writer", "SimpleITKIO"},
              {"transpose_forward", {0, 1, 2}},
              {"transpose_backward", {0, 1, 2}},
-             {"configurations", {{r.configuration, conf}}},
+             {"configurations", {{r.configuration, configuration_json(cfg, *o, pre, g, m.spec["args"])}}},
              {"experiment_planner_used", "segflow export --to nnunet"},
              {"label_manager", "LabelManager"},
              {"foreground_intensity_properties_per_channel", intensity},
@@ -271,7 +305,7 @@ Result<NnunetResults> nnunet_results(const JobConfig& cfg, const std::vector<std
                {"blending", cfg.validation.mode},
                {"notes", pre.notes}}}};
   r.dataset = dataset_json(*o, class_names, pre.scheme == "CTNormalization");
-  r.checkpoint = checkpoint_dict(m, r.configuration, r.fold, mirror);
+  r.checkpoint = checkpoint_dict(m, r.configuration, r.fold, g.mirror);
   r.notes = pre.notes;
   return r;
 }
@@ -397,6 +431,61 @@ Result<std::string> normalization_yaml(const json& conf, const json& plans, cons
       " has no segflow stage; expected CTNormalization, ZScoreNormalization or NoNormalization");
 }
 
+/// The configuration's spacing as the resample stage's [x, y, z]. A 2d configuration has
+/// (y, x) only: nnU-Net keeps each case's z spacing, segflow's resample has no "keep" axis,
+/// so z is the plans' original_median_spacing_after_transp[0] (what export wrote: the job's z).
+Result<std::string> import_spacing(const json& conf, const json& plans, const std::string& plans_file,
+                                   const std::string& where) {
+  const json& s = conf.at("spacing");
+  const std::size_t dims = conf.at("patch_size").size();
+  if (!s.is_array() || s.size() != dims || (dims != 2 && dims != 3))
+    return invalid_argument(where + ": spacing: expected 2 (2d) or 3 numbers matching patch_size " +
+                            conf.at("patch_size").dump() + ", got " + s.dump());
+  if (dims == 3) return yaml_xyz(s);
+  const json median = plans.value("original_median_spacing_after_transp", json());
+  if (!median.is_array() || median.size() != 3 || !median[0].is_number() || !(median[0].get<double>() > 0))
+    return invalid_argument(plans_file +
+                            ": original_median_spacing_after_transp: expected [z, y, x] (the z spacing a "
+                            "2d configuration's import resamples to), got " +
+                            median.dump());
+  return json::array({s[1], s[0], median[0]}).dump();
+}
+
+/// The job (YAML) that `conf` (plans.json's configuration) translates to.
+Result<std::string> import_job_yaml(const json& plans, const json& dataset, const std::string& configuration,
+                                    const std::filesystem::path& fold_dir, const std::string& plans_file) {
+  const std::string where = plans_file + ": configurations." + configuration;
+  if (!plans["configurations"].contains(configuration)) return invalid_argument(where + ": missing");
+  const json& conf = plans["configurations"][configuration];
+  // segflow's axes are the file's (z, y, x); a 2d configuration slices along array axis 0.
+  const json transpose = plans.value("transpose_forward", json::array({0, 1, 2}));
+  if (transpose != json::array({0, 1, 2}))
+    return invalid_argument(plans_file +
+                            ": transpose_forward: expected [0, 1, 2] (segflow keeps the file's " +
+                            "axis order), got " + transpose.dump());
+  std::int64_t classes = 0;
+  for (const auto& [name, v] : dataset.at("labels").items())
+    if (v.is_number_integer()) classes = std::max<std::int64_t>(classes, v.get<std::int64_t>() + 1);
+  const auto in_channels = static_cast<std::int64_t>(dataset.at("channel_names").size());
+  SEGFLOW_ASSIGN_OR_RETURN(std::string model, model_yaml(conf, in_channels, classes, where));
+  SEGFLOW_ASSIGN_OR_RETURN(std::string norm, normalization_yaml(conf, plans, where));
+  SEGFLOW_ASSIGN_OR_RETURN(std::string spacing, import_spacing(conf, plans, plans_file, where));
+  const bool slices = conf.at("patch_size").size() == 2;
+  // nnU-Net's defaults (tile_step_size 0.5, Gaussian), or what segflow export recorded.
+  const json sf = plans.value("segflow", json::object());
+  const double overlap = 1.0 - sf.value("tile_step_size", 0.5);
+  const std::string mode = sf.value("blending", std::string("gaussian"));
+  return "# imported from " + fold_dir.string() + " (nnU-Net v2 " + configuration + ")\n" +
+         (slices ? "# 2d: run slice by slice along z like nnU-Net; nnU-Net keeps each case's z spacing, "
+                   "this job resamples z to the plans' median\n"
+                 : "") +
+         "name: nnunet-import\ndata: {root: data}\nstages:\n  - {name: load}\n"
+         "  - {name: resample, options: {spacing: " +
+         spacing + "}}\n" + norm + "model: " + model +
+         "\nvalidation: {roi_size: " + yaml_xyz(conf.at("patch_size")) +
+         ", overlap: " + std::to_string(overlap) + ", mode: " + mode + "}\n";
+}
+
 Result<c10::impl::GenericDict> read_nnunet_checkpoint(const std::filesystem::path& p) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(p, ec))
@@ -422,25 +511,8 @@ Result<std::filesystem::path> import_nnunet(const std::filesystem::path& fold_di
     return corrupt_data((fold_dir / "checkpoint_final.pth").string() +
                         ": expected network_weights and init_args");
   const std::string configuration = ck.at("init_args").toGenericDict().at("configuration").toStringRef();
-  const std::string where = (results / "plans.json").string() + ": configurations." + configuration;
-  if (!plans["configurations"].contains(configuration)) return invalid_argument(where + ": missing");
-  const json& conf = plans["configurations"][configuration];
-  std::int64_t classes = 0;
-  for (const auto& [name, v] : dataset.at("labels").items())
-    if (v.is_number_integer()) classes = std::max<std::int64_t>(classes, v.get<std::int64_t>() + 1);
-  const auto in_channels = static_cast<std::int64_t>(dataset.at("channel_names").size());
-  SEGFLOW_ASSIGN_OR_RETURN(std::string model, model_yaml(conf, in_channels, classes, where));
-  SEGFLOW_ASSIGN_OR_RETURN(std::string norm, normalization_yaml(conf, plans, where));
-  // nnU-Net's defaults (tile_step_size 0.5, Gaussian), or what segflow export recorded.
-  const json sf = plans.value("segflow", json::object());
-  const double overlap = 1.0 - sf.value("tile_step_size", 0.5);
-  const std::string mode = sf.value("blending", std::string("gaussian"));
-  const std::string yaml = "# imported from " + fold_dir.string() + " (nnU-Net v2 " + configuration +
-                           ")\nname: nnunet-import\ndata: {root: data}\nstages:\n  - {name: load}\n"
-                           "  - {name: resample, options: {spacing: " +
-                           yaml_xyz(conf.at("spacing")) + "}}\n" + norm + "model: " + model +
-                           "\nvalidation: {roi_size: " + yaml_xyz(conf.at("patch_size")) +
-                           ", overlap: " + std::to_string(overlap) + ", mode: " + mode + "}\n";
+  SEGFLOW_ASSIGN_OR_RETURN(std::string yaml, import_job_yaml(plans, dataset, configuration, fold_dir,
+                                                             (results / "plans.json").string()));
   SEGFLOW_ASSIGN_OR_RETURN(JobConfig cfg, parse_job_config(yaml, (out / "job.yaml").string()));
   SEGFLOW_ASSIGN_OR_RETURN(auto trainer, Trainer::create(cfg, c10::Device(c10::kCPU)));
   const auto weights = ck.at("network_weights").toGenericDict();

@@ -1,8 +1,9 @@
 #pragma once
 // A segflow plain_unet as an nnU-Net v2 results folder (`segflow export --to nnunet`):
 //   RESULTS_DIR/dataset.json          channel_names, labels (the job's class names), file_ending
-//   RESULTS_DIR/plans.json            one configuration (3d_fullres) with the PlainConvUNet's
-//                                     arguments, patch size, spacing, normalisation, resampling
+//   RESULTS_DIR/plans.json            one configuration (3d_fullres, or 2d for a 2D plain_unet)
+//                                     with the PlainConvUNet's arguments, patch size,
+//                                     spacing, normalisation, resampling
 //   RESULTS_DIR/fold_K/checkpoint_final.pth
 //                                     {network_weights, init_args: {configuration, fold},
 //                                      trainer_name: nnUNetTrainer,
@@ -22,8 +23,11 @@
 //   validation.roi_size                     -> patch_size (else the rand_crop_pos_neg size)
 //   rand_flip spatial_axis                  -> inference_allowed_mirroring_axes (none: null)
 // clang-format on
-// Any other stage that runs at inference is refused, naming it; so are unet/sam models, 2D
-// models, norm none and a resample on MONAI's exact_spacing grid. What nnU-Net always does
+// A 2D plain_unet becomes the "2d" configuration: patch_size and spacing (y, x), mirroring
+// axes 0 = y, 1 = x; both nnU-Net and segflow run it slice by slice along array axis 0 (z),
+// but nnU-Net keeps each case's z spacing where the job resamples z (a note says so).
+// Any other stage that runs at inference is refused, naming it; so are unet/sam models,
+// norm none and a resample on MONAI's exact_spacing grid. What nnU-Net always does
 // and segflow does not (cropping to the non-zero box, normalising before resampling) is in
 // the notes.
 
@@ -55,7 +59,7 @@ struct NnunetExportOptions {
 struct NnunetResults {
   nlohmann::json dataset;     ///< dataset.json
   nlohmann::json plans;       ///< plans.json
-  std::string configuration;  ///< "3d_fullres"
+  std::string configuration;  ///< "3d_fullres" | "2d"
   std::int64_t fold = 0;
   c10::IValue checkpoint;          ///< checkpoint_final.pth's dict
   std::vector<std::string> notes;  ///< where nnU-Net's inference differs from segflow's
@@ -75,7 +79,9 @@ Status write_nnunet_results(const NnunetResults& results, const std::filesystem:
 /// CTNormalization -> normalize_ct, ZScoreNormalization -> zscore, NoNormalization -> none;
 /// a PlainConvUNet whose features double per stage up to a cap, one conv count for all
 /// stages; overlap and blending from plans.json's segflow section, else nnU-Net's 0.5 and
-/// Gaussian) with the network_weights of fold_K/checkpoint_final.pth in it. Writes
+/// Gaussian) with the network_weights of fold_K/checkpoint_final.pth in it. A 2d
+/// configuration becomes a 2D plain_unet whose resample takes z from the plans'
+/// original_median_spacing_after_transp (nnU-Net keeps each case's z; segflow cannot). Writes
 /// DIR/job.yaml, DIR/model.pt (a segflow checkpoint: `segflow infer --checkpoint`) and
 /// DIR/weights.sfta (segflow names: `model.weights` for fine-tuning) through a temporary
 /// folder; DIR must not exist. not_found naming a missing plans.json, dataset.json or
