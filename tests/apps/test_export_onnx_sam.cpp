@@ -174,7 +174,7 @@ TEST_CASE("segflow's SAM ONNX export: onnxruntime gives segflow's embedding, low
 
 TEST_CASE("segflow's SAM ONNX export at the vit_b preset (1024 x 1024; manual: SEGFLOW_SAM_ONNX_VIT_B=1)") {
   if (std::getenv("SEGFLOW_SAM_ONNX_VIT_B") == nullptr) {
-    MESSAGE("skipped: minutes on a CPU; set SEGFLOW_SAM_ONNX_VIT_B=1 to run it");
+    st::skip_case("minutes on a CPU; set SEGFLOW_SAM_ONNX_VIT_B=1 to run it");
     return;
   }
   st::TempDir dir("export_onnx_sam_vit_b");
