@@ -275,7 +275,7 @@ std::int64_t orthanc_segs(const std::string& url, const fs::path& dir) {
 
 TEST_CASE("Orthanc as the PACS: a series it C-STOREs to segflowd comes back into it as a SEG by itself") {
   if (run_command("command -v Orthanc >/dev/null 2>&1").exit_code != 0) {
-    MESSAGE("skipped: Orthanc is not installed (Debian's orthanc package; scripts/setup.sh installs it)");
+    skip_case("Orthanc is not installed (Debian's orthanc package; scripts/setup.sh installs it)");
     return;
   }
   require_dcmtk_tools();
