@@ -11,6 +11,7 @@
 
 #include "messages/file_util.hpp"
 #include "models/class_names.hpp"
+#include "models/detail/onnx_graph_builder.hpp"
 #include "models/inference.hpp"
 #include "models/job_config.hpp"
 #include "models/onnx/onnx_graph.hpp"
@@ -28,58 +29,7 @@ using json = nlohmann::json;
 using Attr = og::Attribute;
 
 /// Builds the graph node by node; weights are named by their parameter / buffer names.
-class GraphBuilder {
- public:
-  GraphBuilder(const torch::nn::Module& module, bool fp16) : fp16_(fp16) {
-    for (const auto& p : module.named_parameters()) names_[p.value().unsafeGetTensorImpl()] = p.key();
-    for (const auto& b : module.named_buffers()) names_[b.value().unsafeGetTensorImpl()] = b.key();
-  }
-
-  /// A module tensor as an initializer (float16 + Cast when asked); its value name.
-  std::string weight(const at::Tensor& t) {
-    auto it = names_.find(t.unsafeGetTensorImpl());
-    const std::string name = it != names_.end() ? it->second : fresh("const");
-    return constant(name, t);
-  }
-
-  /// A constant float tensor (ones for a norm without affine weights, GELU's scalars).
-  std::string constant(const std::string& name, const at::Tensor& value) {
-    at::Tensor t = value.detach().to(at::kCPU, fp16_ ? at::kHalf : at::kFloat).contiguous();
-    og::Initializer init;
-    init.name = name;
-    init.type = fp16_ ? og::ElemType::float16 : og::ElemType::float32;
-    init.dims.assign(t.sizes().begin(), t.sizes().end());
-    init.raw.assign(static_cast<const char*>(t.data_ptr()), t.nbytes());
-    graph.initializers.push_back(std::move(init));
-    if (!fp16_) return name;
-    return node("Cast", {name}, {Attr::integer("to", static_cast<int64_t>(og::ElemType::float32))},
-                name + ".f32");
-  }
-
-  /// Adds `op` reading `inputs`; returns its output's name (`out`, or a fresh one).
-  std::string node(const std::string& op, std::vector<std::string> inputs, std::vector<Attr> attrs = {},
-                   std::string out = {}) {
-    if (out.empty()) out = fresh(op);
-    og::Node n;
-    n.op = op;
-    n.name = out;
-    n.inputs = std::move(inputs);
-    n.outputs = {out};
-    n.attributes = std::move(attrs);
-    graph.nodes.push_back(std::move(n));
-    return out;
-  }
-
-  /// A name no other value has: "<what>_<n>".
-  std::string fresh(const std::string& what) { return what + "_" + std::to_string(counter_++); }
-
-  og::Graph graph;
-
- private:
-  bool fp16_;
-  int counter_ = 0;
-  std::unordered_map<const c10::TensorImpl*, std::string> names_;
-};
+using GraphBuilder = detail::OnnxGraphBuilder;
 
 std::string emit_conv(GraphBuilder& g, const ConvNdImpl& c, const std::string& x) {
   const ConvOptions& o = c.options;

@@ -12,6 +12,7 @@
 #include "messages/file_util.hpp"
 #include "models/box_inference.hpp"
 #include "models/class_names.hpp"
+#include "models/detail/onnx_graph_builder.hpp"
 #include "models/job_config.hpp"
 #include "models/onnx/onnx_graph.hpp"
 #include "models/onnx_export.hpp"
@@ -30,26 +31,10 @@ using Attr = og::Attribute;
 using Shape = std::vector<int64_t>;
 
 /// Builds one graph; module tensors keep their names in the Sam (image_encoder.blocks.0...).
-class SamGraph {
+class SamGraph : public detail::OnnxGraphBuilder {
  public:
-  SamGraph(const torch::nn::Module& root, bool fp16, int opset) : fp16_(fp16) {
+  SamGraph(const torch::nn::Module& root, bool fp16, int opset) : OnnxGraphBuilder(root, fp16) {
     graph.opset = opset;
-    for (const auto& p : root.named_parameters()) names_[p.value().unsafeGetTensorImpl()] = p.key();
-    for (const auto& b : root.named_buffers()) names_[b.value().unsafeGetTensorImpl()] = b.key();
-  }
-
-  std::string weight(const at::Tensor& t) {
-    auto it = names_.find(t.unsafeGetTensorImpl());
-    return constant(it != names_.end() ? it->second : fresh("const"), t);
-  }
-
-  /// A float constant (stored as float16 + Cast when asked).
-  std::string constant(const std::string& name, const at::Tensor& value) {
-    const at::Tensor t = value.detach().to(at::kCPU, fp16_ ? at::kHalf : at::kFloat).contiguous();
-    add_initializer(name, fp16_ ? og::ElemType::float16 : og::ElemType::float32, t);
-    if (!fp16_) return name;
-    return node("Cast", {name}, {Attr::integer("to", static_cast<int64_t>(og::ElemType::float32))},
-                name + ".f32");
   }
 
   std::string scalar(double v) { return constant(fresh("scalar"), at::full({}, v)); }
@@ -63,41 +48,11 @@ class SamGraph {
     return name;
   }
 
-  std::string node(const std::string& op, std::vector<std::string> inputs, std::vector<Attr> attrs = {},
-                   std::string out = {}) {
-    if (out.empty()) out = fresh(op);
-    og::Node n;
-    n.op = op;
-    n.name = out;
-    n.inputs = std::move(inputs);
-    n.outputs = {out};
-    n.attributes = std::move(attrs);
-    graph.nodes.push_back(std::move(n));
-    return out;
-  }
-
   std::string reshape(const std::string& x, const Shape& shape) { return node("Reshape", {x, ints(shape)}); }
   std::string transpose(const std::string& x, const Shape& perm) {
     return node("Transpose", {x}, {Attr::list("perm", perm)});
   }
-  std::string fresh(const std::string& what) { return what + "_" + std::to_string(counter_++); }
   int opset() const { return graph.opset; }
-
-  og::Graph graph;
-
- private:
-  void add_initializer(const std::string& name, og::ElemType type, const at::Tensor& t) {
-    og::Initializer init;
-    init.name = name;
-    init.type = type;
-    init.dims.assign(t.sizes().begin(), t.sizes().end());
-    init.raw.assign(static_cast<const char*>(t.data_ptr()), t.nbytes());
-    graph.initializers.push_back(std::move(init));
-  }
-
-  bool fp16_;
-  int counter_ = 0;
-  std::unordered_map<const c10::TensorImpl*, std::string> names_;
 };
 
 // ------------------------------------------------------------------------------- layers
