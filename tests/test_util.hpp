@@ -189,6 +189,19 @@ inline std::string run_python(const std::string& code, const std::vector<std::st
   return r.out;
 }
 
+/// Runs the checker tests/tools/TOOL with `args` (`-W ignore`, stderr merged); the case stops
+/// unless it exits 0 (3: onnxruntime or another optional module missing; setup.sh installs
+/// them). Returns the last JSON value it printed (its last line).
+inline nlohmann::json python_tool_json(const std::string& tool, const std::string& args) {
+  auto r = run_command(shell_quote(python()) + " -W ignore " +
+                       shell_quote(source_path("tests/tools/" + tool).string()) + " " + args + " 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  std::string out = r.out;
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  const auto nl = out.rfind('\n');
+  return nlohmann::json::parse(nl == std::string::npos ? out : out.substr(nl + 1));
+}
+
 /// True when two tensors have the same dtype, shape and bytes (NaNs compare equal).
 inline bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;

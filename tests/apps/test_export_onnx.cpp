@@ -44,17 +44,7 @@ std::string onnx_job(const fs::path& dir, const std::string& model) {
 }
 
 /// Runs tests/tools/onnx_check.py with `args`; its last printed JSON value.
-json onnx_check(const std::string& args) {
-  auto r = st::run_command(st::shell_quote(st::python()) + " -W ignore " +
-                           st::shell_quote(st::source_path("tests/tools/onnx_check.py").string()) + " " +
-                           args + " 2>&1");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.out);  // 3: onnxruntime missing (setup.sh installs it)
-  // The JSON is the last line printed.
-  std::string out = r.out;
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  const auto nl = out.rfind('\n');
-  return json::parse(nl == std::string::npos ? out : out.substr(nl + 1));
-}
+json onnx_check(const std::string& args) { return st::python_tool_json("onnx_check.py", args); }
 
 /// Real CT (TotalSegmentator's example, 3 mm) windowed to [0, 1]: a (1, 1, Z, Y, X) block of
 /// the given size from the middle of the volume.

@@ -62,16 +62,7 @@ std::string sam_onnx_job(const fs::path& dir, const std::string& model, bool lon
 }
 
 /// Runs tests/tools/sam_onnx_check.py with `args`; its last printed JSON value.
-json sam_onnx_check(const std::string& args) {
-  auto r = st::run_command(st::shell_quote(st::python()) + " -W ignore " +
-                           st::shell_quote(st::source_path("tests/tools/sam_onnx_check.py").string()) + " " +
-                           args + " 2>&1");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.out);  // 3: onnxruntime missing (setup.sh installs it)
-  std::string out = r.out;
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  const auto nl = out.rfind('\n');
-  return json::parse(nl == std::string::npos ? out : out.substr(nl + 1));
-}
+json sam_onnx_check(const std::string& args) { return st::python_tool_json("sam_onnx_check.py", args); }
 
 /// A real CT slice (TotalSegmentator's example, the middle one) CT-windowed to [0, 1] and
 /// resized to size x size, as three channels: (1, 3, size, size).
