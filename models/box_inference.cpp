@@ -108,6 +108,7 @@ class SamSlices {
 
   Result<at::Tensor> operator()(std::int64_t z, const std::vector<SliceBox>& boxes) {
     torch::NoGradGuard ng;
+    trainer_.fit_intra_op_team();  // per slice: the team follows the machine's load
     const std::int64_t S = sam_->options.image_encoder.img_size;
     const std::int64_t H = volume_.size(2), W = volume_.size(3);
     const c10::Device dev = trainer_.device();

@@ -13,6 +13,7 @@ class TrainObserver;
 class GradientSync;
 class AutocastGuard;
 class Trainer;
+class IntraOpTeam;
 // job_config.hpp
 struct DataSettings;
 struct TrainSettings;

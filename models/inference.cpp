@@ -141,6 +141,7 @@ at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image
   for (int a : mirror_axes)
     if (a >= 0 && a < nd) dims.push_back(2 + (nd - 1 - a));
   const Predictor predictor = [&](const at::Tensor& w) -> at::Tensor {
+    trainer.fit_intra_op_team();  // between window batches: the team follows the machine's load
     if (dims.empty()) return probabilities_of(w);
     // Every subset of the mirrored dims, the empty one included; each prediction flipped
     // back before averaging.

@@ -96,8 +96,9 @@ void TrainSettings::bind(OptionParser& p) {
   if (p.ok() && cache_device == "cuda" &&
       (device == "cpu" || std::find(devices.begin(), devices.end(), "cpu") != devices.end()))
     p.fail("cache_device", "expected cpu when training on the CPU (train.device/devices), got cuda");
-  p.integer("threads", threads, Range::closed(0, 1024), "threads",
-            "intra-op threads; 0 = LibTorch's default");
+  p.integer_or_auto("threads", threads, std::int64_t{0}, Range::closed(0, 1024), "threads",
+                    "intra-op threads of the trainer; auto (or 0) = the cores other processes leave free, "
+                    "re-decided while training (docs/explanation/threads.md)");
   p.boolean("cudnn_benchmark", cudnn_benchmark, "cuDNN autotuner on CUDA");
   p.boolean("channels_last", channels_last, "channels-last memory format on CUDA");
   p.integer("log_every", log_every, Range::at_least(1), "steps", "metrics.jsonl step records every N steps");

@@ -121,7 +121,10 @@ struct TrainSettings {
   /// Where the memory cache lives: cpu | cuda (the training GPU itself; needs a CUDA
   /// device, crops then read device memory only). cache_bytes is the budget either way.
   std::string cache_device = "cpu";
-  std::int64_t threads = 0;     ///< intra-op threads, [0, 1024]; 0 = LibTorch's default
+  /// Intra-op threads of the trainer, [1, 1024], or 0 = auto (written "auto"; 0 is read as
+  /// auto too, as older configs wrote it): the cores
+  /// other processes leave free, re-decided while training (models/training/cpu_threads.hpp).
+  std::int64_t threads = 0;
   bool cudnn_benchmark = true;  ///< cuDNN autotuner on CUDA
   bool channels_last = false;   ///< channels-last memory format on CUDA
   std::int64_t log_every = 10;  ///< metrics.jsonl step records every N steps, >= 1

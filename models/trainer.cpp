@@ -77,6 +77,8 @@ const std::vector<at::Tensor>& Trainer::parameters() const { return impl_->param
 FusedOptimizer& Trainer::optimizer() { return *impl_->optimizer; }
 GradScaler& Trainer::scaler() { return *impl_->scaler; }
 std::int64_t Trainer::host_reads() const { return impl_->host_reads; }
+const IntraOpTeam& Trainer::intra_op_team() const { return *impl_->threads; }
+void Trainer::fit_intra_op_team() const { impl_->threads->update(); }
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10::Device& device) {
   try {
@@ -85,7 +87,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
     auto amp = resolve_amp(cfg.train.amp, device);
     if (!amp.is_ok()) return amp.status().with_context(cfg.file);
     BindDevice bind(device);
-    if (cfg.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg.train.threads));
+    // The intra-op team first: the model's creation and its first ops run with it.
+    auto threads = std::make_unique<IntraOpTeam>(cfg.train.threads);
     torch::manual_seed(cfg.seed);
     if (device.is_cuda()) {
       at::globalContext().setBenchmarkCuDNN(cfg.train.cudnn_benchmark);
@@ -100,6 +103,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
     run_cfg.train.amp = amp->mode;
     std::unique_ptr<Trainer> t(new Trainer(std::move(run_cfg), device, *model));
     t->amp_reason_ = amp->reason;
+    log::info("intra-op threads " + threads->reason());
+    t->impl_->threads = std::move(threads);
     if (cfg.train.amp == "auto")
       log::info("train.amp " + amp->reason + ": " + amp->mode + " on " + device.str());
     t->model_.module().to(device);
@@ -178,6 +183,7 @@ Result<StepInfo> Trainer::train_step(pipeline::BatchSource& source, std::int64_t
     BindDevice bind(device_);
     const auto& tr = cfg_.train;
     const std::int64_t log_every = std::max<std::int64_t>(1, tr.log_every);
+    impl_->threads->update();
     model_.module().train();
     auto& opt = *impl_->optimizer;
     auto& scaler = *impl_->scaler;
@@ -338,6 +344,7 @@ at::Tensor Trainer::predict(const at::Tensor& image, const at::Tensor& box) cons
   std::vector<std::int64_t> roi(cfg_.validation.roi_size.rbegin(), cfg_.validation.roi_size.rend());
   const bool cl = cfg_.train.channels_last;
   auto predictor = [&](const at::Tensor& w) {
+    impl_->threads->update();
     const at::Tensor in =
         cl && w.dim() == info.spatial_dims + 2 ? w.contiguous(channels_last_format(info.spatial_dims)) : w;
     return model_.predict(in).to(at::kFloat);

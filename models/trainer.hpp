@@ -207,6 +207,13 @@ class Trainer {
   GradScaler& scaler();
   /// How many times the training loop has read the device (for tests of the no-sync rule).
   std::int64_t host_reads() const;
+  /// The intra-op team of the stepping thread (train.threads; models/training/cpu_threads.hpp).
+  const IntraOpTeam& intra_op_team() const;
+  /// Fits the calling thread's intra-op team to the cores other processes leave free now
+  /// (train.threads: auto; a fixed team is only applied). Cheap: reads the machine at most
+  /// every 2 s. Inference calls it between window batches and slices, as train_step does
+  /// between steps. Const: it changes the thread's OpenMP setting, not the model.
+  void fit_intra_op_team() const;
 
   const TrainState& state() const { return state_; }
   /// The job's config as this trainer runs it: train.amp is the resolved mode (none, bf16

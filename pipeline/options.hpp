@@ -184,6 +184,26 @@ class OptionParser {
     resolve(key, field);
   }
 
+  /// "auto" or an integer in `range`: "auto" is stored as `auto_value` (outside the range) and
+  /// resolved as "auto", so a config written back reads as it was meant.
+  template <class Int>
+  void integer_or_auto(const char* key, Int& field, Int auto_value, Range range, const char* unit,
+                       const char* doc) {
+    auto as_json = [&] { return field == auto_value ? nlohmann::json("auto") : nlohmann::json(field); };
+    add_info(key, "integer or auto", as_json(), range.text(), unit, doc);
+    const nlohmann::json* v = find(key);
+    if (!v) return resolve(key, as_json());
+    std::int64_t i = 0;
+    if (v->is_string() && v->get<std::string>() == "auto") {
+      field = auto_value;
+    } else if (as_integer(*v, i) && range.contains(static_cast<double>(i))) {
+      field = static_cast<Int>(i);
+    } else {
+      return fail_expected(key, "auto or " + with_article(range.noun(true, false)), *v);
+    }
+    resolve(key, as_json());
+  }
+
   /// true or false.
   void boolean(const char* key, bool& field, const char* doc) {
     add_info(key, "boolean", field, "", "", doc);

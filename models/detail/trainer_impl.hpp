@@ -18,6 +18,7 @@
 #include "models/optim.hpp"
 #include "models/pretrained.hpp"
 #include "models/trainer.hpp"
+#include "models/training/cpu_threads.hpp"
 
 namespace segflow::models {
 
@@ -58,6 +59,9 @@ struct Trainer::Impl {
   WeightsReport weights_report;
   /// The parameters train.freeze matches (no gradient before train.unfreeze_epoch).
   std::vector<at::Tensor> frozen;
+  /// The intra-op team of the thread that runs the steps (train.threads), re-fitted between
+  /// steps.
+  std::unique_ptr<IntraOpTeam> threads;
 
   /// What one device read of the training loop returns.
   struct StatsRead {
