@@ -7,7 +7,6 @@
 #include <map>
 
 #include "apps/commands.hpp"
-#include "apps/launcher_env.hpp"
 
 namespace {
 
@@ -92,7 +91,6 @@ Every command exits non-zero with one line on stderr for bad input.
 }  // namespace
 
 int main(int argc, char** argv) {
-  segflow::apps::ensure_omp_wait_policy(argv);
   if (argc < 2) {
     std::fputs(kUsage, stderr);
     return 2;

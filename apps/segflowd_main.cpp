@@ -5,7 +5,6 @@
 #include <string>
 
 #include "apps/cli_args.hpp"
-#include "apps/launcher_env.hpp"
 #include "daemon/config.hpp"
 #include "daemon/daemon.hpp"
 
@@ -36,7 +35,6 @@ makes them stop at the next step).
 
 int main(int argc, char** argv) {
   using namespace segflow;
-  apps::ensure_omp_wait_policy(argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h" || a == "help") {

@@ -2,9 +2,10 @@
 # that registers each one. Cases in the doctest test suite "serial" (heavy training, several
 # processes) run alone (RUN_SERIAL) with two intra-op threads; every other case runs beside
 # one more test with one intra-op thread, so `ctest -j2` never puts more than two busy
-# threads on two cores. Every case runs with libgomp's passive wait policy, as segflow and
-# segflowd do (apps/launcher_env.hpp): with the default (active) policy an OpenMP team that
-# waits spins, and beside another busy process the spinning slows both severalfold.
+# threads on two cores. The harness also sets libgomp's passive wait policy for every case:
+# two test processes share two cores, and a team that spins while it waits slows the test
+# beside it. This is for the test run only; segflow itself keeps libgomp's default and sizes
+# its teams to the free cores (docs/explanation/threads.md).
 #
 # Inputs (-D): EXE, SUITE (test names are "SUITE: case"), OUT, WORKDIR, TIMEOUT, ENV (a ;-list of VAR=VALUE).
 cmake_minimum_required(VERSION 3.25)
