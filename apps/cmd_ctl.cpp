@@ -509,13 +509,11 @@ const CtlCommand* find_command(const std::string& name) {
   return it == std::end(kCtlCommands) ? nullptr : it;
 }
 
-/// The usage text: each command with a help on its own line (the help at column 40), the
-/// ones without on a shared line ("stop JOB | pause JOB [--now] | resume JOB").
-std::string usage() {
+/// The daemon's commands, each with a help on its own line (the help at column 40), the ones
+/// without on a shared line ("stop JOB | pause JOB [--now] | resume JOB").
+std::string ctl_commands_text() {
   constexpr std::size_t kHelpColumn = 40;
-  std::string u =
-      "usage: segflow ctl [--endpoint E] [--json] [--timeout S]\n"
-      "                   [--curve-server-key FILE --curve-client-keys DIR] COMMAND ...\n\ncommands:\n";
+  std::string u = "commands:\n";
   std::string shared;
   for (const CtlCommand& c : kCtlCommands) {
     if (*c.help == '\0') {
@@ -527,15 +525,42 @@ std::string usage() {
     std::string line = "  " + std::string(c.synopsis);
     line = line.size() + 3 <= kHelpColumn ? line + std::string(kHelpColumn - line.size(), ' ')
                                           : line + "\n" + std::string(kHelpColumn, ' ');
-    for (const char* h = c.help; *h != '\0'; ++h)
-      line += *h == '\n' ? "\n" + std::string(kHelpColumn, ' ') : std::string(1, *h);
-    u += line + "\n";
+    u += line + wrap_text(c.help, kHelpColumn, kHelpColumn) + "\n";
   }
   if (!shared.empty()) u += shared + "\n";
-  return u +
-         "\n--endpoint defaults to $SEGFLOW_CTL_ENDPOINT or ipc://state/control.sock (segflowd's default\n"
-         "with state_dir \"state\"); --timeout is in seconds (default 5).\n";
+  return u;
 }
+
+constexpr Option kCtlConnectionOptions[] = {
+    {"endpoint", "E",
+     "the daemon's control endpoint; default $SEGFLOW_CTL_ENDPOINT, else ipc://state/control.sock "
+     "(segflowd's default with state_dir \"state\")"},
+    {"timeout", "S", "seconds to wait for the reply, (0, 3600]; default 5"},
+    {"json", "", "print the daemon's JSON reply instead of readable lines"},
+    {"curve-server-key", "FILE", "the server's public key (CURVE); goes with --curve-client-keys"},
+    {"curve-client-keys", "DIR", "a folder with this client's public.key and secret.key"},
+};
+constexpr Option kCtlCommandOptions[] = {
+    {"set", "key=value", "start, train: override a config key (repeatable)"},
+    {"checkpoint", "PT", "infer: a checkpoint (one of --checkpoint and --model)"},
+    {"model", "MODEL_DIR", "infer: a segflow package, verified at submission"},
+    {"input", "PATH", "infer: a scan, a folder of scans or a dataset"},
+    {"output", "PATH", "infer: a label map or SEG file for one scan, a folder otherwise"},
+    {"tta", "none|mirror|mirror-all", "infer: test-time mirroring of a checkpoint"},
+    {"device", "D", "infer, plan, train: the device (cpu, cuda, cuda:N)"},
+    {"boxes", "FILE", "infer: box prompts of a box-prompted (sam) checkpoint"},
+    {"boxes-from", "LABELMAP", "infer: box prompts from a label map"},
+    {"propagate", "", "infer: one seed box per label, propagated slice by slice"},
+    {"box-margin", "N", "infer, with --propagate: voxels the previous slice's mask box grows per side"},
+    {"configurations", "2d,3d_fullres,3d_lowres", "plan: which configurations to plan"},
+    {"configuration", "C", "train: the configuration to train; default 3d_fullres"},
+    {"fold", "K|all", "train: the folds to queue (repeatable); default 0"},
+    {"memory-gb", "G", "plan, train: the planner's memory target, > 0"},
+    {"memory-model", "measured|nnunet", "plan, train: the planner's memory model"},
+    {"out", "DIR",
+     "plan, train: the plan folder (default DATASET/.segflow-plans); keygen: where the keys go"},
+    {"now", "", "pause: at the next step instead of the end of the epoch; shutdown: without waiting"},
+};
 
 /// "start, infer, ..., keygen": the names of the table.
 std::string command_names() {
@@ -594,34 +619,28 @@ int show_reply(const CtlCommand& c, const json& r, bool raw, const std::string& 
 
 }  // namespace
 
+const Command& ctl_command() {
+  static const Command c{
+      "ctl",
+      cmd_ctl,
+      {{"",
+        "ctl [--endpoint E] [--json] [--timeout S] [--curve-server-key FILE --curve-client-keys DIR] "
+        "COMMAND ...",
+        "talk to segflowd: one request per call, readable output or its JSON reply",
+        "docs/how-to/daemon.md, docs/reference/control-protocol.md",
+        {{"COMMAND ...", "one of the commands below, with its arguments"}},
+        {{"connection (every command)", kCtlConnectionOptions}, {"command options", kCtlCommandOptions}}}},
+      ctl_commands_text};
+  return c;
+}
+
 int cmd_ctl(int argc, char** argv) {
-  auto parsed = parse_args(argc, argv, 2,
-                           {"endpoint",
-                            "timeout",
-                            "curve-server-key",
-                            "curve-client-keys",
-                            "set",
-                            "out",
-                            "checkpoint",
-                            "input",
-                            "model",
-                            "output",
-                            "tta",
-                            "device",
-                            "configuration",
-                            "configurations",
-                            "memory-gb",
-                            "memory-model",
-                            "fold",
-                            "boxes",
-                            "boxes-from",
-                            "box-margin"},
-                           {"json", "now", "help", "propagate"});
+  auto parsed = parse_args(argc, argv, 2, ctl_command().forms.front());
   if (!parsed.is_ok()) return fail("ctl", parsed.status());
   const Args& a = *parsed;
-  if (a.flag("help") || a.positional.empty()) {
-    std::fputs(usage().c_str(), a.flag("help") ? stdout : stderr);
-    return a.flag("help") ? 0 : 2;
+  if (a.positional.empty()) {
+    std::fputs(help_text(ctl_command()).c_str(), stderr);
+    return 2;
   }
   const std::string cmd = a.positional[0];
   const CtlCommand* c = find_command(cmd);

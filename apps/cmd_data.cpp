@@ -19,9 +19,60 @@ int fail(const std::string& cmd, const Status& st) {
   return code == segflow::ErrorCode::invalid_argument || code == segflow::ErrorCode::invalid_config ? 2 : 1;
 }
 
+namespace {
+
+constexpr Option kSynthOptions[] = {
+    {"out", "DIR", "output folder (created); required"},
+    {"cases", "N", "number of cases, [1, 100000]; default 24"},
+    {"size", "S", "in-plane size x = y in voxels, [16, 512]; default 96"},
+    {"format", "dicom|nifti|npy",
+     "nifti (default): MSD / nnU-Net v2 (dataset.json, imagesTr/, labelsTr/); dicom: a CT series and a DICOM "
+     "SEG per case; npy: MedSAM's imgs/ and gts/"},
+    {"compress", "none|rle|jpeg-ls|jpeg-lossless", "DICOM transfer syntax (dicom only); default none"},
+    {"seed", "K", "dataset seed, >= 0; case i depends only on (seed, i); default 0"},
+    {"spacing", "X,Y,Z", "a fixed voxel spacing in mm instead of the random anisotropic one"},
+    {"spacing-jitter", "F",
+     "with --spacing: each case's spacing times 1 + u, u uniform in [-F, F] (x and y share u), [0, 0.9]; "
+     "default 0"},
+};
+constexpr Option kInspectOptions[] = {
+    {"json", "", "one JSON object instead of one `key: value` line per field"},
+};
+
+}  // namespace
+
+const Command& synth_command() {
+  static const Command c{
+      "synth",
+      cmd_synth,
+      {{"",
+        "synth --out DIR [--cases N] [--size S] [--format dicom|nifti|npy] "
+        "[--compress none|rle|jpeg-ls|jpeg-lossless] [--seed K] [--spacing X,Y,Z [--spacing-jitter F]]",
+        "write a synthetic CT-like dataset with label maps",
+        "Each case is a body with four organ-like structures (liver 1, spleen 2, kidneys 3, spine 4), noise, "
+        "a bias field, random anisotropic spacing and an oblique orientation on every third case; integer "
+        "HU, so every format round-trips exactly.",
+        {},
+        {{"", kSynthOptions}}}}};
+  return c;
+}
+
+const Command& inspect_command() {
+  static const Command c{
+      "inspect",
+      cmd_inspect,
+      {{"",
+        "inspect PATH [--json]",
+        "geometry and value summary of a file, series, case or dataset",
+        "",
+        {{"PATH",
+          "a NIfTI, NRRD, MHA or npy file, a DICOM file or series folder, a case folder or a dataset"}},
+        {{"", kInspectOptions}}}}};
+  return c;
+}
+
 int cmd_synth(int argc, char** argv) {
-  auto a = parse_args(
-      argc, argv, 2, {"out", "cases", "size", "format", "compress", "seed", "spacing", "spacing-jitter"}, {});
+  auto a = parse_args(argc, argv, 2, synth_command().forms.front());
   if (!a.is_ok()) return fail("synth", a.status());
   segflow::pipeline::SynthOptions o;
   o.out = a->get("out");
@@ -64,7 +115,7 @@ int cmd_synth(int argc, char** argv) {
 }
 
 int cmd_inspect(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {}, {"json"});
+  auto a = parse_args(argc, argv, 2, inspect_command().forms.front());
   if (!a.is_ok()) return fail("inspect", a.status());
   if (a->positional.size() != 1)
     return fail("inspect",

@@ -27,10 +27,32 @@ Result<std::vector<std::int64_t>> parse_classes(const std::string& text) {
   return out;
 }
 
+constexpr Option kEvalOptions[] = {
+    {"pred", "P", "a predicted label map, or a folder or dataset of them; required"},
+    {"gt", "G", "the ground truth: a label map, or a folder or dataset (matched by case id); required"},
+    {"tolerance-mm", "T", "the tolerance of the normalized surface Dice, >= 0 mm; default 2"},
+    {"classes", "1,2,...", "the label values to score; default every value > 0 seen"},
+    {"json", "", "one JSON object on stdout instead of the table"},
+    {"csv", "FILE", "also write one row per case and class there"},
+};
+
 }  // namespace
 
+const Command& eval_command() {
+  static const Command c{
+      "eval",
+      cmd_eval,
+      {{"",
+        "eval --pred P --gt G [--tolerance-mm T] [--classes 1,2,...] [--json] [--csv FILE]",
+        "Dice, IoU, HD95, ASSD, surface Dice and volumes per case and class",
+        "Files, or folders and datasets matched by case id. Exit status 1 when a case could not be read.",
+        {},
+        {{"", kEvalOptions}}}}};
+  return c;
+}
+
 int cmd_eval(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {"pred", "gt", "tolerance-mm", "classes", "csv"}, {"json"});
+  auto a = parse_args(argc, argv, 2, eval_command().forms.front());
   if (!a.is_ok()) return fail("eval", a.status());
   if (!a->positional.empty())
     return fail("eval", invalid_argument("unexpected argument '" + a->positional.front() +

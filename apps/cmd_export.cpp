@@ -25,9 +25,25 @@ std::string export_target(int argc, char** argv) {
   return {};
 }
 
+constexpr Option kExportPytorchOptions[] = {
+    {"checkpoint", "FILE", "a run's best.pt or last.pt; required"},
+    {"to", "pytorch", "the target: a PyTorch state dict"},
+};
+
+const Form& export_pytorch_form() {
+  static const Form f{"--to pytorch",
+                      "export --checkpoint best.pt --to pytorch OUT.pt",
+                      "the trained network as a PyTorch state dict for MONAI's UNet, nnU-Net's PlainConvUNet "
+                      "or segment_anything's Sam",
+                      "OUT.json beside it holds the network's constructor arguments (docs/how-to/export.md).",
+                      {{"OUT.pt", "the state dict to write"}},
+                      {{"", kExportPytorchOptions}}};
+  return f;
+}
+
 int export_pytorch(int argc, char** argv) {
   static constexpr const char* kUsage = "usage: segflow export --checkpoint best.pt --to pytorch OUT.pt";
-  auto a = parse_args(argc, argv, 2, {"checkpoint", "to"}, {});
+  auto a = parse_args(argc, argv, 2, export_pytorch_form());
   if (!a.is_ok()) return fail("export", a.status());
   for (const char* k : {"checkpoint", "to"})
     if (!a->has(k))
@@ -57,15 +73,48 @@ int export_pytorch(int argc, char** argv) {
   return 0;
 }
 
+/// One `--to` target: its form (options and help) and what runs it. Adding a target is a
+/// new file and one row here.
+struct ExportTarget {
+  std::string_view name;
+  const Form& (*form)();
+  int (*run)(int argc, char** argv);
+};
+
+const ExportTarget kExportTargets[] = {
+    {"pytorch", export_pytorch_form, export_pytorch},
+    {"onnx", export_onnx_form, cmd_export_onnx},
+    {"nnunet", export_nnunet_form, cmd_export_nnunet},
+};
+
+/// "pytorch, onnx or nnunet".
+std::string target_names() {
+  std::string names;
+  for (std::size_t i = 0; i < std::size(kExportTargets); ++i)
+    names += (i == 0                               ? ""
+              : i + 1 == std::size(kExportTargets) ? " or "
+                                                   : ", ") +
+             std::string(kExportTargets[i].name);
+  return names;
+}
+
 }  // namespace
+
+const Command& export_command() {
+  static const Command c = [] {
+    Command cmd{"export", cmd_export, {}};
+    for (const ExportTarget& t : kExportTargets) cmd.forms.push_back(t.form());
+    return cmd;
+  }();
+  return c;
+}
 
 int cmd_export(int argc, char** argv) {
   const std::string to = export_target(argc, argv);
-  if (to.empty()) return fail("export", invalid_argument("--to: required (pytorch, onnx or nnunet)"));
-  if (to == "pytorch") return export_pytorch(argc, argv);
-  if (to == "onnx") return cmd_export_onnx(argc, argv);
-  if (to == "nnunet") return cmd_export_nnunet(argc, argv);
-  return fail("export", invalid_argument("--to: expected pytorch, onnx or nnunet, got '" + to + "'"));
+  if (to.empty()) return fail("export", invalid_argument("--to: required (" + target_names() + ")"));
+  for (const ExportTarget& t : kExportTargets)
+    if (to == t.name) return t.run(argc, argv);
+  return fail("export", invalid_argument("--to: expected " + target_names() + ", got '" + to + "'"));
 }
 
 }  // namespace segflow::apps

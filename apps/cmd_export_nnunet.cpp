@@ -36,10 +36,28 @@ Result<std::array<double, 3>> parse_spacing(const std::string& text) {
   return s;
 }
 
+constexpr Option kExportNnunetOptions[] = {
+    {"checkpoint", "FILE", "a run's best.pt or last.pt of a plain_unet; required"},
+    {"to", "nnunet", "the target: an nnU-Net v2 results folder"},
+    {"fold", "K", "the fold folder written, fold_K, >= 0; default 0"},
+    {"spacing", "X,Y,Z", "the target spacing in mm, for a job without a resample stage"},
+};
+
 }  // namespace
 
+const Form& export_nnunet_form() {
+  static const Form f{"--to nnunet",
+                      "export --checkpoint best.pt --to nnunet RESULTS_DIR [--fold K] [--spacing X,Y,Z]",
+                      "a plain_unet as an nnU-Net v2 results folder its predictor runs",
+                      "dataset.json, plans.json and fold_K/checkpoint_final.pth; 3D as 3d_fullres, 2D as 2d "
+                      "(docs/how-to/export.md).",
+                      {{"RESULTS_DIR", "the results folder to write"}},
+                      {{"", kExportNnunetOptions}}};
+  return f;
+}
+
 int cmd_export_nnunet(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {"checkpoint", "to", "fold", "spacing"}, {});
+  auto a = parse_args(argc, argv, 2, export_nnunet_form());
   if (!a.is_ok()) return fail("export", a.status());
   if (!a->has("checkpoint"))
     return fail("export", invalid_argument(std::string("--checkpoint: required (") + kNnunetUsage + ")"));

@@ -97,10 +97,35 @@ Status export_package(const fs::path& dir, const fs::path& out, const models::On
   });
 }
 
+constexpr Option kExportOnnxOptions[] = {
+    {"checkpoint", "FILE",
+     "a run's best.pt or last.pt (unet, plain_unet or sam); one of --checkpoint and --model"},
+    {"model", "MODEL_DIR",
+     "a segflow package: every member into the new folder OUT, with ensemble.json (how they combine, the TTA "
+     "and the postprocessing)"},
+    {"to", "onnx", "the target: checked ONNX with a preprocessing manifest"},
+    {"opset", "N", "the ONNX opset, 13..17; default 17"},
+    {"fp16-weights", "", "store the weights as float16 (the graph computes in float32)"},
+};
+
 }  // namespace
 
+const Form& export_onnx_form() {
+  static const Form f{
+      "--to onnx",
+      "export --checkpoint best.pt --to onnx OUT.onnx [--opset N] [--fp16-weights]\n"
+      "export --model MODEL_DIR "
+      "--to onnx OUT_DIR [--opset N] [--fp16-weights]",
+      "a unet, plain_unet or sam as checked ONNX with OUT.manifest.json",
+      "The manifest holds the preprocessing (the deterministic stages), the sliding window, its blending and "
+      "the classes. A sam checkpoint gives OUT.encoder.onnx and OUT.decoder.onnx (docs/how-to/onnx.md).",
+      {{"OUT", "the .onnx file to write (the manifest is written beside it), or with --model a new folder"}},
+      {{"", kExportOnnxOptions}}};
+  return f;
+}
+
 int cmd_export_onnx(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {"checkpoint", "model", "to", "opset"}, {"fp16-weights"});
+  auto a = parse_args(argc, argv, 2, export_onnx_form());
   if (!a.is_ok()) return fail("export", a.status());
   if (a->has("checkpoint") == a->has("model"))
     return fail("export",

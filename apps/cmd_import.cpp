@@ -23,24 +23,34 @@ constexpr const char* kImportUsage =
     "--strides S,S,.. --num-res-units N --kernel-size K --up-kernel-size K --norm batch|instance --act NAME "
     "--dropout P --bias true|false]";
 
-/// option -> (MONAI argument, kind): i integer, l list, k size (K or KxKxK), s string, f float,
-/// b bool.
-const std::map<std::string, std::pair<std::string, char>>& monai_arg_options() {
-  static const std::map<std::string, std::pair<std::string, char>> k{
-      {"spatial-dims", {"spatial_dims", 'i'}},
-      {"in-channels", {"in_channels", 'i'}},
-      {"out-channels", {"out_channels", 'i'}},
-      {"channels", {"channels", 'l'}},
-      {"strides", {"strides", 'l'}},
-      {"num-res-units", {"num_res_units", 'i'}},
-      {"kernel-size", {"kernel_size", 'k'}},
-      {"up-kernel-size", {"up_kernel_size", 'k'}},
-      {"norm", {"norm", 's'}},
-      {"act", {"act", 's'}},
-      {"dropout", {"dropout", 'f'}},
-      {"bias", {"bias", 'b'}}};
-  return k;
-}
+constexpr Option kImportOptions[] = {
+    {"from", "nnunet|monai", "what SOURCE is: an nnU-Net v2 results fold, or MONAI UNet weights; required"},
+    {"out", "DIR", "the folder to write (job.yaml, model.pt, weights.sfta); must not exist; required"},
+};
+/// --layout, then a bare MODEL.pt's UNet arguments: MONAI's names with '-' for '_', its defaults.
+constexpr Option kMonaiOptions[] = {
+    {"layout", "monai|segflow",
+     "monai (default): weights trained by MONAI, kernel axes reversed for its (x, y, z) arrays; segflow: "
+     "what `segflow export --to pytorch` wrote"},
+    {"spatial-dims", "N", "2 or 3; required"},
+    {"in-channels", "N", "input channels; required"},
+    {"out-channels", "N", "output channels (classes, background included); required"},
+    {"channels", "A,B,..", "channels per level; required"},
+    {"strides", "S,S,..",
+     "stride per downsampling, S or SxSxS per entry (x, y, z with --layout monai); required"},
+    {"num-res-units", "N", "residual units per block; default 0"},
+    {"kernel-size", "K", "K or KxKxK; default 3"},
+    {"up-kernel-size", "K", "K or KxKxK; default 3"},
+    {"norm", "batch|instance", "default instance (not affine)"},
+    {"act", "NAME", "relu, prelu (default), leakyrelu or gelu"},
+    {"dropout", "P", "default 0"},
+    {"bias", "true|false", "default true"},
+};
+
+/// How each MONAI argument of kMonaiOptions after --layout is read, in the table's order: i
+/// integer, l list, k size (K or KxKxK), s string, f float, b bool.
+constexpr std::string_view kMonaiKinds = "iiillikkssfb";
+static_assert(kMonaiKinds.size() + 1 == std::size(kMonaiOptions));
 
 /// One option's text as MONAI's argument value. A list entry "2x2x1" is a per-axis stride.
 Result<nlohmann::json> monai_arg_value(const std::string& option, char kind, const std::string& text) {
@@ -83,11 +93,15 @@ Result<nlohmann::json> monai_arg_value(const std::string& option, char kind, con
 
 int import_monai_command(const Args& a) {
   nlohmann::json args = nlohmann::json::object();
-  for (const auto& [option, spec] : monai_arg_options()) {
+  for (std::size_t i = 0; i < kMonaiKinds.size(); ++i) {
+    const std::string option(kMonaiOptions[i + 1].name);
     if (!a.has(option)) continue;
-    auto v = monai_arg_value(option, spec.second, a.get(option));
+    auto v = monai_arg_value(option, kMonaiKinds[i], a.get(option));
     if (!v.is_ok()) return fail("import", v.status());
-    args[spec.first] = *v;
+    std::string name = option;  // MONAI's argument name
+    for (char& ch : name)
+      if (ch == '-') ch = '_';
+    args[name] = *v;
   }
   auto r = models::import_monai(a.positional[0], args, a.get("layout", "monai"), a.get("out"));
   if (!r.is_ok()) return fail("import", r.status());
@@ -97,10 +111,30 @@ int import_monai_command(const Args& a) {
 
 }  // namespace
 
+const Command& import_command() {
+  static const Command c{
+      "import",
+      cmd_import,
+      {{"",
+        "import --from nnunet RESULTS_DIR/fold_K --out DIR\n"
+        "import --from monai MODEL.pt|BUNDLE_DIR --out DIR [--layout monai|segflow] "
+        "[--spatial-dims N --in-channels N --out-channels N --channels A,B,.. --strides S,S,.. "
+        "--num-res-units N --kernel-size K --up-kernel-size K --norm batch|instance --act NAME --dropout P "
+        "--bias true|false]",
+        "nnU-Net or MONAI UNet weights as a segflow checkpoint and job config",
+        "Writes DIR/job.yaml, DIR/model.pt (for segflow infer) and DIR/weights.sfta (for model.weights); "
+        "MONAI also DIR/import.json, printed (docs/how-to/pretrained-weights.md).",
+        {{"SOURCE",
+          "--from nnunet: RESULTS_DIR/fold_K (plans.json and dataset.json one folder up); --from monai: a "
+          "bundle folder, or a state dict MODEL.pt with the UNet arguments below"}},
+        {{"", kImportOptions},
+         {"--from monai only (from --spatial-dims on: the UNet's arguments, for a bare MODEL.pt)",
+          kMonaiOptions}}}}};
+  return c;
+}
+
 int cmd_import(int argc, char** argv) {
-  std::set<std::string> with_value{"from", "out", "layout"};
-  for (const auto& [option, spec] : monai_arg_options()) with_value.insert(option);
-  auto a = parse_args(argc, argv, 2, with_value, {});
+  auto a = parse_args(argc, argv, 2, import_command().forms.front());
   if (!a.is_ok()) return fail("import", a.status());
   for (const char* k : {"from", "out"})
     if (!a->has(k))

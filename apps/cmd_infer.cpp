@@ -80,16 +80,6 @@ nlohmann::json result_json(const models::InferResult& r) {
   return j;
 }
 
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> out;
-  for (std::size_t p = 0; p <= text.size();) {
-    const std::size_t q = std::min(text.find(',', p), text.size());
-    out.push_back(text.substr(p, q - p));
-    p = q + 1;
-  }
-  return out;
-}
-
 /// The postprocessing to apply: --postprocess FILE, none with "none", else the
 /// postprocessing.json beside the (first) checkpoint when there is one.
 Result<std::optional<models::PostprocessPlan>> postprocess_plan(const Args& a,
@@ -135,14 +125,74 @@ Status model_package_options(const Args& a, models::InferOptions& o) {
   return Status::ok();
 }
 
+constexpr Option kInferOptions[] = {
+    {"checkpoint", "PATH",
+     "a run's best.pt or last.pt; repeat for an ensemble (the mean of the members' probabilities); required "
+     "unless --model"},
+    {"input", "SCAN|DIR|DATASET",
+     "a scan (a file or a DICOM series folder), a folder of scans or a dataset; required"},
+    {"output", "PATH",
+     "for one scan a .nii/.nii.gz label map or a .dcm SEG; a folder otherwise (one file per case); required"},
+    {"device", "D", "auto (default), cpu or cuda:N"},
+    {"format", "nifti|seg", "the files of a folder output; default SEG for DICOM inputs, else NIfTI"},
+    {"class-names", "bg,liver,...",
+     "names of label values 0..K-1 for the SEG segments; default the training's"},
+    {"amp", "auto|none|bf16|fp16",
+     "mixed precision of the forward passes (as train.amp); default auto on CUDA, none on the CPU"},
+    {"quiet", "", "no progress lines on stderr"},
+};
+/// What box-prompted inference refuses (apps/cmd_infer_boxes.cpp).
+constexpr Option kSlidingWindowOptions[] = {
+    {"tta", "none|mirror|mirror-all",
+     "test-time mirroring: none (default), the axes the training flipped, or all axes"},
+    {"overlap", "F", "sliding-window overlap in [0, 1); default the run's validation.overlap"},
+    {"stitch-device", "cpu",
+     "stitch the windows in host memory (a large volume's class maps need not fit the GPU); default the "
+     "model's device"},
+    {"postprocess", "FILE|none",
+     "a postprocessing.json applied to each written label map (NIfTI outputs); default the one beside the "
+     "first checkpoint, when there is one; none: none"},
+    {"channels-last", "on|off",
+     "channels-last weights and inputs (faster 3D convolutions on GPUs); default on on CUDA, off on the CPU"},
+    {"save-probabilities", "", "also write <label map name>_probabilities.nii.gz"},
+};
+constexpr Option kPackageInferOptions[] = {
+    {"model", "MODEL_DIR",
+     "a segflow package: its members as the ensemble, its TTA, overlap, class names and postprocessing, "
+     "after checking every file's sha256; not with --checkpoint, --tta or --postprocess"},
+    {"no-postprocess", "", "with --model: skip the package's postprocessing"},
+};
+
 }  // namespace
 
+std::span<const Option> sliding_window_options() { return kSlidingWindowOptions; }
+
+const Command& infer_command() {
+  static const Command c{
+      "infer",
+      cmd_infer,
+      {{"",
+        "infer --checkpoint PATH [--checkpoint PATH2 ...] --input SCAN|DIR|DATASET --output PATH "
+        "[--device D] [--format nifti|seg] [--class-names bg,liver,...] [--amp A] [--quiet] "
+        "[--tta none|mirror|mirror-all] [--overlap F] [--stitch-device cpu] [--postprocess FILE|none] "
+        "[--channels-last on|off] [--save-probabilities]\n"
+        "infer --model MODEL_DIR --input ... --output ... [--no-postprocess] [common options]\n"
+        "infer --checkpoint SAM.pt --input SCAN|DIR --output PATH (--boxes FILE | --boxes-from LABELMAP) "
+        "[--propagate] [--box-margin N] [common options]",
+        "sliding-window inference with a checkpoint, an ensemble or a package; box prompts with a sam one",
+        "Writes label maps in each input's geometry, one per case into a folder, and prints one JSON object "
+        "(docs/how-to/train-and-infer.md). With box prompts (a sam checkpoint) the sliding-window options "
+        "are refused; a folder input takes a folder of prompts, one per case (docs/how-to/box-prompted.md).",
+        {},
+        {{"", kInferOptions},
+         {"sliding window (not with box prompts)", kSlidingWindowOptions},
+         {"model package", kPackageInferOptions},
+         {"box prompts (a sam checkpoint)", box_prompt_options()}}}}};
+  return c;
+}
+
 int cmd_infer(int argc, char** argv) {
-  auto a = parse_args(
-      argc, argv, 2,
-      {"checkpoint", "input", "output", "device", "tta", "class-names", "format", "amp", "channels-last",
-       "overlap", "stitch-device", "postprocess", "boxes", "boxes-from", "box-margin", "model"},
-      {"save-probabilities", "quiet", "propagate", "no-postprocess"});
+  auto a = parse_args(argc, argv, 2, infer_command().forms.front());
   if (!a.is_ok()) return fail("infer", a.status());
   for (const char* k : {"checkpoint", "input", "output"})
     if (!a->has(k) && !(a->has("model") && k == std::string("checkpoint")))
@@ -164,7 +214,7 @@ int cmd_infer(int argc, char** argv) {
   auto tta = models::parse_tta(a->get("tta", "none"));
   if (!tta.is_ok()) return fail("infer", tta.status());
   o.tta = *tta;
-  if (a->has("class-names")) o.class_names = split_commas(a->get("class-names"));
+  if (a->has("class-names")) o.class_names = split_text(a->get("class-names"), ',');
   o.format = a->get("format");
   o.amp = a->get("amp");
   if (a->has("channels-last")) {

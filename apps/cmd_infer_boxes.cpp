@@ -85,21 +85,35 @@ int infer_folder_with_boxes(const models::BoxInferOptions& base) {
   return failed == 0 ? 0 : 1;
 }
 
+constexpr Option kBoxPromptOptions[] = {
+    {"boxes", "FILE",
+     "a JSON or CSV box file (voxel or patient coordinates); a folder of them, <case id>.json or .csv, for a "
+     "folder input"},
+    {"boxes-from", "LABELMAP",
+     "the box of each label on each slice of a label map on the input's grid; a folder of them for a folder "
+     "input"},
+    {"propagate", "", "one seed box per label, propagated slice by slice until the mask vanishes"},
+    {"box-margin", "N", "with --propagate: voxels the previous slice's mask box grows per side; default 3"},
+};
+
 }  // namespace
 
+std::span<const Option> box_prompt_options() { return kBoxPromptOptions; }
+
 bool wants_box_inference(const Args& a) {
-  return a.has("boxes") || a.has("boxes-from") || a.has("box-margin") || a.flag("propagate");
+  for (const Option& o : kBoxPromptOptions)
+    if (a.given(o.name)) return true;
+  return false;
 }
 
 int infer_with_boxes(const Args& a) {
   if (a.all("checkpoint").size() > 1)
     return fail("infer", invalid_argument("--checkpoint: box-prompted inference takes one checkpoint, got " +
                                           std::to_string(a.all("checkpoint").size())));
-  for (const char* k : {"tta", "overlap", "stitch-device", "postprocess", "channels-last"})
-    if (a.has(k))
-      return fail("infer", invalid_argument(std::string("--") + k + ": not used by box-prompted inference"));
-  if (a.flag("save-probabilities"))
-    return fail("infer", invalid_argument("--save-probabilities: not used by box-prompted inference"));
+  for (const Option& o : sliding_window_options())
+    if (a.given(o.name))
+      return fail("infer",
+                  invalid_argument("--" + std::string(o.name) + ": not used by box-prompted inference"));
   models::BoxInferOptions o;
   o.checkpoint = a.get("checkpoint");
   o.input = a.get("input");
@@ -115,14 +129,7 @@ int infer_with_boxes(const Args& a) {
     if (!m.is_ok()) return fail("infer", m.status());
     o.box_margin = *m;
   }
-  if (a.has("class-names")) {
-    const std::string text = a.get("class-names");
-    for (std::size_t p = 0; p <= text.size();) {
-      const std::size_t q = std::min(text.find(',', p), text.size());
-      o.class_names.push_back(text.substr(p, q - p));
-      p = q + 1;
-    }
-  }
+  if (a.has("class-names")) o.class_names = split_text(a.get("class-names"), ',');
   if (!models::is_single_scan(o.input)) return infer_folder_with_boxes(o);
   auto r = models::run_box_inference(o);
   if (!r.is_ok()) return fail("infer", r.status());

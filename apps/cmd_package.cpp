@@ -61,11 +61,42 @@ void print_package(const models::ModelPackage& p) {
   std::printf("  files: %zu with sha256\n", m["files"].size());
 }
 
+constexpr Option kPackageOptions[] = {
+    {"out", "MODEL_DIR", "the folder to write; must not exist; required"},
+    {"cv", "FILE",
+     "a `segflow cv --out` summary: its runs are members, its figures recorded; repeat for an ensemble of "
+     "configurations"},
+    {"selection", "FILE",
+     "a `segflow select --out` file: the winner's runs, its summaries' figures and the verdict"},
+    {"postprocessing", "FILE",
+     "a postprocessing.json for the model's classes, copied in and applied by infer --model"},
+    {"checkpoint", "last|best",
+     "which checkpoint of each run: last (default; what the out-of-fold figures used) or best"},
+    {"tta", "none|mirror|mirror-all", "what infer --model runs; default none"},
+    {"json", "", "print model.json instead of a summary"},
+    {"quiet", "", "no progress lines on stderr"},
+};
+
 }  // namespace
 
+const Command& package_command() {
+  static const Command c{
+      "package",
+      cmd_package,
+      {{"",
+        "package --out MODEL_DIR (RUN... | --cv cv_summary.json ... | --selection selection.json) "
+        "[--postprocessing postprocessing.json] [--checkpoint last|best] [--tta none|mirror|mirror-all] "
+        "[--json] [--quiet]",
+        "the chosen checkpoints, class names, TTA, postprocessing and CV figures in one model folder",
+        "A manifest (model.json) and the sha256 of every file; segflow infer --model runs it "
+        "(docs/how-to/from-folds-to-model.md).",
+        {{"RUN...", "run folders, one per fold (their cv figures computed when each has validation/)"}},
+        {{"", kPackageOptions}}}}};
+  return c;
+}
+
 int cmd_package(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {"out", "cv", "selection", "postprocessing", "checkpoint", "tta"},
-                      {"json", "quiet"});
+  auto a = parse_args(argc, argv, 2, package_command().forms.front());
   if (!a.is_ok()) return fail("package", a.status());
   if (!a->has("out"))
     return fail("package", invalid_argument(std::string("--out: required (") + kPackageUsage + ")"));

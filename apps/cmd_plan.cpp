@@ -65,7 +65,40 @@ void print_summary(const planning::PlanResult& r, const fs::path& out) {
   std::printf("plan folder: %s\n", out.c_str());
 }
 
+constexpr Option kPlannerOptions[] = {
+    {"device", "cpu|cuda|cuda:N",
+     "where trial steps run and the recipes train; default cuda:0 when visible, else cpu"},
+    {"memory-gb", "G", "the memory target, > 0; default 8"},
+    {"memory-model", "measured|nnunet", "measured (default: trial steps) or nnunet (nnU-Net's estimate)"},
+    {"max-step-s", "S", "step-time budget of the measured model, > 0; default 2 on a CPU, none on CUDA"},
+    {"amp", "auto|none|bf16|fp16", "mixed precision of the trials and recipes; default auto"},
+    {"threads", "N", "fingerprint reader threads, >= 0; default 0: one per core"},
+};
+constexpr Option kPlanOptions[] = {
+    {"out", "DIR",
+     "the plan folder (fingerprint.json, plans.json, <configuration>.yaml); default DATASET/.segflow-plans"},
+    {"configurations", "2d,3d_fullres,3d_lowres",
+     "which to plan (3d_lowres only when nnU-Net's rule keeps it); default all three"},
+    {"json", "", "print plans.json instead of the summary"},
+};
+
 }  // namespace
+
+std::span<const Option> planner_options() { return kPlannerOptions; }
+
+const Command& plan_command() {
+  static const Command c{
+      "plan",
+      cmd_plan,
+      {{"",
+        "plan DATASET [--out DIR] [--configurations 2d,3d_fullres,3d_lowres] [--device cpu|cuda:N] "
+        "[--memory-gb G] [--memory-model measured|nnunet] [--max-step-s S] [--amp A] [--threads N] [--json]",
+        "fingerprint a dataset and write nnU-Net-style plans and one runnable job YAML per configuration",
+        "docs/how-to/plan.md",
+        {{"DATASET", "a dataset folder (MSD / nnU-Net v2, DICOM cases or MedSAM npy)"}},
+        {{"", kPlanOptions}, {"planner", kPlannerOptions}}}}};
+  return c;
+}
 
 Result<planning::PlanOptions> plan_options_from_args(const Args& a) {
   planning::PlanOptions o;
@@ -105,10 +138,7 @@ Result<fs::path> ensure_plan(const fs::path& dataset, const fs::path& out, plann
 }
 
 int cmd_plan(int argc, char** argv) {
-  auto a = parse_args(
-      argc, argv, 2,
-      {"out", "device", "memory-gb", "configurations", "memory-model", "max-step-s", "amp", "threads"},
-      {"json"});
+  auto a = parse_args(argc, argv, 2, plan_command().forms.front());
   if (!a.is_ok()) return fail("plan", a.status());
   if (a->positional.size() != 1)
     return fail("plan",

@@ -38,8 +38,47 @@ Result<std::vector<std::int64_t>> parse_grid(const std::string& text) {
   return grid;
 }
 
+constexpr Option kDetermineOptions[] = {
+    {"out", "FILE", "where the plan is written (also printed as one JSON line); default postprocessing.json"},
+    {"metric", "dice|iou|nsd",
+     "the figure a step must raise: the mean over classes of dice (default), iou or nsd"},
+    {"min-voxels", "10,50,100,500,1000|none",
+     "sizes tried for the per-class removal of small components (default 10,50,100,500,1000); none skips "
+     "that step"},
+    {"scratch", "DIR", "where candidate label maps are written to be scored; default a temporary folder"},
+    {"quiet", "", "no line per step on stderr"},
+};
+constexpr Option kApplyOptions[] = {
+    {"plan", "FILE", "a postprocessing.json; required"},
+    {"input", "PRED|DIR", "a label file, or a folder of them; required"},
+    {"output", "OUT|DIR", "the file to write, or a folder (same names as the input's); required"},
+};
+
+const Form& determine_form() {
+  static const Form f{"determine",
+                      "postprocess determine RUN... [--out postprocessing.json] [--metric dice|iou|nsd] "
+                      "[--min-voxels 10,50,100,500,1000|none] [--scratch DIR] [--quiet]",
+                      "choose the postprocessing on the folds' out-of-fold predictions",
+                      "Keeps each of: the largest component of all foreground, per class the largest "
+                      "component, per class the removal of small components, only if it raises the metric "
+                      "(nnU-Net's rule; docs/how-to/cross-validation.md).",
+                      {{"RUN...", "the run folders of the folds (each with its validation/ predictions)"}},
+                      {{"", kDetermineOptions}}};
+  return f;
+}
+
+const Form& apply_form() {
+  static const Form f{"apply",
+                      "postprocess apply --plan postprocessing.json --input PRED|DIR --output OUT|DIR",
+                      "apply a postprocessing.json to label maps",
+                      "",
+                      {},
+                      {{"", kApplyOptions}}};
+  return f;
+}
+
 int postprocess_determine(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 3, {"out", "metric", "min-voxels", "scratch"}, {"quiet"});
+  auto a = parse_args(argc, argv, 3, determine_form());
   if (!a.is_ok()) return fail("postprocess", a.status());
   models::DetermineOptions o;
   for (const auto& p : a->positional) o.runs.emplace_back(p);
@@ -76,7 +115,7 @@ std::vector<fs::path> label_files(const fs::path& dir) {
 }
 
 int postprocess_apply(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 3, {"plan", "input", "output"}, {});
+  auto a = parse_args(argc, argv, 3, apply_form());
   if (!a.is_ok()) return fail("postprocess", a.status());
   for (const char* k : {"plan", "input", "output"})
     if (!a->has(k))
@@ -111,6 +150,11 @@ int postprocess_apply(int argc, char** argv) {
 }
 
 }  // namespace
+
+const Command& postprocess_command() {
+  static const Command c{"postprocess", cmd_postprocess, {determine_form(), apply_form()}};
+  return c;
+}
 
 int cmd_postprocess(int argc, char** argv) {
   const std::string sub = argc > 2 ? argv[2] : "";

@@ -31,30 +31,38 @@ Status select_numbers(const Args& a, models::SelectOptions& o) {
       return invalid_argument("--max-ensemble: expected an integer >= 1, got " + a.get("max-ensemble"));
     o.max_ensemble = n;
   }
-  if (a.has("bootstrap")) {
-    SEGFLOW_ASSIGN_OR_RETURN(long long n, parse_int("--bootstrap", a.get("bootstrap")));
-    o.bootstrap = n;
-  }
-  if (a.has("seed")) {
-    SEGFLOW_ASSIGN_OR_RETURN(long long n, parse_int("--seed", a.get("seed")));
-    if (n < 0) return invalid_argument("--seed: expected an integer >= 0, got " + a.get("seed"));
-    o.seed = static_cast<std::uint64_t>(n);
-  }
-  if (a.has("confidence")) {
-    const std::string t = a.get("confidence");
-    char* end = nullptr;
-    o.confidence = std::strtod(t.c_str(), &end);
-    if (t.empty() || *end != '\0')
-      return invalid_argument("--confidence: expected a number in (0, 1), got '" + t + "'");
-  }
-  return Status::ok();
+  return bootstrap_from_args(a, o.bootstrap, o.confidence, o.seed);
 }
+
+constexpr Option kSelectOptions[] = {
+    {"metric", "dice|hd95|nsd", "dice (default), hd95 (mm, lower is better) or nsd (2 mm tolerance)"},
+    {"class", "N|mean",
+     "the class scored (a label value >= 1), or mean (default): per case the mean over its classes"},
+    {"max-ensemble", "K",
+     "largest ensemble tried, >= 1; 1 = single configurations only (no probabilities needed); default all"},
+    {"out", "FILE", "write selection.json there (nothing is written when the command fails)"},
+    {"json", "", "print selection.json as one line instead of the table"},
+};
 
 }  // namespace
 
+const Command& select_command() {
+  static const Command c{
+      "select",
+      cmd_select,
+      {{"",
+        "select CV_SUMMARY.json... [--metric dice|hd95|nsd] [--class N|mean] [--max-ensemble K] "
+        "[--out selection.json] [--json] [--bootstrap N] [--confidence C] [--seed S]",
+        "choose a configuration, or an ensemble of them, on the folds' out-of-fold evidence",
+        "Ranks the configurations and every ensemble of 2..K of them on the same out-of-fold cases; prints "
+        "the winner and whether the runner-up is within its confidence interval.",
+        {{"CV_SUMMARY.json...", "one `segflow cv --out` summary per configuration"}},
+        {{"", kSelectOptions}, {"bootstrap intervals", bootstrap_options()}}}}};
+  return c;
+}
+
 int cmd_select(int argc, char** argv) {
-  auto a = parse_args(
-      argc, argv, 2, {"metric", "class", "max-ensemble", "out", "bootstrap", "confidence", "seed"}, {"json"});
+  auto a = parse_args(argc, argv, 2, select_command().forms.front());
   if (!a.is_ok()) return fail("select", a.status());
   models::SelectOptions o;
   for (const auto& p : a->positional) o.summaries.emplace_back(p);

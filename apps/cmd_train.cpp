@@ -173,24 +173,87 @@ Status copy_plan_into_run(const Args& a, const models::JobConfig& cfg, const std
   return Status::ok();
 }
 
+constexpr Option kTrainOptions[] = {
+    {"set", "key=value",
+     "override a config key (repeatable; dotted paths and list indices, the value read as YAML)"},
+    {"resume", "PATH", "continue from a checkpoint (one fold)"},
+    {"resume-last", "", "continue from the run folder's last.pt when there is one"},
+    {"run-dir", "DIR", "write the run here instead of the deterministic folder under runs/ (one fold)"},
+    {"plugins", "DIR", "load stage plugins from DIR first"},
+    {"ranks", "N", "N data-parallel ranks in this process (CPU ranks over Gloo, or one per --devices entry)"},
+    {"devices", "cuda:0,cuda:1",
+     "one rank per listed device; --ranks must match their count; default the config's train.devices"},
+    {"fold", "K|all",
+     "train cross-validation fold K of data.folds (repeatable), or every fold, one run each"},
+    {"quiet", "", "no progress lines"},
+};
+/// The options of `segflow train DATASET` (with planner_options()); refused with a CONFIG.
+constexpr Option kTrainDatasetOptions[] = {
+    {"configuration", "2d|3d_fullres|3d_lowres", "the planned configuration to train; default 3d_fullres"},
+    {"plans", "DIR",
+     "the plan folder to reuse when its fingerprint matches, else to plan into; default "
+     "DATASET/.segflow-plans"},
+};
+constexpr Option kStagesOptions[] = {
+    {"plugins", "DIR", "load stage plugins from DIR first"},
+    {"json", "", "the stages as JSON"},
+};
+
+/// The option of a DATASET that `a` gives, or null.
+const Option* dataset_option_given(const Args& a) {
+  for (std::span<const Option> group : {std::span<const Option>(kTrainDatasetOptions), planner_options()})
+    for (const Option& o : group)
+      if (a.given(o.name)) return &o;
+  return nullptr;
+}
+
 }  // namespace
 
+const Command& train_command() {
+  static const Command c{
+      "train",
+      cmd_train,
+      {{"",
+        "train CONFIG [--set key=value ...] [--resume PATH | --resume-last] [--run-dir DIR] [--plugins DIR] "
+        "[--ranks N | --devices cuda:0,cuda:1] [--fold K ... | --fold all] [--quiet]\n"
+        "train DATASET [--configuration 3d_fullres] [--plans DIR] [planner options] [train options]",
+        "train in the foreground; writes a run folder under runs/",
+        "Prints `run folder: PATH` at the end (docs/how-to/train-and-infer.md). With WORLD_SIZE or "
+        "SLURM_NTASKS above 1 in the environment it is one rank of a multi-process job "
+        "(docs/how-to/data-parallel.md).",
+        {{"CONFIG", "a job config (docs/reference/job-config.md)"},
+         {"DATASET",
+          "a dataset folder instead: planned first (or the plan in --plans reused when its fingerprint "
+          "matches), then --configuration trained; the run folder gets the plan under plan/"}},
+        {{"", kTrainOptions},
+         {"with a DATASET", kTrainDatasetOptions},
+         {"planner (with a DATASET; as segflow plan)", planner_options()}}}}};
+  return c;
+}
+
+const Command& stages_command() {
+  static const Command c{"stages",
+                         cmd_stages,
+                         {{"",
+                           "stages [--json] [--plugins DIR]",
+                           "every pipeline stage with its options and defaults",
+                           "Options with their types, ranges, units and defaults (docs/reference/stages.md).",
+                           {},
+                           {{"", kStagesOptions}}}}};
+  return c;
+}
+
 int cmd_train(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2,
-                      {"set", "resume", "plugins", "run-dir", "ranks", "devices", "fold", "configuration",
-                       "plans", "device", "memory-gb", "memory-model", "max-step-s", "amp", "threads"},
-                      {"quiet", "resume-last"});
+  auto a = parse_args(argc, argv, 2, train_command().forms.front());
   if (!a.is_ok()) return fail("train", a.status());
   if (a->positional.size() != 1)
     return fail("train", invalid_argument("expected one CONFIG file or DATASET folder, got " +
                                           std::to_string(a->positional.size())));
   std::string file = a->positional[0];
   const bool dataset = std::filesystem::is_directory(file);
-  for (const char* k :
-       {"configuration", "plans", "device", "memory-gb", "memory-model", "max-step-s", "amp", "threads"})
-    if (!dataset && a->has(k))
-      return fail("train", invalid_argument(std::string("--") + k +
-                                            ": only with a DATASET folder, got the config " + file));
+  if (const Option* o = dataset_option_given(*a); !dataset && o != nullptr)
+    return fail("train", invalid_argument("--" + std::string(o->name) +
+                                          ": only with a DATASET folder, got the config " + file));
   if (dataset) {
     auto yaml = planned_config(*a, file);
     if (!yaml.is_ok()) return fail("train", yaml.status());
@@ -285,7 +348,7 @@ int train_one(const Args& args, Result<models::JobConfig> cfg) {
 }  // namespace
 
 int cmd_stages(int argc, char** argv) {
-  auto a = parse_args(argc, argv, 2, {"plugins"}, {"json"});
+  auto a = parse_args(argc, argv, 2, stages_command().forms.front());
   if (!a.is_ok()) return fail("stages", a.status());
   pipeline::StageRegistry registry = pipeline::builtin_registry();
   if (a->has("plugins")) {

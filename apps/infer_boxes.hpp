@@ -6,7 +6,14 @@
 
 namespace segflow::apps {
 
-/// True when the arguments ask for box-prompted inference.
+/// The box prompts' options (--boxes, --boxes-from, --propagate, --box-margin): any of them
+/// asks for box-prompted inference.
+std::span<const Option> box_prompt_options();
+
+/// The sliding window's options (apps/cmd_infer.cpp), which box-prompted inference refuses.
+std::span<const Option> sliding_window_options();
+
+/// True when the arguments ask for box-prompted inference (one of box_prompt_options()).
 bool wants_box_inference(const Args& a);
 
 /// Runs it on the one scan of --input (one JSON line), or on every case of a folder of scans

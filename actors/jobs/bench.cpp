@@ -3,8 +3,11 @@
 #include <torch/torch.h>
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <chrono>
+#include <filesystem>
+#include <set>
 #include <fstream>
 #include <functional>
 
@@ -12,6 +15,7 @@
 #include "actors/jobs/job_runner.hpp"
 #include "messages/log.hpp"
 #include "models/device_memory.hpp"
+#include "models/training/cpu_threads.hpp"
 #include "pipeline/simple_loader.hpp"
 #include "pipeline/staged_source.hpp"
 
@@ -74,6 +78,42 @@ void reset_peaks(const c10::Device& device) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
 }
 
+/// LibTorch's per-op profiler (Kineto) on this thread while it lives; finish() writes the
+/// trace in Chrome trace format. Ops on CPU, and CUDA kernels when the device is a GPU.
+class OpTrace {
+ public:
+  OpTrace(std::string path, const c10::Device& device) : path_(std::move(path)) {
+    if (path_.empty()) return;
+    namespace pi = torch::profiler::impl;
+    std::set<pi::ActivityType> acts{pi::ActivityType::CPU};
+    if (device.is_cuda()) acts.insert(pi::ActivityType::CUDA);
+    const pi::ProfilerConfig cfg(pi::ProfilerState::KINETO, /*report_input_shapes=*/true);
+    torch::autograd::profiler::prepareProfiler(cfg, acts);
+    torch::autograd::profiler::enableProfiler(cfg, acts);
+    on_ = true;
+  }
+  ~OpTrace() {
+    if (on_) (void)torch::autograd::profiler::disableProfiler();
+  }
+  Status finish() {
+    if (!on_) return Status::ok();
+    on_ = false;
+    try {
+      auto result = torch::autograd::profiler::disableProfiler();
+      if (!result) return internal_error("bench --profile: the profiler returned no result");
+      result->save(path_);
+    } catch (const std::exception& e) {
+      return io_error("bench --profile: " + path_ + ": " + first_line(e));
+    }
+    if (!std::filesystem::exists(path_)) return io_error("bench --profile: " + path_ + ": no trace was written");
+    return Status::ok();
+  }
+
+ private:
+  std::string path_;
+  bool on_ = false;
+};
+
 /// Runs epochs until `seconds` have passed (or max_epochs), at least one.
 Result<Totals> timed_epochs(models::Trainer& t, pipeline::BatchSource& src, std::int64_t steps,
                             double seconds, std::int64_t max_epochs) {
@@ -123,8 +163,10 @@ Result<std::vector<json>> bench_training(const models::JobConfig& base, const Be
     pipeline::RecordingBatchSource rec(*job.source, static_cast<std::size_t>(steps * cfg.train.accumulate));
     SEGFLOW_ASSIGN_OR_RETURN(Totals first, timed_epochs(*job.trainer, rec, steps, 0.0, 1));
     const CacheFigures after_first = cache_figures(*job.source);
+    OpTrace trace(out.empty() ? o.profile_path : std::string(), job.trainer->device());
     SEGFLOW_ASSIGN_OR_RETURN(Totals e2e,
                              timed_epochs(*job.trainer, *job.source, steps, o.seconds, o.max_epochs));
+    SEGFLOW_RETURN_IF_ERROR(trace.finish());
     const CacheFigures cache = cache_figures(*job.source);
     const double host = models::peak_host_memory_mb(),
                  gpu = models::peak_device_memory_mb(job.trainer->device());
@@ -133,6 +175,8 @@ Result<std::vector<json>> bench_training(const models::JobConfig& base, const Be
               {"loader", loader},
               {"device", device},
               {"amp", job.trainer->config().train.amp},
+              {"threads", job.trainer->intra_op_team().threads()},
+              {"threads_reason", job.trainer->intra_op_team().reason()},
               {"channels_last", cfg.train.channels_last},
               {"batch_size", cfg.train.batch_size},
               {"first_epoch_s", first.seconds},
@@ -161,6 +205,7 @@ Result<std::vector<json>> bench_training(const models::JobConfig& base, const Be
               {"loader", loader},
               {"device", device},
               {"amp", job.trainer->config().train.amp},
+              {"threads", job.trainer->intra_op_team().threads()},
               {"batch_size", cfg.train.batch_size}};
     c.update(comp.to_json());
     put(c);
@@ -182,6 +227,7 @@ Result<std::vector<json>> bench_training(const models::JobConfig& base, const Be
             {"peak_gpu_mb", peak_gpu},
             {"peak_host_mb_by_loader", host_mb},
             {"peak_gpu_mb_by_loader", gpu_mb}};
+  if (!o.profile_path.empty()) s["profile"] = o.profile_path;
   if (sps.contains("actors") && sps.contains("simple") && sps["simple"].get<double>() > 0)
     s["actors_over_simple"] = sps["actors"].get<double>() / sps["simple"].get<double>();
   put(s);

@@ -18,6 +18,9 @@ struct BenchOptions {
   double seconds = 60.0;             ///< measured time per loader (after the warm-up epoch)
   std::int64_t max_epochs = 0;       ///< 0: as many as fit in `seconds` (at least 1)
   std::vector<std::string> loaders;  ///< data paths to measure; empty = the config's
+  /// When set: a per-op trace of the first loader's measured (end-to-end) epochs, written
+  /// there in Chrome trace format (LibTorch's Kineto profiler; chrome://tracing, Perfetto).
+  std::string profile_path;
 };
 
 /// One JSON object per measurement: {"bench": "e2e"|"compute"|"summary", ...}. Each e2e
@@ -29,7 +32,7 @@ struct BenchOptions {
 /// loader's run (peaks are reset after set-up); compute lines the same figures of speed on
 /// staged batches; summary: pipeline_efficiency, samples_per_s and bytes_per_cached_voxel
 /// per loader, loader ratios, peak_host_mb / peak_gpu_mb (the largest over the loaders)
-/// and the same per loader.
+/// and the same per loader. With options.profile_path, the summary line names the trace.
 Result<std::vector<nlohmann::json>> bench_training(
     const models::JobConfig& cfg, const BenchOptions& options,
     const std::function<void(const nlohmann::json&)>& emit = {});

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "job_yaml.hpp"
@@ -154,6 +155,35 @@ TEST_CASE("segflow bench prints e2e, compute and summary JSON lines with the pip
   auto bad = run_segflow("bench " + shell_quote((dir / "job.yaml").string()) + " --seconds 0");
   CHECK(bad.exit_code == 2);
   CHECK(bad.out.find("--seconds: expected an integer >= 1") != std::string::npos);
+}
+
+TEST_CASE("segflow bench --profile writes a Chrome trace of the measured steps' ops, named by the summary") {
+  TempDir dir("cli_bench_profile");
+  write_file(dir / "job.yaml", cli_job(dir.path(), 1));
+  const auto trace = dir / "trace.json";
+  auto r = run_command(shell_quote(segflow_bin()) + " bench " + shell_quote((dir / "job.yaml").string()) +
+                       " --json --epochs 1 --loaders simple --profile " + shell_quote(trace.string()) +
+                       " 2>/dev/null");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(r.out);
+  for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
+  REQUIRE(lines.size() == 3);
+  // The team the trainer ran with, and why.
+  CHECK(lines[0]["threads"].get<int>() >= 1);
+  CHECK(lines[0]["threads_reason"].get<std::string>().rfind("auto: ", 0) == 0);
+  CHECK(lines[2]["profile"] == trace.string());
+  REQUIRE(std::filesystem::exists(trace));
+  std::ifstream f(trace);
+  const auto j = nlohmann::json::parse(f);
+  REQUIRE(j.contains("traceEvents"));
+  // The UNet's convolutions, forward and backward, are among the recorded ops.
+  std::size_t convs = 0;
+  for (const auto& e : j["traceEvents"])
+    if (e.value("name", "").find("convolution") != std::string::npos) ++convs;
+  CHECK(convs > 0);
+  auto bad = run_segflow("bench " + shell_quote((dir / "job.yaml").string()) + " --profile");
+  CHECK(bad.exit_code == 2);
 }
 
 TEST_CASE("segflow train --ranks 2 trains data-parallel and writes one run folder") {
