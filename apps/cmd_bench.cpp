@@ -7,7 +7,7 @@
 #include "actors/jobs/bench.hpp"
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
-#include "models/job_config.hpp"
+#include "models/training/job_config.hpp"
 #include "pipeline/stage_registry.hpp"
 
 namespace segflow::apps {

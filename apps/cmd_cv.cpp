@@ -1,5 +1,5 @@
 // segflow cv: the folds of one configuration pooled into a cross-validation summary
-// (models/cross_validation.hpp).
+// (models/evidence/cross_validation.hpp).
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -9,7 +9,7 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "messages/file_util.hpp"
-#include "models/cross_validation.hpp"
+#include "models/evidence/cross_validation.hpp"
 
 namespace segflow::apps {
 

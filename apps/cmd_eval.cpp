@@ -1,4 +1,4 @@
-// segflow eval: predicted label maps scored against ground truth (models/evaluation.hpp).
+// segflow eval: predicted label maps scored against ground truth (models/evidence/evaluation.hpp).
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
-#include "models/evaluation.hpp"
+#include "models/evidence/evaluation.hpp"
 
 namespace segflow::apps {
 

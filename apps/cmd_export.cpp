@@ -1,4 +1,4 @@
-// segflow export: a trained checkpoint out to PyTorch (models/export.hpp), ONNX
+// segflow export: a trained checkpoint out to PyTorch (models/interop/export.hpp), ONNX
 // (apps/cmd_export_onnx.cpp) or an nnU-Net v2 results folder (apps/cmd_export_nnunet.cpp).
 // Each target parses its own options; this file picks the target from --to.
 #include <nlohmann/json.hpp>
@@ -8,8 +8,8 @@
 
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
-#include "models/export.hpp"
-#include "models/trainer.hpp"
+#include "models/interop/export.hpp"
+#include "models/training/trainer.hpp"
 
 namespace segflow::apps {
 

@@ -1,5 +1,5 @@
 // segflow export --to nnunet: a plain_unet checkpoint as an nnU-Net v2 results folder
-// (models/nnunet_export.hpp) that nnUNetv2_predict / nnUNetPredictor run.
+// (models/interop/nnunet_export.hpp) that nnUNetv2_predict / nnUNetPredictor run.
 #include <nlohmann/json.hpp>
 
 #include <iostream>
@@ -7,9 +7,9 @@
 
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
-#include "models/class_names.hpp"
-#include "models/nnunet_export.hpp"
-#include "models/trainer.hpp"
+#include "models/interop/nnunet_export.hpp"
+#include "models/training/class_names.hpp"
+#include "models/training/trainer.hpp"
 
 namespace segflow::apps {
 

@@ -1,5 +1,5 @@
 // segflow export --to onnx: a trained checkpoint (or every member of a model package) as
-// ONNX with its preprocessing manifest (models/onnx_export.hpp).
+// ONNX with its preprocessing manifest (models/interop/onnx_export.hpp).
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
@@ -8,10 +8,10 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "messages/file_util.hpp"
-#include "models/model_package.hpp"
-#include "models/onnx/onnx_graph.hpp"
-#include "models/onnx_export.hpp"
-#include "models/trainer.hpp"
+#include "models/inference/model_package.hpp"
+#include "models/interop/onnx/onnx_graph.hpp"
+#include "models/interop/onnx_export.hpp"
+#include "models/training/trainer.hpp"
 
 namespace segflow::apps {
 namespace {

@@ -1,5 +1,5 @@
 // segflow infer: one scan, a folder of scans or a dataset through one checkpoint or an
-// ensemble, with optional mirroring TTA and saved probabilities (models/inference.hpp).
+// ensemble, with optional mirroring TTA and saved probabilities (models/inference/inference.hpp).
 #include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
@@ -16,8 +16,8 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "apps/infer_boxes.hpp"
-#include "models/inference.hpp"
-#include "models/postprocessing.hpp"
+#include "models/evidence/postprocessing.hpp"
+#include "models/inference/inference.hpp"
 #include "pipeline/io/image_io.hpp"
 
 namespace segflow::apps {

@@ -1,12 +1,12 @@
-// segflow infer with box prompts (apps/infer_boxes.hpp, models/box_inference.hpp).
+// segflow infer with box prompts (apps/infer_boxes.hpp, models/inference/box_inference.hpp).
 #include <nlohmann/json.hpp>
 
 #include <iostream>
 
 #include "apps/commands.hpp"
 #include "apps/infer_boxes.hpp"
-#include "models/box_inference.hpp"
-#include "models/inference.hpp"
+#include "models/inference/box_inference.hpp"
+#include "models/inference/inference.hpp"
 
 namespace segflow::apps {
 namespace {

@@ -1,5 +1,5 @@
 // segflow postprocess: determine the postprocessing on the folds' out-of-fold predictions,
-// or apply a postprocessing.json to label maps (models/postprocessing.hpp).
+// or apply a postprocessing.json to label maps (models/evidence/postprocessing.hpp).
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "messages/file_util.hpp"
-#include "models/postprocessing.hpp"
+#include "models/evidence/postprocessing.hpp"
 #include "pipeline/io/image_io.hpp"
 
 namespace segflow::apps {

@@ -1,5 +1,5 @@
 // segflow select: the configuration (or ensemble of configurations) chosen on the
-// out-of-fold evidence of their cv summaries (models/selection.hpp).
+// out-of-fold evidence of their cv summaries (models/evidence/selection.hpp).
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
@@ -8,7 +8,7 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "messages/file_util.hpp"
-#include "models/selection.hpp"
+#include "models/evidence/selection.hpp"
 
 namespace segflow::apps {
 

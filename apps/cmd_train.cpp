@@ -14,8 +14,8 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "messages/log.hpp"
-#include "models/class_names.hpp"
-#include "models/job_config.hpp"
+#include "models/training/class_names.hpp"
+#include "models/training/job_config.hpp"
 #include "pipeline/plugin.hpp"
 #include "pipeline/stage_registry.hpp"
 

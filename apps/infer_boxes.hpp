@@ -1,6 +1,6 @@
 #pragma once
 // `segflow infer --boxes FILE | --boxes-from LABELMAP [--propagate] [--box-margin N]`: the
-// box-prompted path of cmd_infer (models/box_inference.hpp).
+// box-prompted path of cmd_infer (models/inference/box_inference.hpp).
 
 #include "apps/cli_args.hpp"
 

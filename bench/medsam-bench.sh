@@ -5,7 +5,7 @@
 #   {"bench": "e2e"|"compute"|"summary", "config": "medsam-bench-<preset>", ...}  segflow bench
 #       on the same cases (the medsam_box stage cuts the same kind of slices and boxes)
 #   {"bench": "medsam_ratios", ...}  segflow / MedSAM: samples/s, step ms, peak host memory
-# Both sides: the same preset sizes (models/sam.cpp), batch, image size, fp32, the prompt
+# Both sides: the same preset sizes (models/nets/sam.cpp), batch, image size, fp32, the prompt
 # encoder frozen, AdamW lr 1e-4 wd 0.01, no data-loader workers, the same thread count.
 #
 # usage: bench/medsam-bench.sh [--preset tiny|small|vit_b] [--batch B] [--steps N] [--cases C]

@@ -9,7 +9,7 @@ usage: medsam_step.py slices DATASET OUT_DIR --img S [--a-min -200 --a-max 300]
        medsam_step.py train NPY_DIR --preset tiny|small|vit_b --batch B --steps N [--warmup W]
            [--threads T] [--device cpu|cuda]
            MedSAM's train_one_gpu.py step on those files: segment_anything's Sam (vit_b from its
-           registry; tiny and small with segflow's preset sizes, models/sam.cpp), a random label's
+           registry; tiny and small with segflow's preset sizes, models/nets/sam.cpp), a random label's
            box with MedSAM's jitter (bbox_shift 20 at 1024, scaled), the image encoder and mask
            decoder trained, the prompt encoder frozen, masks upsampled to S, DiceLoss(sigmoid,
            squared_pred) + BCEWithLogits, AdamW(lr 1e-4, weight_decay 0.01), fp32. Prints one
@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-# segflow's presets (models/sam.cpp SamOptions::preset): encoder and decoder sizes.
+# segflow's presets (models/nets/sam.cpp SamOptions::preset): encoder and decoder sizes.
 PRESETS = {
     "tiny": dict(img=64, patch=8, embed=64, depth=2, heads=2, out=64, rel_pos=False, window=0, glob=(),
                  dec_heads=2, dec_mlp=128, iou_hidden=64),

@@ -52,10 +52,10 @@
 
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
-#include "models/job_config.hpp"
 #include "models/parallel/collective.hpp"
 #include "models/parallel/ddp_sync.hpp"
-#include "models/trainer.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 #include "pipeline/batch_source.hpp"
 
 using namespace segflow;

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "models/optim.hpp"
-#include "models/registry.hpp"
+#include "models/nets/registry.hpp"
+#include "models/training/optim.hpp"
 
 using namespace segflow;
 using namespace segflow::models;

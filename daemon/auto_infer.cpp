@@ -7,7 +7,7 @@
 
 #include "daemon/dicom/service.hpp"
 #include "messages/log.hpp"
-#include "models/box_inference.hpp"
+#include "models/inference/box_inference.hpp"
 
 namespace segflow::daemon {
 

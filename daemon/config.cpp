@@ -7,9 +7,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "models/checkpoint.hpp"
-#include "models/job_config.hpp"
 #include "models/planning/plan.hpp"
+#include "models/training/checkpoint.hpp"
+#include "models/training/job_config.hpp"
 #include "pipeline/options.hpp"
 #include "pipeline/pipeline_spec.hpp"
 

@@ -9,10 +9,10 @@
 #include "daemon/detail/job.hpp"
 #include "daemon/job_manager.hpp"
 #include "messages/log.hpp"
-#include "models/box_inference.hpp"
-#include "models/inference.hpp"
-#include "models/model_package.hpp"
-#include "models/trainer.hpp"
+#include "models/inference/box_inference.hpp"
+#include "models/inference/inference.hpp"
+#include "models/inference/model_package.hpp"
+#include "models/training/trainer.hpp"
 
 namespace segflow::daemon {
 

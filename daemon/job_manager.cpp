@@ -7,7 +7,7 @@
 
 #include "daemon/detail/job.hpp"
 #include "messages/log.hpp"
-#include "models/trainer.hpp"
+#include "models/training/trainer.hpp"
 
 namespace segflow::daemon {
 

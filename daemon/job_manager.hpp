@@ -79,7 +79,7 @@ struct InferJobSpec {
   std::string trigger;  ///< "" (ctl infer) or "auto_infer" (a new case of a watched dataset)
   std::string dataset;  ///< auto_infer: the dataset of the case
   std::string case_id;  ///< auto_infer: the case
-  /// Box prompts for a box-prompted (sam) checkpoint, one scan (models/box_inference.hpp):
+  /// Box prompts for a box-prompted (sam) checkpoint, one scan (models/inference/box_inference.hpp):
   /// a box file or a label map; `propagate` seeds 3D propagation; box_margin < 0 = default.
   std::string boxes, boxes_from;
   bool propagate = false;

@@ -12,7 +12,7 @@
 #include "daemon/job_manager.hpp"
 #include "messages/log.hpp"
 #include "models/planning/plan.hpp"
-#include "models/trainer.hpp"
+#include "models/training/trainer.hpp"
 #include "pipeline/fingerprint.hpp"
 
 namespace segflow::daemon {

@@ -13,8 +13,8 @@
 #include "daemon/detail/job.hpp"
 #include "daemon/job_manager.hpp"
 #include "messages/log.hpp"
-#include "models/job_config.hpp"
-#include "models/trainer.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 
 namespace segflow::daemon {
 

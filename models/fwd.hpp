@@ -4,7 +4,7 @@
 
 namespace segflow::models {
 
-// checkpoint.hpp, trainer.hpp
+// training/checkpoint.hpp, training/trainer.hpp
 struct StepInfo;
 struct EpochInfo;
 struct ValidationInfo;
@@ -14,17 +14,17 @@ class GradientSync;
 class AutocastGuard;
 class Trainer;
 class IntraOpTeam;
-// job_config.hpp
+// training/job_config.hpp
 struct DataSettings;
 struct TrainSettings;
 struct ValidationSettings;
 struct JobConfig;
-// registry.hpp
+// nets/registry.hpp
 struct ModelInfo;
 struct ModelOptions;
 struct SamModelOptions;
 class ModelHandle;
-// layers.hpp, unet.hpp, sam.hpp
+// nets/layers.hpp, nets/unet.hpp, nets/sam.hpp
 enum class NormKind;
 enum class ActKind;
 struct ConvOptions;
@@ -37,7 +37,7 @@ class ConvBlockImpl;
 class UNetImpl;
 class PlainConvUNetImpl;
 class SamImpl;
-// losses.hpp
+// training/losses.hpp
 enum class LossActivation;
 enum class LossReduction;
 enum class LossKind;
@@ -45,7 +45,7 @@ struct DiceLossOptions;
 struct FocalLossOptions;
 struct LossOptions;
 class DeepSupervisionLoss;
-// metrics.hpp, eval_metrics.hpp, evaluation.hpp
+// training/metrics.hpp, evidence/eval_metrics.hpp, evidence/evaluation.hpp
 enum class EmptyClassPolicy;
 struct DiceMetricOptions;
 class DiceMetric;
@@ -53,7 +53,7 @@ struct ClassScores;
 struct EvalMetricOptions;
 struct EvaluateOptions;
 struct EvaluationReport;
-// optim.hpp
+// training/optim.hpp
 enum class ScheduleKind;
 struct OptimizerOptions;
 struct ScheduleOptions;
@@ -61,7 +61,7 @@ struct GradScalerOptions;
 class LrSchedule;
 class FusedOptimizer;
 class GradScaler;
-// sliding_window.hpp, inference.hpp, export.hpp
+// training/sliding_window.hpp, inference/inference.hpp, interop/export.hpp
 enum class BlendMode;
 enum class TtaMode;
 struct SlidingWindowOptions;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Convert a PyTorch SAM / MedSAM checkpoint into a segflow tensor archive (.sfta).
 
-segflow's C++ SAM (models/sam.hpp) names its parameters exactly like segment_anything's
+segflow's C++ SAM (models/nets/sam.hpp) names its parameters exactly like segment_anything's
 state dict (image_encoder.blocks.0.attn.qkv.weight, prompt_encoder.pe_layer.
 positional_encoding_gaussian_matrix, mask_decoder.transformer.layers.0.self_attn.q_proj.weight,
 ...), so for SAM ViT-B and MedSAM checkpoints the name map is the identity. Other layouts are
@@ -30,7 +30,7 @@ Segflow tensor archive, version 1 (all integers little-endian):
                     padding) and the header is space-padded so the data starts aligned.
   dtype: float32 float64 float16 bfloat16 int64 int32 int16 int8 uint8 bool;
   nbytes = prod(shape) * element size.
-The C++ reader is segflow::models::read_tensor_archive (models/weights.hpp).
+The C++ reader is segflow::models::read_tensor_archive (models/nets/weights.hpp).
 """
 
 from __future__ import annotations

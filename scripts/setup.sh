@@ -20,7 +20,7 @@ debs=(
   clang libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes: scripts/fuzz.sh, scripts/sanitize.sh
   orthanc  # the PACS of the hospital loop tests (tests/daemon/test_hospital_loop.cpp); the test runs its own instance
   clang-tidy                # scripts/tidy.sh (CI runs it on the sources)
-  libonnx-dev libprotobuf-dev  # segflow export --to onnx: the ONNX project's protobuf types and checker (models/onnx/)
+  libonnx-dev libprotobuf-dev  # segflow export --to onnx: the ONNX project's protobuf types and checker (models/interop/onnx/)
 )
 missing=()
 for p in "${debs[@]}"; do

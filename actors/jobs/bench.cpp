@@ -14,7 +14,7 @@
 #include "actors/actor_batch_source.hpp"
 #include "actors/jobs/job_runner.hpp"
 #include "messages/log.hpp"
-#include "models/device_memory.hpp"
+#include "models/training/device_memory.hpp"
 #include "models/training/cpu_threads.hpp"
 #include "pipeline/simple_loader.hpp"
 #include "pipeline/staged_source.hpp"

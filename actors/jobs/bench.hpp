@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "messages/status.hpp"
-#include "models/job_config.hpp"
+#include "models/training/job_config.hpp"
 
 namespace segflow::actors {
 

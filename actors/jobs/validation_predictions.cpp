@@ -7,8 +7,8 @@
 
 #include "messages/file_util.hpp"
 #include "messages/log.hpp"
-#include "models/evaluation.hpp"
-#include "models/inference.hpp"
+#include "models/evidence/evaluation.hpp"
+#include "models/inference/inference.hpp"
 #include "pipeline/io/dataset.hpp"
 
 namespace segflow::actors {

@@ -6,14 +6,14 @@
 // case and class Dice, IoU, HD95, ASSD, NSD, volumes; class means) and scores.csv. With
 // validation.save_probabilities also each case's class probabilities on the same grid
 // (<case id>_probabilities.nii.gz, inference's writer), which `segflow select` averages.
-// `segflow cv` (models/cross_validation.hpp) pools the folds' summaries.
+// `segflow cv` (models/evidence/cross_validation.hpp) pools the folds' summaries.
 // Not an actor: it runs in the job's thread after fit() returns.
 
 #include <filesystem>
 
 #include "messages/status.hpp"
-#include "models/job_config.hpp"
-#include "models/trainer.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 #include "pipeline/split.hpp"
 
 namespace segflow::actors {

@@ -17,8 +17,8 @@
 #include "actors/run/run_folder.hpp"
 #include "actors/run/run_outputs.hpp"
 #include "messages/log.hpp"
-#include "models/device_memory.hpp"
 #include "models/parallel/collective.hpp"
+#include "models/training/device_memory.hpp"
 
 namespace segflow::actors {
 

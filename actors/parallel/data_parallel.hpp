@@ -42,9 +42,9 @@
 
 #include "actors/jobs/job_runner.hpp"
 #include "messages/status.hpp"
-#include "models/job_config.hpp"
 #include "models/parallel/ddp_sync.hpp"
-#include "models/trainer.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 
 namespace segflow::actors {
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "actors/collector.hpp"
-#include "models/trainer.hpp"
+#include "models/training/trainer.hpp"
 
 namespace segflow::actors {
 

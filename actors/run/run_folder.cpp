@@ -6,8 +6,8 @@
 
 #include "messages/file_util.hpp"
 #include "messages/log.hpp"
-#include "models/checkpoint.hpp"
-#include "models/device_memory.hpp"
+#include "models/training/checkpoint.hpp"
+#include "models/training/device_memory.hpp"
 
 namespace segflow::actors {
 

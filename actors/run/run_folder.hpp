@@ -16,8 +16,8 @@
 #include "actors/run/event_bus.hpp"
 #include "actors/run/run_outputs.hpp"
 #include "messages/status.hpp"
-#include "models/job_config.hpp"
-#include "models/trainer.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 #include "pipeline/split.hpp"
 
 namespace segflow::actors {

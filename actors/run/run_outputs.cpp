@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "messages/log.hpp"
-#include "models/class_names.hpp"
+#include "models/training/class_names.hpp"
 
 namespace segflow::actors {
 
@@ -98,7 +98,7 @@ void JsonlMetricsObserver::on_epoch_end(const models::EpochInfo& i) {
 void JsonlMetricsObserver::on_validation(const models::ValidationInfo& i) {
   json per = json::array();
   for (double d : i.dice_per_class) per.push_back(std::isfinite(d) ? json(d) : json(nullptr));
-  json named = json::object();  // the same Dice keyed by class name (models/class_names.hpp)
+  json named = json::object();  // the same Dice keyed by class name (models/training/class_names.hpp)
   for (std::size_t k = 0; k < i.dice_per_class.size(); ++k) named[models::class_key(i, k)] = per[k];
   impl_->write({{"type", "validation"},
                 {"epoch", i.epoch},

@@ -24,7 +24,7 @@
 #include "actors/run/event_bus.hpp"
 #include "messages/file_util.hpp"
 #include "messages/status.hpp"
-#include "models/trainer.hpp"
+#include "models/training/trainer.hpp"
 
 namespace segflow::actors {
 

@@ -15,7 +15,7 @@
 
 #include "daemon/job_manager.hpp"
 #include "daemon/state_db.hpp"
-#include "models/job_config.hpp"
+#include "models/training/job_config.hpp"
 
 namespace segflow::daemon::detail {
 

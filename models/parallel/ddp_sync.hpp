@@ -41,7 +41,7 @@
 
 #include "messages/status.hpp"
 #include "models/fwd.hpp"
-#include "models/trainer.hpp"
+#include "models/training/trainer.hpp"
 
 namespace c10d {
 class Reducer;

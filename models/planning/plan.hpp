@@ -58,7 +58,7 @@ struct PlanOptions {
   /// Step-time budget of the measured model, seconds; 0 = none on CUDA and 2 s on a CPU.
   double max_step_s = 0.0;
   std::int64_t trial_steps = 2;  ///< timed trial steps per candidate (after one warm-up), >= 1
-  std::string amp = "auto";      ///< mixed precision of the trials and the recipe (models/amp.hpp)
+  std::string amp = "auto";      ///< mixed precision of the trials and the recipe (models/training/amp.hpp)
   pipeline::FingerprintOptions fingerprint;
   NnunetConstants constants;
   std::string name;  ///< job name prefix; "" = the dataset folder's name

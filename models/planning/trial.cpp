@@ -10,9 +10,9 @@
 #include <chrono>
 #include <fstream>
 
-#include "models/device_memory.hpp"
-#include "models/losses.hpp"
-#include "models/registry.hpp"
+#include "models/nets/registry.hpp"
+#include "models/training/device_memory.hpp"
+#include "models/training/losses.hpp"
 
 namespace segflow::models::planning {
 

@@ -19,7 +19,7 @@
 #include "actors/run/event_bus.hpp"
 #include "job_yaml.hpp"
 #include "messages/caf_types.hpp"
-#include "models/job_config.hpp"
+#include "models/training/job_config.hpp"
 #include "test_util.hpp"
 
 namespace {

@@ -12,10 +12,10 @@
 #include <set>
 
 #include "job_yaml.hpp"
-#include "models/box_inference.hpp"
-#include "models/job_config.hpp"
-#include "models/sam.hpp"
-#include "models/trainer.hpp"
+#include "models/inference/box_inference.hpp"
+#include "models/nets/sam.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "pipeline/io/nifti.hpp"
 #include "pipeline/transforms/medsam.hpp"

@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "actors/jobs/job_runner.hpp"
-#include "models/job_config.hpp"
+#include "models/training/job_config.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "test_util.hpp"
 

@@ -10,9 +10,9 @@
 
 #include "actors/jobs/job_runner.hpp"
 #include "job_yaml.hpp"
-#include "models/checkpoint.hpp"
-#include "models/job_config.hpp"
-#include "models/trainer.hpp"
+#include "models/training/checkpoint.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 #include "test_util.hpp"
 
 using namespace segflow;

@@ -14,11 +14,11 @@
 #include <fstream>
 
 #include "job_yaml.hpp"
-#include "models/export.hpp"
-#include "models/job_config.hpp"
-#include "models/onnx_export.hpp"
-#include "models/sam.hpp"
-#include "models/trainer.hpp"
+#include "models/interop/export.hpp"
+#include "models/interop/onnx_export.hpp"
+#include "models/nets/sam.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "test_util.hpp"
 

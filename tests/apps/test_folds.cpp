@@ -9,7 +9,7 @@
 
 #include "actors/jobs/job_runner.hpp"
 #include "job_yaml.hpp"
-#include "models/job_config.hpp"
+#include "models/training/job_config.hpp"
 #include "pipeline/split.hpp"
 #include "test_util.hpp"
 

@@ -11,9 +11,9 @@
 
 #include "actors/jobs/job_runner.hpp"
 #include "job_yaml.hpp"
-#include "models/inference.hpp"
-#include "models/job_config.hpp"
-#include "models/trainer.hpp"
+#include "models/inference/inference.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "pipeline/io/nifti.hpp"
 #include "test_util.hpp"

@@ -24,7 +24,7 @@
 
 #include "actors/jobs/job_runner.hpp"
 #include "job_yaml.hpp"
-#include "models/job_config.hpp"
+#include "models/training/job_config.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "test_util.hpp"

@@ -11,8 +11,8 @@
 
 #include "actors/jobs/job_runner.hpp"
 #include "job_yaml.hpp"
-#include "models/class_names.hpp"
-#include "models/job_config.hpp"
+#include "models/training/class_names.hpp"
+#include "models/training/job_config.hpp"
 #include "pipeline/io/nifti.hpp"
 #include "pipeline/io/nrrd.hpp"
 #include "test_util.hpp"

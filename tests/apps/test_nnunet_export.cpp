@@ -8,11 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/jobs/job_runner.hpp"
-#include "models/class_names.hpp"
-#include "models/job_config.hpp"
-#include "models/nnunet_export.hpp"
-#include "models/trainer.hpp"
-#include "models/weights.hpp"
+#include "models/interop/nnunet_export.hpp"
+#include "models/nets/weights.hpp"
+#include "models/training/class_names.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 #include "test_util.hpp"
 
 using namespace segflow;

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <string>
 
-#include "models/job_config.hpp"
+#include "models/training/job_config.hpp"
 #include "pipeline/io/dataset.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/nifti.hpp"

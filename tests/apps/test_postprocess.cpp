@@ -11,7 +11,7 @@
 #include <fstream>
 
 #include "job_yaml.hpp"
-#include "models/postprocessing.hpp"
+#include "models/evidence/postprocessing.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "pipeline/io/nifti.hpp"
 #include "test_util.hpp"

@@ -10,11 +10,11 @@
 
 #include "actors/jobs/job_runner.hpp"
 #include "job_yaml.hpp"
-#include "models/export.hpp"
-#include "models/job_config.hpp"
-#include "models/registry.hpp"
-#include "models/trainer.hpp"
-#include "models/weights.hpp"
+#include "models/interop/export.hpp"
+#include "models/nets/registry.hpp"
+#include "models/nets/weights.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 #include "test_util.hpp"
 
 using namespace segflow;

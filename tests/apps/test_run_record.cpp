@@ -10,8 +10,8 @@
 
 #include "actors/jobs/job_runner.hpp"
 #include "job_yaml.hpp"
-#include "models/amp.hpp"
-#include "models/job_config.hpp"
+#include "models/training/amp.hpp"
+#include "models/training/job_config.hpp"
 #include "test_util.hpp"
 
 using namespace segflow;

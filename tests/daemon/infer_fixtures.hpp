@@ -9,8 +9,8 @@
 #include <filesystem>
 
 #include "job_yaml.hpp"
-#include "models/job_config.hpp"
-#include "models/trainer.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 #include "test_util.hpp"
 
 namespace segflow::testing::daemon {

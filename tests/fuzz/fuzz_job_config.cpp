@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fuzz_target.hpp"
-#include "models/job_config.hpp"
+#include "models/training/job_config.hpp"
 #include "pipeline/stage_registry.hpp"
 
 SEGFLOW_FUZZ_TARGET(job_config) {

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "model_checks.hpp"
-#include "models/job_config.hpp"
-#include "models/layers.hpp"
-#include "models/optim.hpp"
-#include "models/trainer.hpp"
+#include "models/nets/layers.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/optim.hpp"
+#include "models/training/trainer.hpp"
 #include "pipeline/staged_source.hpp"
 #include "test_util.hpp"
 #include "train_helpers.hpp"

@@ -8,9 +8,9 @@
 #include <sstream>
 #include <string>
 
-#include "models/amp.hpp"
-#include "models/job_config.hpp"
-#include "models/trainer.hpp"
+#include "models/training/amp.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 #include "test_util.hpp"
 #include "train_helpers.hpp"
 

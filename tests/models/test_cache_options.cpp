@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "job_yaml.hpp"
-#include "models/job_config.hpp"
+#include "models/training/job_config.hpp"
 #include "test_util.hpp"
 
 using namespace segflow::models;

@@ -14,7 +14,7 @@
 
 #include "job_yaml.hpp"
 #include "messages/cpu_cores.hpp"
-#include "models/job_config.hpp"
+#include "models/training/job_config.hpp"
 #include "models/training/cpu_threads.hpp"
 #include "test_util.hpp"
 

@@ -9,8 +9,8 @@
 
 #include <cmath>
 
-#include "models/optim.hpp"
-#include "models/trainer.hpp"
+#include "models/training/optim.hpp"
+#include "models/training/trainer.hpp"
 #include "test_util.hpp"
 #include "train_helpers.hpp"
 

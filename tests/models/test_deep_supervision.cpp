@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/losses.hpp"
+#include "models/training/losses.hpp"
 #include "test_util.hpp"
 
 using namespace segflow::models;

@@ -1,4 +1,4 @@
-// Evaluation metrics (models/eval_metrics.hpp): the exact distance transform against brute
+// Evaluation metrics (models/evidence/eval_metrics.hpp): the exact distance transform against brute
 // force, surface voxels, and every score against MONAI 1.4 on anisotropic label maps that
 // tests/tools/monai_metrics.py writes with nibabel.
 #include <doctest/doctest.h>
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <limits>
 
-#include "models/eval_metrics.hpp"
+#include "models/evidence/eval_metrics.hpp"
 #include "pipeline/io/nifti.hpp"
 #include "test_util.hpp"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "job_yaml.hpp"
-#include "models/job_config.hpp"
+#include "models/training/job_config.hpp"
 #include "pipeline/stage_registry.hpp"
 #include "test_util.hpp"
 

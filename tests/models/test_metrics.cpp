@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "models/metrics.hpp"
+#include "models/training/metrics.hpp"
 
 using namespace segflow::models;
 

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "models/optim.hpp"
+#include "models/training/optim.hpp"
 #include "test_util.hpp"
 
 using namespace segflow::models;

@@ -11,9 +11,9 @@
 #include <cstdlib>
 
 #include "model_checks.hpp"
-#include "models/sam.hpp"
-#include "models/unet.hpp"
-#include "models/weights.hpp"
+#include "models/nets/sam.hpp"
+#include "models/nets/unet.hpp"
+#include "models/nets/weights.hpp"
 #include "test_util.hpp"
 
 using namespace segflow::models;

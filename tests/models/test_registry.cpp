@@ -4,8 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "model_checks.hpp"
-#include "models/registry.hpp"
-#include "models/weights.hpp"
+#include "models/nets/registry.hpp"
+#include "models/nets/weights.hpp"
 #include "test_util.hpp"
 
 using namespace segflow::models;

@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "model_checks.hpp"
-#include "models/sam.hpp"
+#include "models/nets/sam.hpp"
 #include "test_util.hpp"
 
 using namespace segflow::models;

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "models/losses.hpp"
+#include "models/training/losses.hpp"
 #include "train_helpers.hpp"
 
 using namespace segflow;

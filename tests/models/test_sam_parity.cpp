@@ -19,9 +19,9 @@
 #include <string>
 
 #include "model_checks.hpp"
-#include "models/losses.hpp"
-#include "models/sam.hpp"
-#include "models/weights.hpp"
+#include "models/nets/sam.hpp"
+#include "models/nets/weights.hpp"
+#include "models/training/losses.hpp"
 #include "test_util.hpp"
 
 using namespace segflow::models;

@@ -3,8 +3,8 @@
 #include <torch/torch.h>
 
 #include "model_checks.hpp"
-#include "models/sliding_window.hpp"
-#include "models/unet.hpp"
+#include "models/nets/unet.hpp"
+#include "models/training/sliding_window.hpp"
 
 using namespace segflow::models;
 using segflow::testing::max_abs_diff;

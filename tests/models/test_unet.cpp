@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "model_checks.hpp"
-#include "models/unet.hpp"
+#include "models/nets/unet.hpp"
 
 using namespace segflow::models;
 using segflow::testing::check_gradients;

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "job_yaml.hpp"
-#include "models/job_config.hpp"
-#include "models/trainer.hpp"
+#include "models/training/job_config.hpp"
+#include "models/training/trainer.hpp"
 #include "pipeline/staged_source.hpp"
 #include "test_util.hpp"
 

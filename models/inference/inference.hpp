@@ -1,0 +1,177 @@
+#pragma once
+// `segflow infer`: trained checkpoints applied to scans; label maps (and, on request, class
+// probabilities) come back in each input's own geometry (NIfTI, or DICOM SEG for DICOM
+// input). One scan, a folder of scans or a dataset; mirroring test-time augmentation;
+// ensembles of checkpoints averaged as probabilities.
+//
+// How a case is predicted: each checkpoint runs the deterministic stages of its own
+// training pipeline, then sliding-window inference whose windows are turned into
+// probabilities (softmax; sigmoid as [1 - p, p] for one-channel models) before blending,
+// optionally averaged over every combination of flips of the window's spatial axes
+// (nnU-Net's mirroring: the axes the training flipped, or all of them). The checkpoints' probabilities are
+// averaged on the first one's preprocessed grid; the label map is their argmax, mapped back to the input's
+// grid (nearest, through patient coordinates); saved probabilities are mapped back linearly.
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "messages/geometry.hpp"
+#include "messages/status.hpp"
+#include "models/fwd.hpp"
+
+namespace segflow::models {
+
+/// Test-time augmentation: the softmax averaged over every combination of flips of a set of
+/// spatial axes, window by window (nnU-Net's mirroring).
+enum class TtaMode {
+  none,
+  /// The axes the checkpoint's training pipeline flips (its rand_flip stages), as nnU-Net
+  /// mirrors its inference_allowed_mirroring_axes; none when the training never flipped.
+  mirror,
+  mirror_all,  ///< every spatial axis (8 passes in 3D, 4 in 2D)
+};
+
+/// "none" | "mirror" | "mirror-all".
+Result<TtaMode> parse_tta(const std::string& text);
+
+/// The axes (0 = x, 1 = y, 2 = z) `tta` mirrors for a model with `spatial_dims` trained
+/// through `training_stages` (a built pipeline's to_json(): [{name, options}], options
+/// resolved). Ascending.
+std::vector<int> tta_mirror_axes(TtaMode tta, const nlohmann::json& training_stages, int spatial_dims);
+
+/// One case of a folder or dataset: its image channels.
+struct InferCase {
+  std::string id;
+  std::vector<std::filesystem::path> channels;  ///< one file or DICOM series folder per channel
+  bool dicom = false;                           ///< a DICOM series (DICOM SEG output by default)
+};
+
+/// Options of one inference run.
+struct InferOptions {
+  std::filesystem::path checkpoint;  ///< best.pt / last.pt of a run (the first of an ensemble)
+  /// A model package folder (`segflow package`, models/inference/model_package.hpp). When set, its
+  /// members are the ensemble and its TTA, overlap, class names and postprocessing apply;
+  /// `checkpoint` and `ensemble` must be empty. Every file's sha256 is checked first.
+  std::filesystem::path model;
+  /// With `model`: apply the package's postprocessing.json to each label map (false:
+  /// `--no-postprocess`).
+  bool postprocess = true;
+  /// A NIfTI / npy / DICOM file or a folder with one DICOM series (run_inference); for
+  /// run_inference_batch also a folder of scans or a dataset (see list_inference_cases).
+  std::filesystem::path input;
+  std::filesystem::path output;  ///< out.nii[.gz], out.dcm (DICOM SEG) or a folder
+  std::string device = "auto";
+  /// More checkpoints: an ensemble whose probabilities are averaged with `checkpoint`'s.
+  /// Every member must predict the same classes from the same channels; the model families
+  /// may differ (unet, plain_unet; 2D and 3D): each member runs its own stages and window.
+  std::vector<std::filesystem::path> ensemble;
+  TtaMode tta = TtaMode::none;
+  /// Also write the class probabilities, (x, y, z, class) float32 NIfTI, next to the label
+  /// map: "<label map name without extension>_probabilities.nii.gz".
+  bool save_probabilities = false;
+  /// Names of label values 0..K-1 (DICOM SEG segment labels). Empty: the training's class
+  /// names (job_class_names of the first checkpoint's config: dataset.json `labels`, or the
+  /// SEG segment labels of a DICOM dataset, carried through its map_labels stages, or their
+  /// `names`); "label_<v>" where none is known.
+  std::vector<std::string> class_names;
+  /// Format of the files a folder output gets: "" (DICOM SEG for DICOM input, else NIfTI),
+  /// "nifti" or "seg".
+  std::string format;
+  /// Mixed precision of the forward passes: none | bf16 | fp16 | auto (models/training/amp.hpp);
+  /// "" = auto on a CUDA device, none (float32) on the CPU.
+  std::string amp;
+  /// Channels-last weights and inputs (faster 3D convolutions on GPUs); unset = on CUDA only.
+  std::optional<bool> channels_last;
+  /// Sliding-window overlap in [0, 1); < 0 = the run's validation.overlap.
+  double overlap = -1.0;
+  /// Where the windows are stitched: "" = the model's device; "cpu" = host memory, for
+  /// volumes whose class maps do not fit the device.
+  std::string stitch_device;
+  /// run_inference_batch: these cases instead of the scans listed under `input` (a run's
+  /// validation cases, written as NIfTI unless `format` says otherwise).
+  std::vector<InferCase> cases;
+};
+
+/// What was written for one case.
+struct InferResult {
+  std::filesystem::path output;
+  Size3 size{0, 0, 0};               ///< of the written label map (= input size)
+  std::vector<std::int64_t> labels;  ///< distinct values written
+  double seconds = 0.0;
+  std::string case_id;                  ///< case id (batch) or the input's name
+  std::filesystem::path probabilities;  ///< the probabilities file, when saved
+  std::vector<int> tta_axes;            ///< axes mirrored (of the first checkpoint; 0 = x)
+};
+
+/// Runs inference on one scan. A folder output gets "<input name>_seg.nii.gz" (NIfTI input)
+/// or "seg.dcm" (DICOM input).
+Result<InferResult> run_inference(const InferOptions& options);
+
+/// The scans under `input`: a file or a DICOM series folder (one case); a dataset root
+/// (its imagesTs/, else imagesTr/, else imgs/); or a folder of scans: image files (NIfTI,
+/// npy, and what else read_image reads) and DICOM case folders. When every file name ends
+/// in a 4-digit channel suffix (nnU-Net's "case_0000.nii.gz") files are grouped by case
+/// into channels; else each file is a case. Files that are no case (dataset.json, reports,
+/// saved probabilities) are left out; cases with a gap in their channels go to `skipped`.
+Result<std::vector<InferCase>> list_inference_cases(
+    const std::filesystem::path& input, std::vector<std::pair<std::string, std::string>>* skipped = nullptr);
+
+/// True when `input` is one scan: a file, or a folder holding a DICOM image series.
+bool is_single_scan(const std::filesystem::path& input);
+
+/// Progress of a batch, reported before and after each case.
+struct InferProgress {
+  std::size_t index = 0;  ///< 0-based
+  std::size_t total = 0;
+  std::string case_id;
+  bool done = false;     ///< false: starting; true: finished (see error)
+  double seconds = 0.0;  ///< of this case, when done
+  std::string error;     ///< when the case failed
+  std::filesystem::path output;
+};
+
+/// What a batch wrote, and what it could not do.
+struct InferBatchResult {
+  std::vector<InferResult> outputs;
+  std::vector<std::pair<std::string, std::string>> failed;   ///< (case id, error)
+  std::vector<std::pair<std::string, std::string>> skipped;  ///< (path, reason) from the listing
+  double seconds = 0.0;
+};
+
+/// Runs inference on every case of list_inference_cases(options.input) into the folder
+/// options.output (created): "<case id>.nii.gz" or "<case id>.dcm". A case that fails is
+/// reported (progress and `failed`) and the others go on. The models are loaded once.
+Result<InferBatchResult> run_inference_batch(const InferOptions& options,
+                                             const std::function<void(const InferProgress&)>& progress = {});
+
+/// Class probabilities (K, *spatial) float32 on the CPU of one model for one preprocessed
+/// image (C, *spatial): sliding windows with the run's validation settings, softmax per
+/// window (or [1 - sigmoid, sigmoid]), averaged over the 2^n flips of `mirror_axes` (0 = x,
+/// 1 = y, 2 = z; empty: no TTA). A 2D model on a volume runs slice by slice (z is not
+/// mirrored). The model is put in eval mode. Inputs follow the weights' layout (channels
+/// last when the trainer's config says so).
+/// How predict_probabilities runs the model; the defaults are the run's own validation.
+struct PredictOptions {
+  std::string amp = "none";   ///< resolved mode: none | bf16 | fp16 (autocast around the model)
+  double overlap = -1.0;      ///< < 0: the run's validation.overlap
+  std::string stitch_device;  ///< "" = the model's device, "cpu" = host memory
+};
+at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image,
+                                 const std::vector<int>& mirror_axes = {},
+                                 const PredictOptions& options = {});
+
+/// Resamples an integer label map or float maps (C, Z, Y, X) from grid `src` onto the grid
+/// `dst` of size `dst_size` through patient coordinates (nearest for integer types, linear
+/// otherwise); points outside `src` get 0.
+at::Tensor resample_to_grid(const at::Tensor& data, const Geometry& src, const Geometry& dst,
+                            const Size3& dst_size);
+
+}  // namespace segflow::models

@@ -1,0 +1,267 @@
+// The LibTorch side of the ONNX export: walks segflow's UNet / PlainConvUNet modules and
+// describes them as a models/interop/onnx/onnx_graph.hpp Graph (plain structs), which the torch-free
+// writer turns into a checked .onnx.
+#include "models/interop/onnx_export.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <map>
+#include <unordered_map>
+
+#include "messages/file_util.hpp"
+#include "models/inference/inference.hpp"
+#include "models/interop/detail/onnx_graph_builder.hpp"
+#include "models/interop/onnx/onnx_graph.hpp"
+#include "models/nets/registry.hpp"
+#include "models/nets/sam.hpp"
+#include "models/nets/unet.hpp"
+#include "models/training/class_names.hpp"
+#include "models/training/job_config.hpp"
+#include "pipeline/pipeline_spec.hpp"
+#include "pipeline/stage_registry.hpp"
+
+namespace segflow::models {
+namespace {
+
+namespace og = onnx_graph;
+using json = nlohmann::json;
+using Attr = og::Attribute;
+
+/// Builds the graph node by node; weights are named by their parameter / buffer names.
+using GraphBuilder = detail::OnnxGraphBuilder;
+
+std::string emit_conv(GraphBuilder& g, const ConvNdImpl& c, const std::string& x) {
+  const ConvOptions& o = c.options;
+  const int nd = o.spatial_dims;
+  const std::vector<int64_t> pad = c.resolved_padding();
+  std::vector<int64_t> pads = pad;  // begin..., end...
+  pads.insert(pads.end(), pad.begin(), pad.end());
+  std::vector<std::string> in = {x, g.weight(c.weight)};
+  if (c.bias.defined()) in.push_back(g.weight(c.bias));
+  std::vector<Attr> attrs = {Attr::list("kernel_shape", o.kernel_size.expand(nd)),
+                             Attr::list("strides", o.stride.expand(nd)), Attr::list("pads", pads),
+                             Attr::list("dilations", std::vector<int64_t>(static_cast<size_t>(nd), 1))};
+  if (o.transposed) attrs.push_back(Attr::list("output_padding", o.output_padding.expand(nd)));
+  return g.node(o.transposed ? "ConvTranspose" : "Conv", std::move(in), std::move(attrs));
+}
+
+std::string emit_norm(GraphBuilder& g, const NormImpl& n, const std::string& x) {
+  const NormOptions& o = n.options;
+  const auto scale = o.affine ? g.weight(n.weight) : g.constant(g.fresh("ones"), at::ones({o.channels}));
+  const auto shift = o.affine ? g.weight(n.bias) : g.constant(g.fresh("zeros"), at::zeros({o.channels}));
+  const Attr eps = Attr::real("epsilon", static_cast<float>(o.eps));
+  if (o.kind == NormKind::instance) return g.node("InstanceNormalization", {x, scale, shift}, {eps});
+  return g.node("BatchNormalization", {x, scale, shift, g.weight(n.running_mean), g.weight(n.running_var)},
+                {eps});
+}
+
+std::string emit_act(GraphBuilder& g, const ActivationImpl& a, const std::string& x) {
+  switch (a.options.kind) {
+    case ActKind::none:
+      return x;
+    case ActKind::relu:
+      return g.node("Relu", {x});
+    case ActKind::prelu:
+      return g.node("PRelu", {x, g.weight(a.weight)});
+    case ActKind::leakyrelu:
+      return g.node("LeakyRelu", {x}, {Attr::real("alpha", static_cast<float>(a.options.negative_slope))});
+    case ActKind::gelu: {  // x * 0.5 * (1 + erf(x / sqrt(2))), torch's exact GELU
+      const auto inv_sqrt2 = g.constant(g.fresh("gelu_inv_sqrt2"), at::full({}, 1.0 / std::sqrt(2.0)));
+      const auto half = g.constant(g.fresh("gelu_half"), at::full({}, 0.5));
+      const auto one = g.constant(g.fresh("gelu_one"), at::full({}, 1.0));
+      const auto erf = g.node("Erf", {g.node("Mul", {x, inv_sqrt2})});
+      return g.node("Mul", {g.node("Mul", {x, half}), g.node("Add", {erf, one})});
+    }
+  }
+  return x;
+}
+
+/// Conv, norm, activation; dropout is the identity in evaluation mode.
+std::string emit_block(GraphBuilder& g, const ConvBlockImpl& b, const std::string& x) {
+  std::string y = emit_conv(g, *b.conv, x);
+  if (b.options.conv_only) return y;
+  if (b.norm) y = emit_norm(g, *b.norm, y);
+  if (b.act) y = emit_act(g, *b.act, y);
+  return y;
+}
+
+std::string emit_residual_unit(GraphBuilder& g, const ResidualUnitImpl& r, const std::string& x) {
+  std::string y = x;
+  for (size_t i = 0; i < r.conv->size(); ++i) y = emit_block(g, r.conv->at<ConvBlockImpl>(i), y);
+  if (!r.options.residual) return y;
+  const std::string skip = r.residual ? emit_conv(g, *r.residual, x) : x;
+  return g.node("Add", {y, skip});
+}
+
+std::string emit_unet(GraphBuilder& g, const UNetImpl& net, const std::string& x) {
+  std::vector<std::string> skips;
+  std::string h = x;
+  for (size_t i = 0; i < net.down->size(); ++i) {
+    h = emit_residual_unit(g, net.down->at<ResidualUnitImpl>(i), h);
+    skips.push_back(h);
+  }
+  h = emit_residual_unit(g, *net.bottom, h);
+  for (size_t i = net.up->size(); i-- > 0;) {
+    const auto& up = net.up->at<UpLayerImpl>(i);
+    h = emit_block(g, *up.conv, g.node("Concat", {skips[i], h}, {Attr::integer("axis", 1)}));
+    if (up.ru) h = emit_residual_unit(g, *up.ru, h);
+  }
+  return h;
+}
+
+std::string emit_stack(GraphBuilder& g, const torch::nn::ModuleListImpl& blocks, std::string h) {
+  for (size_t i = 0; i < blocks.size(); ++i) h = emit_block(g, blocks.at<ConvBlockImpl>(i), h);
+  return h;
+}
+
+/// The full-resolution output only: the deep-supervision heads are training aids.
+std::string emit_plain_unet(GraphBuilder& g, const PlainConvUNetImpl& net, const std::string& x) {
+  std::vector<std::string> skips;
+  std::string h = x;
+  for (size_t s = 0; s < net.encoder_stages->size(); ++s) {
+    h = emit_stack(g, net.encoder_stages->at<torch::nn::ModuleListImpl>(s), h);
+    skips.push_back(h);
+  }
+  const size_t nd = net.decoder_stages->size();
+  for (size_t d = 0; d < nd; ++d) {
+    h = emit_conv(g, net.transpconvs->at<ConvNdImpl>(d), h);
+    h = g.node("Concat", {h, skips[nd - 1 - d]}, {Attr::integer("axis", 1)});
+    h = emit_stack(g, net.decoder_stages->at<torch::nn::ModuleListImpl>(d), h);
+  }
+  return emit_conv(g, net.seg_layers->at<ConvNdImpl>(nd - 1), h);
+}
+
+og::ValueInfo tensor_info(const std::string& name, int64_t channels, const std::string& channel_axis,
+                          int nd) {
+  og::ValueInfo v;
+  v.name = name;
+  v.shape.push_back({-1, "batch"});
+  v.shape.push_back({channels, channel_axis});
+  const char* axes[] = {"z", "y", "x"};
+  for (int d = 3 - nd; d < 3; ++d) v.shape.push_back({-1, axes[d]});
+  return v;
+}
+
+}  // namespace
+
+Status write_onnx_model(const ModelOptions& options, const torch::nn::Module& module,
+                        const std::filesystem::path& out, const OnnxExportOptions& eo) {
+  if (std::holds_alternative<SamModelOptions>(options.net))
+    return write_sam_onnx(dynamic_cast<const SamImpl&>(module), out, eo);
+  GraphBuilder g(module, eo.fp16_weights);
+  g.graph.opset = eo.opset;
+  g.graph.name = options.name();
+  g.graph.doc = "segflow " + options.name() + " in evaluation mode: image (N, C, [Z,] Y, X) -> logits";
+  int nd = 3;
+  int64_t in = 1, out_channels = 2;
+  std::string logits;
+  if (const auto* u = std::get_if<UNetOptions>(&options.net)) {
+    nd = u->spatial_dims;
+    in = u->in_channels;
+    out_channels = u->out_channels;
+    logits = emit_unet(g, dynamic_cast<const UNetImpl&>(module), "image");
+  } else {
+    const auto& p = std::get<PlainConvUNetOptions>(options.net);
+    nd = p.spatial_dims;
+    in = p.in_channels;
+    out_channels = p.num_classes;
+    logits = emit_plain_unet(g, dynamic_cast<const PlainConvUNetImpl&>(module), "image");
+  }
+  // The last node writes the graph output by name.
+  g.graph.nodes.back().outputs = {"logits"};
+  g.graph.inputs.push_back(tensor_info("image", in, "", nd));
+  g.graph.outputs.push_back(tensor_info("logits", out_channels, "", nd));
+  g.graph.metadata.emplace_back("segflow.model", options.name());
+  std::string bytes;
+  const std::string err = og::serialize_model(g.graph, bytes);
+  if (!err.empty()) return invalid_argument(out.string() + ": " + err);
+  return write_file_atomically(out, bytes);
+}
+
+std::vector<std::filesystem::path> onnx_output_files(const ModelOptions& options,
+                                                     const std::filesystem::path& out) {
+  if (std::holds_alternative<SamModelOptions>(options.net)) return sam_onnx_files(out);
+  return {out};
+}
+
+namespace {
+
+/// What the deterministic stages do to the image, for a runtime that does not read segflow's
+/// stage list: the orientation, the target spacing and the intensity stages in order.
+json preprocessing_summary(const json& stages) {
+  json summary = {{"orientation", nullptr}, {"spacing", nullptr}, {"intensity", json::array()}};
+  for (const json& st : stages) {
+    const std::string name = st.value("name", "");
+    const json& o = st.contains("options") ? st["options"] : json::object();
+    if (name == "reorient") {
+      summary["orientation"] = o.value("axcodes", "");
+    } else if (name == "resample") {
+      summary["spacing"] = o.value("spacing", json());
+      summary["spacing_grid"] = o.value("grid", "");
+    } else if (name == "scale_intensity_range" || name == "normalize_intensity" || name == "zscore" ||
+               name == "normalize_ct" || name == "clip_percentiles" || name == "medsam_preprocess") {
+      summary["intensity"].push_back(st);
+    } else if (name == "crop_foreground") {
+      summary["crops"] = true;
+    }
+  }
+  return summary;
+}
+
+}  // namespace
+
+Result<json> onnx_manifest(const JobConfig& cfg, const ModelInfo& info,
+                           const std::filesystem::path& onnx_file, const OnnxExportOptions& eo) {
+  if (std::holds_alternative<SamModelOptions>(cfg.model.net))
+    return sam_onnx_manifest(cfg, info, onnx_file, eo);
+  pipeline::StageRegistry registry = pipeline::builtin_registry();
+  SEGFLOW_ASSIGN_OR_RETURN(pipeline::Pipeline pipe, pipeline::build_pipeline(cfg.stages, registry, cfg.file));
+  const json all = pipe.to_json();
+  json stages = json::array();
+  for (std::size_t i = 0; i < pipe.cache_boundary() && i < all.size(); ++i) stages.push_back(all[i]);
+  const std::string layout = info.spatial_dims == 3 ? "NCZYX" : "NCYX";
+  const int64_t classes = info.out_channels;
+  std::vector<std::string> names = job_class_names(cfg);
+  const int64_t labels = classes == 1 ? 2 : classes;  // a sigmoid model predicts background / foreground
+  for (auto v = static_cast<int64_t>(names.size()); v < labels; ++v)
+    names.push_back("label_" + std::to_string(v));
+  names.resize(static_cast<std::size_t>(labels));
+  // TtaMode::mirror: the axes the training flipped, as `segflow infer --tta mirror` uses.
+  const std::vector<int> mirror = tta_mirror_axes(TtaMode::mirror, all, info.spatial_dims);
+  json roi = cfg.validation.roi_size.empty() ? json(nullptr) : json(cfg.validation.roi_size);
+  return json{
+      {"format", "segflow-onnx-manifest"},
+      {"version", 1},
+      {"job", cfg.name},
+      {"model",
+       {{"file", onnx_file.filename().string()},
+        {"family", info.name},
+        {"opset", eo.opset},
+        {"weights", eo.fp16_weights ? "float16" : "float32"},
+        {"spatial_dims", info.spatial_dims},
+        {"input",
+         {{"name", "image"}, {"layout", layout}, {"channels", info.in_channels}, {"dtype", "float32"}}},
+        {"output", {{"name", "logits"}, {"layout", layout}, {"channels", classes}, {"dtype", "float32"}}},
+        {"size_divisors", info.size_divisors},
+        {"sizes_order", "x, y, z (tensors are N, C, Z, Y, X)"}}},
+      {"classes", names},
+      {"preprocessing", {{"stages", stages}, {"summary", preprocessing_summary(stages)}}},
+      {"inference",
+       {{"roi_size", roi},
+        {"overlap", cfg.validation.overlap},
+        {"blend", cfg.validation.mode},
+        {"sigma_scale", 0.125},
+        {"padding_value", 0.0},
+        {"sw_batch_size", cfg.validation.sw_batch_size},
+        {"activation", classes == 1 ? "sigmoid" : "softmax"},
+        {"tta",
+         "none by default; segflow infer --tta mirror averages over every combination of flips of "
+         "tta_mirror_axes (0 = x), window by window"},
+        {"tta_mirror_axes", mirror},
+        {"label_map",
+         "argmax of the blended probabilities on the preprocessed grid, mapped back to the input's grid "
+         "by nearest neighbour through patient coordinates"}}}};
+}
+
+}  // namespace segflow::models
