@@ -10,16 +10,6 @@
 
 namespace segflow::actors {
 
-namespace {
-
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 namespace detail {
 
 std::string describe_exception(const std::exception_ptr& ep) {
@@ -34,7 +24,7 @@ std::string describe_exception(const std::exception_ptr& ep) {
 }
 
 void report(const collector_actor& collector, Event event) {
-  if (event.time_ns == 0) event.time_ns = now_ns();
+  if (event.time_ns == 0) event.time_ns = event_time_now_ns();
   if (collector) {
     caf::anon_send(collector, report_atom::value, std::move(event));
   } else {
@@ -43,60 +33,6 @@ void report(const collector_actor& collector, Event event) {
 }
 
 }  // namespace detail
-
-nlohmann::json event_to_json(const Event& e) {
-  nlohmann::json j;
-  j["time_ns"] = e.time_ns;
-  j["kind"] = e.kind;
-  if (!e.source.empty()) j["source"] = e.source;
-  if (!e.case_id.empty()) j["case_id"] = e.case_id;
-  if (!e.message.empty()) j["message"] = e.message;
-  if (!e.name.empty()) {
-    j["name"] = e.name;
-    j["value"] = e.value;
-  }
-  if (e.epoch >= 0) j["epoch"] = e.epoch;
-  return j;
-}
-
-Event make_event(std::string kind, std::string source, std::string message, std::string case_id,
-                 std::int64_t epoch) {
-  Event e;
-  e.kind = std::move(kind);
-  e.source = std::move(source);
-  e.message = std::move(message);
-  e.case_id = std::move(case_id);
-  e.epoch = epoch;
-  e.time_ns = now_ns();
-  return e;
-}
-
-Result<std::shared_ptr<JsonlSink>> JsonlSink::open(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
-  std::ofstream out(path, std::ios::app);
-  if (!out) return io_error("events: cannot open " + path.string() + " for appending");
-  return std::make_shared<JsonlSink>(std::move(out));
-}
-
-void JsonlSink::write(const Event& event) { out_ << event_to_json(event).dump() << '\n'; }
-
-void JsonlSink::flush() { out_.flush(); }
-
-void MemorySink::write(const Event& event) {
-  std::lock_guard<std::mutex> lock(mu_);
-  events_.push_back(event);
-}
-
-std::vector<Event> MemorySink::events() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return events_;
-}
-
-std::int64_t MemorySink::count(const std::string& kind) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return std::count_if(events_.begin(), events_.end(), [&](const Event& e) { return e.kind == kind; });
-}
 
 namespace {
 

@@ -16,7 +16,11 @@ namespace segflow::apps {
 int fail(const std::string& cmd, const Status& st) {
   std::fprintf(stderr, "segflow %s: %s\n", cmd.c_str(), st.message().c_str());
   const auto code = st.code();
-  return code == segflow::ErrorCode::invalid_argument || code == segflow::ErrorCode::invalid_config ? 2 : 1;
+  // Bad input: 2 (a label map without foreground is one for a DICOM SEG output); else 1.
+  return code == segflow::ErrorCode::invalid_argument || code == segflow::ErrorCode::invalid_config ||
+                 code == segflow::ErrorCode::no_foreground
+             ? 2
+             : 1;
 }
 
 namespace {

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <iterator>
 
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"

@@ -1,5 +1,5 @@
 // segflow import --from nnunet RESULTS_DIR/fold_K --out DIR: an nnU-Net v2 model as a segflow
-// checkpoint and job config (models/interop/nnunet_export.hpp import_nnunet).
+// checkpoint and job config (models/interop/nnunet_import.hpp).
 // segflow import --from monai MODEL.pt|BUNDLE_DIR --out DIR: MONAI UNet weights, the same way
 // (models/interop/monai_import.hpp import_monai); a bare MODEL.pt takes the UNet's arguments as options.
 #include <nlohmann/json.hpp>
@@ -10,7 +10,7 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "models/interop/monai_import.hpp"
-#include "models/interop/nnunet_export.hpp"
+#include "models/interop/nnunet_import.hpp"
 
 namespace segflow::apps {
 

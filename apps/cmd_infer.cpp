@@ -16,8 +16,8 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "apps/infer_boxes.hpp"
-#include "models/evidence/postprocessing.hpp"
 #include "models/inference/inference.hpp"
+#include "models/inference/postprocessing_plan.hpp"
 #include "pipeline/io/image_io.hpp"
 
 namespace segflow::apps {

@@ -1,5 +1,5 @@
 // segflow package: the chosen checkpoints, their configs, class names, TTA, postprocessing
-// and cross-validation figures in one folder with a manifest (models/inference/model_package.hpp).
+// and cross-validation figures in one folder with a manifest (models/evidence/packaging.hpp).
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
-#include "models/inference/model_package.hpp"
+#include "models/evidence/packaging.hpp"
 
 namespace segflow::apps {
 

@@ -14,6 +14,7 @@
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
 #include "messages/log.hpp"
+#include "models/planning/plan.hpp"
 #include "models/training/class_names.hpp"
 #include "models/training/job_config.hpp"
 #include "pipeline/plugin.hpp"
@@ -155,22 +156,10 @@ Result<std::string> planned_config(const Args& a, const std::filesystem::path& d
   return yaml.string();
 }
 
-/// Copies the plan a run trains (its YAML, plans.json, fingerprint.json) into
-/// RUN/plan/, the run folder `segflow train` is about to use.
-Status copy_plan_into_run(const Args& a, const models::JobConfig& cfg, const std::filesystem::path& yaml) {
-  namespace fs = std::filesystem;
-  const fs::path run =
-      a.has("run-dir") ? fs::path(a.get("run-dir")) : fs::path(cfg.runs_dir) / models::run_name(cfg);
-  std::error_code ec;
-  fs::create_directories(run / "plan", ec);
-  if (ec) return io_error((run / "plan").string() + ": cannot create: " + ec.message());
-  for (const fs::path& f :
-       {yaml, yaml.parent_path() / "plans.json", yaml.parent_path() / "fingerprint.json"}) {
-    fs::copy_file(f, run / "plan" / f.filename(), fs::copy_options::overwrite_existing, ec);
-    if (ec)
-      return io_error(f.string() + ": cannot copy into " + (run / "plan").string() + ": " + ec.message());
-  }
-  return Status::ok();
+/// The run folder `segflow train` is about to use: --run-dir, else the config's.
+std::filesystem::path run_folder(const Args& a, const models::JobConfig& cfg) {
+  return a.has("run-dir") ? std::filesystem::path(a.get("run-dir"))
+                          : std::filesystem::path(cfg.runs_dir) / models::run_name(cfg);
 }
 
 constexpr Option kTrainOptions[] = {
@@ -266,7 +255,8 @@ int cmd_train(int argc, char** argv) {
       std::fprintf(stderr, "fold %lld (%zu of %zu)\n", static_cast<long long>((*cfgs)[i].data.fold), i + 1,
                    cfgs->size());
     if (dataset)
-      if (Status st = copy_plan_into_run(*a, (*cfgs)[i], file); !st.is_ok()) return fail("train", st);
+      if (Status st = models::planning::copy_plan_into_run(file, run_folder(*a, (*cfgs)[i])); !st.is_ok())
+        return fail("train", st);
     if (const int rc = train_one(*a, std::move((*cfgs)[i])); rc != 0) return rc;
   }
   return 0;

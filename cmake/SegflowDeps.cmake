@@ -42,6 +42,8 @@ find_package(spdlog REQUIRED CONFIG)
 find_package(yaml-cpp REQUIRED CONFIG)
 find_package(nlohmann_json REQUIRED CONFIG)
 find_package(SQLite3 REQUIRED)
+# SHA-256 of model packages' files (messages/hashing.cpp): Debian's libssl-dev.
+find_package(OpenSSL REQUIRED)
 find_package(CAF REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)

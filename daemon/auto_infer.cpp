@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "daemon/dicom/service.hpp"
+#include "messages/hashing.hpp"
 #include "messages/log.hpp"
 #include "models/inference/box_inference.hpp"
 
@@ -36,17 +37,6 @@ std::vector<std::string> formats_of(const AutoInferRule& rule, bool dicom_series
   return {f};
 }
 
-bool is_final(const std::string& state) {
-  return state == "completed" || state == "failed" || state == "stopped";
-}
-
-/// True when a job's failure is the SEG writer refusing a label map without foreground
-/// (pipeline/io/detail/dicom_seg.cpp: a SEG needs at least one segment).
-bool is_empty_seg_failure(const std::string& output, const std::string& reason) {
-  return fs::path(output).extension() == ".dcm" &&
-         reason.find("labels: expected at least one label value > 0") != std::string::npos;
-}
-
 /// A file's mtime in nanoseconds since the Unix epoch (as the watcher's case records); 0
 /// when it cannot be read.
 std::int64_t file_mtime_ns(const fs::path& p) {
@@ -70,15 +60,6 @@ std::string folder_listing(const fs::path& dir) {
   std::string out;
   for (const auto& p : parts) out += p + '\x1e';
   return out;
-}
-
-/// FNV-1a (64 bits) of `text` as 16 hex digits.
-std::string fnv_hex(const std::string& text) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (const char ch : text) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
 }
 
 /// A box rule's prompts for one case: its prompt file (box file or label map) and that file's
@@ -124,12 +105,9 @@ std::string series_signature(const CaseRecord& rec, const std::string& label_pat
                     '\x1f' + std::to_string(f.value("mtime_ns", 0LL)));
   }
   std::sort(parts.begin(), parts.end());
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
-  for (const auto& p : parts)
-    for (const char ch : p + '\x1e') h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%zu-%016llx", parts.size(), static_cast<unsigned long long>(h));
-  return buf;
+  Fnv1a64 h;
+  for (const auto& p : parts) h.add(p).add("\x1e");
+  return std::to_string(parts.size()) + "-" + h.hex();
 }
 
 AutoInfer::AutoInfer(std::vector<AutoInferRule> rules, fs::path data_root, StateDb& db, JobManager& jobs,
@@ -355,8 +333,10 @@ void AutoInfer::submit_series(std::size_t index, const pipeline::CaseEntry& c, c
   if (!prompt.empty()) {
     std::error_code ec;
     signature += "+prompts-" +
-                 fnv_hex(prompt.filename().string() + '\x1f' + std::to_string(fs::file_size(prompt, ec)) +
-                         '\x1f' + std::to_string(file_mtime_ns(prompt)));
+                 Fnv1a64()
+                     .add(prompt.filename().string() + '\x1f' + std::to_string(fs::file_size(prompt, ec)) +
+                          '\x1f' + std::to_string(file_mtime_ns(prompt)))
+                     .hex();
   }
   t.record = read_record(db_, key);
   if (t.record.value("signature", "") == signature) {
@@ -414,18 +394,18 @@ bool AutoInfer::follow(Tracked& t) {
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     const std::int64_t id = jobs[i].get<std::int64_t>();
     const std::string output = t.record["outputs"].at(i).get<std::string>();
-    auto st = jobs_.status(id);
-    if (!st.is_ok()) {
-      error = st.status().message();
+    auto rec = jobs_.record(id);
+    if (!rec.is_ok()) {
+      error = rec.status().message();
       continue;
     }
-    const std::string state = (*st)["state"].get<std::string>();
-    if (!is_final(state)) return false;
-    const std::string reason = (*st).value("reason", "");
-    if (state == "failed" && is_empty_seg_failure(output, reason)) {
+    if (!is_final(rec->state)) return false;
+    // A SEG cannot hold zero segments: the writer's no_foreground (pipeline/io/dicom.hpp).
+    if (rec->state == JobState::failed && rec->error == ErrorCode::no_foreground) {
       empty = true;
-    } else if (state != "completed") {
-      if (error.empty()) error = "job " + std::to_string(id) + " " + state + ": " + reason;
+    } else if (rec->state != JobState::completed) {
+      if (error.empty())
+        error = "job " + std::to_string(id) + " " + to_string(rec->state) + ": " + rec->reason;
     } else {
       outputs.push_back(output);
     }

@@ -353,7 +353,7 @@ void JobManager::run_infer_job(Job* j) {
   std::lock_guard<std::mutex> lock(mu_);
   j->outputs = run.outputs;
   if (!run.status.is_ok()) {
-    end_job_locked(*j, JobState::failed, run.status.message());
+    end_job_locked(*j, JobState::failed, run.status.message(), run.status.code());
     return;
   }
   j->rec.epoch = j->rec.epochs = static_cast<std::int64_t>(run.outputs.size() + run.failed.size());

@@ -161,9 +161,10 @@ std::string JobManager::wanted_device_locked(const Job& j) const {
   return device_key(j.is_infer() ? j.infer.device : j.is_plan() ? j.plan.device : j.cfg.train.device);
 }
 
-void JobManager::end_job_locked(Job& j, JobState state, const std::string& reason) {
+void JobManager::end_job_locked(Job& j, JobState state, const std::string& reason, ErrorCode error) {
   j.rec.state = state;
   j.rec.reason = reason;
+  j.rec.error = state == JobState::failed ? error : ErrorCode::ok;
   j.request.store(kNone);
   j.now.store(false);
   j.thread_running = false;
@@ -285,6 +286,12 @@ Result<json> JobManager::status(std::int64_t id) const {
   std::lock_guard<std::mutex> lock(mu_);
   SEGFLOW_ASSIGN_OR_RETURN(Job * j, find_locked(id));
   return describe_locked(*j);
+}
+
+Result<JobRecord> JobManager::record(std::int64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SEGFLOW_ASSIGN_OR_RETURN(Job * j, find_locked(id));
+  return j->rec;
 }
 
 json JobManager::status_all() const {

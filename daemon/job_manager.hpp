@@ -162,6 +162,10 @@ class JobManager {
   Result<nlohmann::json> status(std::int64_t id) const;
   /// Every job, by id.
   nlohmann::json status_all() const;
+  /// One job's record as stored, typed (its JobState, and for a failed job the ErrorCode of
+  /// the failure): what in-process callers (auto_infer) read instead of status()'s JSON.
+  /// not_found for an unknown id.
+  Result<JobRecord> record(std::int64_t id) const;
 
   /// Stops every running job with a checkpoint at the end of its epoch (at the next step
   /// with `now`, or as soon as `hurry()` turns true) and waits for them; they resume when
@@ -186,9 +190,10 @@ class JobManager {
   Result<Job*> insert_locked(JobRecord rec);
   /// A worker thread's body: run_train_job or run_infer_job.
   void run_job(Job* job);
-  /// A job's worker has ended with `state` and `reason`: clears its requests, frees its
-  /// device, stores and publishes the state, logs it and schedules what waits.
-  void end_job_locked(Job& job, JobState state, const std::string& reason);
+  /// A job's worker has ended with `state` and `reason` (and, failed, the kind of error):
+  /// clears its requests, frees its device, stores and publishes the state, logs it and
+  /// schedules what waits.
+  void end_job_locked(Job& job, JobState state, const std::string& reason, ErrorCode error = ErrorCode::ok);
   nlohmann::json describe_locked(const Job& job) const;
   Result<Job*> find_locked(std::int64_t id) const;
 

@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS jobs (
   samples_per_s REAL,
   created REAL NOT NULL,
   updated REAL NOT NULL,
-  kind TEXT NOT NULL DEFAULT 'train');
+  kind TEXT NOT NULL DEFAULT 'train',
+  error TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS datasets (
   name TEXT PRIMARY KEY,
   path TEXT NOT NULL,
@@ -144,6 +145,9 @@ void read_state(JobRecord& j, const std::string& text) {
   j.reason = "stored " + state.status().message();
 }
 
+/// An error code as stored: "" for ok, else its name ("no_foreground").
+std::string error_name(ErrorCode code) { return code == ErrorCode::ok ? "" : to_string(code); }
+
 }  // namespace
 
 double StateDb::now() {
@@ -185,6 +189,12 @@ Result<std::unique_ptr<StateDb>> StateDb::open(const fs::path& file) {
     if (!probe.ok())
       SEGFLOW_RETURN_IF_ERROR(s->exec("ALTER TABLE jobs ADD COLUMN kind TEXT NOT NULL DEFAULT 'train'"));
   }
+  // ... nor, before typed failures, an error column: add it ("" = ok).
+  {
+    Stmt probe(db, "SELECT error FROM jobs LIMIT 0");
+    if (!probe.ok())
+      SEGFLOW_RETURN_IF_ERROR(s->exec("ALTER TABLE jobs ADD COLUMN error TEXT NOT NULL DEFAULT ''"));
+  }
   // ... nor did sends have a named destination: add it ("" = dicom.send_to).
   {
     Stmt probe(db, "SELECT target FROM dicom_sends LIMIT 0");
@@ -201,8 +211,8 @@ Result<std::int64_t> StateDb::insert_job(JobRecord j) {
   Stmt s(
       db_,
       "INSERT INTO jobs (name, file, config_yaml, overrides, state, reason, device, run_dir, dataset, epoch, "
-      "epochs, step, checkpoint_epoch, loss, best_dice, samples_per_s, created, updated, kind) "
-      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+      "epochs, step, checkpoint_epoch, loss, best_dice, samples_per_s, created, updated, kind, error) "
+      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   if (!s.ok()) return fail("insert job");
   s.bind(1, j.name).bind(2, j.file).bind(3, j.config_yaml).bind(4, to_json_array(j.overrides).dump());
   s.bind(5, std::string(to_string(j.state)))
@@ -212,7 +222,7 @@ Result<std::int64_t> StateDb::insert_job(JobRecord j) {
       .bind(9, j.dataset);
   s.bind(10, j.epoch).bind(11, j.epochs).bind(12, j.step).bind(13, j.checkpoint_epoch);
   s.bind(14, j.loss).bind(15, j.best_dice).bind(16, j.samples_per_s).bind(17, j.created).bind(18, j.updated);
-  s.bind(19, std::string(to_string(j.kind)));
+  s.bind(19, std::string(to_string(j.kind))).bind(20, error_name(j.error));
   if (s.step() != SQLITE_DONE) return fail("insert job");
   return static_cast<std::int64_t>(sqlite3_last_insert_rowid(db_));
 }
@@ -223,7 +233,7 @@ Status StateDb::update_job(const JobRecord& j) {
       db_,
       "UPDATE jobs SET name=?, file=?, config_yaml=?, overrides=?, state=?, reason=?, device=?, run_dir=?, "
       "dataset=?, epoch=?, epochs=?, step=?, checkpoint_epoch=?, loss=?, best_dice=?, samples_per_s=?, "
-      "updated=?, kind=? WHERE id=?");
+      "updated=?, kind=?, error=? WHERE id=?");
   if (!s.ok()) return fail("update job");
   s.bind(1, j.name).bind(2, j.file).bind(3, j.config_yaml).bind(4, to_json_array(j.overrides).dump());
   s.bind(5, std::string(to_string(j.state)))
@@ -237,18 +247,19 @@ Status StateDb::update_job(const JobRecord& j) {
       .bind(16, j.samples_per_s)
       .bind(17, now())
       .bind(18, std::string(to_string(j.kind)))
-      .bind(19, j.id);
+      .bind(19, error_name(j.error))
+      .bind(20, j.id);
   if (s.step() != SQLITE_DONE) return fail("update job " + std::to_string(j.id));
   return Status::ok();
 }
 
 Result<std::vector<JobRecord>> StateDb::jobs() {
   std::lock_guard<std::mutex> lock(mu_);
-  Stmt s(
-      db_,
-      "SELECT id, name, file, config_yaml, overrides, state, reason, device, run_dir, dataset, epoch, "
-      "epochs, "
-      "step, checkpoint_epoch, loss, best_dice, samples_per_s, created, updated, kind FROM jobs ORDER BY id");
+  Stmt s(db_,
+         "SELECT id, name, file, config_yaml, overrides, state, reason, device, run_dir, dataset, epoch, "
+         "epochs, "
+         "step, checkpoint_epoch, loss, best_dice, samples_per_s, created, updated, kind, error FROM jobs "
+         "ORDER BY id");
   if (!s.ok()) return fail("read jobs");
   std::vector<JobRecord> out;
   int rc;
@@ -275,6 +286,8 @@ Result<std::vector<JobRecord>> StateDb::jobs() {
     j.updated = s.real(18);
     auto kind = parse_job_kind(s.text(19));
     j.kind = kind.is_ok() ? *kind : JobKind::train;  // every kind but infer runs as training
+    auto error = parse_error_code(s.text(20).empty() ? "ok" : s.text(20));
+    j.error = error.is_ok() ? *error : ErrorCode::internal;  // a newer daemon's kind of error
     out.push_back(std::move(j));
   }
   if (rc != SQLITE_DONE) return fail("read jobs");

@@ -34,6 +34,7 @@ struct JobRecord {
   std::vector<std::string> overrides;  ///< --set overrides, applied in order
   JobState state = JobState::queued;   ///< stored by name (job_state.hpp)
   std::string reason;                  ///< why it is in that state (failures, shutdowns)
+  ErrorCode error = ErrorCode::ok;     ///< a failed job's kind of error (no_foreground, ...); stored by name
   std::string device;                  ///< device it last ran on ("" = not yet)
   std::string run_dir;                 ///< absolute run folder
   std::string dataset;                 ///< followed dataset under data_root ("" = none)

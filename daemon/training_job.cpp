@@ -8,11 +8,12 @@
 #include <optional>
 #include <utility>
 
-#include "actors/collector.hpp"
 #include "actors/jobs/job_runner.hpp"
 #include "daemon/detail/job.hpp"
 #include "daemon/job_manager.hpp"
+#include "messages/event.hpp"
 #include "messages/log.hpp"
+#include "models/planning/plan.hpp"
 #include "models/training/job_config.hpp"
 #include "models/training/trainer.hpp"
 
@@ -77,21 +78,6 @@ Result<CheckedConfig> check_config(const std::string& yaml, const std::string& f
   // Re-parse with the stored overrides: what recovery will read must be what runs now.
   SEGFLOW_ASSIGN_OR_RETURN(cfg, models::parse_job_config(yaml, file, stored));
   return CheckedConfig{std::move(cfg), std::move(stored)};
-}
-
-/// Copies a plan's YAML, plans.json and fingerprint.json into RUN/plan/ (what `segflow
-/// train DATASET` keeps in its run folder).
-Status copy_plan_into_run_dir(const fs::path& plan_yaml, const fs::path& run_dir) {
-  std::error_code ec;
-  fs::create_directories(run_dir / "plan", ec);
-  if (ec) return io_error((run_dir / "plan").string() + ": cannot create: " + ec.message());
-  for (const fs::path& f :
-       {plan_yaml, plan_yaml.parent_path() / "plans.json", plan_yaml.parent_path() / "fingerprint.json"}) {
-    fs::copy_file(f, run_dir / "plan" / f.filename(), fs::copy_options::overwrite_existing, ec);
-    if (ec)
-      return io_error(f.string() + ": cannot copy into " + (run_dir / "plan").string() + ": " + ec.message());
-  }
-  return Status::ok();
 }
 
 /// The start of a job's reason when train.early_stopping ended it.
@@ -218,7 +204,7 @@ class JobManager::Observer : public actors::RunSink {
   }
 
   void on_data_event(const Event& e) override {
-    json body = actors::event_to_json(e);
+    json body = event_to_json(e);
     body["job"] = j_.rec.id;
     body["type"] = "data_event";
     std::lock_guard<std::mutex> lock(m_.mu_);
@@ -280,7 +266,7 @@ Result<json> JobManager::submit(const std::string& yaml, const std::string& file
       (runs_root / ("job" + std::to_string(job->rec.id) + "-" + models::run_name(cfg))).string();
   job->cfg = std::move(cfg);
   if (!plan_yaml.empty())
-    if (Status st = copy_plan_into_run_dir(plan_yaml, job->rec.run_dir); !st.is_ok())
+    if (Status st = models::planning::copy_plan_into_run(plan_yaml, job->rec.run_dir); !st.is_ok())
       log::warn("job " + std::to_string(job->rec.id) + ": " + st.message());
   save_locked(*job);
   log::info("job " + std::to_string(job->rec.id) + " (" + job->rec.name + ") queued; run folder " +

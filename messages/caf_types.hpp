@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "messages/event.hpp"
 #include "messages/sample.hpp"
 #include "messages/status.hpp"
 
@@ -54,19 +55,6 @@ struct CaseSkip {
   std::string case_id;
   std::string reason;  ///< Status::to_string() of the failure
   std::int64_t epoch = -1;
-};
-
-/// What actors report to the collector: metrics, events and failures. One JSON line each in
-/// the JSONL sink.
-struct Event {
-  std::string kind;          ///< "case_skipped", "actor_error", "epoch_done", "metric", ...
-  std::string source;        ///< reporting actor ("augmenter[0]", "decoder[1]", "cache")
-  std::string case_id;       ///< when about one case; else empty
-  std::string message;       ///< human-readable detail
-  std::string name;          ///< metric name (kind "metric")
-  double value = 0;          ///< metric value
-  std::int64_t epoch = -1;   ///< epoch when known
-  std::int64_t time_ns = 0;  ///< wall clock (system_clock, ns since the epoch)
 };
 
 /// Counters of the cache actor (a snapshot).

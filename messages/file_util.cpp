@@ -4,6 +4,8 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -13,6 +15,14 @@
 namespace segflow {
 
 namespace fs = std::filesystem;
+
+Result<nlohmann::json> read_json_object(const fs::path& file, const std::string& missing) {
+  std::ifstream in(file);
+  if (!in) return not_found(file.string() + ": " + missing);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return corrupt_data(file.string() + ": not a JSON object");
+  return j;
+}
 
 fs::path temp_path_for(const fs::path& target) {
   static std::atomic<unsigned long> counter{0};

@@ -3,6 +3,8 @@
 // one job, two jobs, a daemon and a CLI) share a folder: the one place for the
 // temp-file-and-rename rule and for inter-process locking.
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -34,6 +36,11 @@ Status replace_file_atomically(const std::filesystem::path& file,
 /// error returned. Readers never see a half-written folder, and nothing is left behind.
 Status write_folder_atomically(const std::filesystem::path& folder,
                                const std::function<Status(const std::filesystem::path& tmp)>& fill);
+
+/// The JSON object in `file`, for the readers of segflow's own JSON files (summaries, plans,
+/// manifests): not_found "<file>: <missing>" when it cannot be opened; corrupt_data "<file>:
+/// not a JSON object" when it does not parse or holds another kind of value.
+Result<nlohmann::json> read_json_object(const std::filesystem::path& file, const std::string& missing);
 
 /// An exclusive advisory lock (flock) on a lock file, held until destruction. For making
 /// something once when several processes may try at the same time (a synthesised dataset,

@@ -20,8 +20,20 @@ const char* to_string(ErrorCode code) noexcept {
       return "invalid_config";
     case ErrorCode::internal:
       return "internal";
+    case ErrorCode::no_foreground:
+      return "no_foreground";
   }
   return "unknown";
+}
+
+Result<ErrorCode> parse_error_code(std::string_view text) {
+  std::string names;
+  for (auto c = static_cast<int>(ErrorCode::ok); c <= static_cast<int>(ErrorCode::no_foreground); ++c) {
+    const auto code = static_cast<ErrorCode>(c);
+    if (text == to_string(code)) return code;
+    names += (names.empty() ? "" : ", ") + std::string(to_string(code));
+  }
+  return invalid_argument("error code: expected one of " + names + ", got '" + std::string(text) + "'");
 }
 
 Status Status::with_context(const std::string& prefix) const {

@@ -7,6 +7,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -22,6 +23,9 @@ enum class ErrorCode : std::uint8_t {
   unsupported,       ///< a valid input that segflow does not handle (e.g. JPEG 2000)
   invalid_config,    ///< a job or daemon config that fails validation
   internal,          ///< a bug or an unexpected exception (e.g. from LibTorch)
+  /// A label map without foreground where the output needs some: a DICOM SEG holds at least
+  /// one segment. Not a failure of the model: the daemon's auto_infer reports it as "empty".
+  no_foreground,
 };
 
 /// Short stable name of an error code ("corrupt_data").
@@ -85,6 +89,9 @@ class [[nodiscard]] Result {
  private:
   std::variant<T, Status> v_;
 };
+
+/// The code named `text` (to_string's names); invalid_argument listing them otherwise.
+Result<ErrorCode> parse_error_code(std::string_view text);
 
 }  // namespace segflow
 

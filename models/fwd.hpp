@@ -19,12 +19,14 @@ struct DataSettings;
 struct TrainSettings;
 struct ValidationSettings;
 struct JobConfig;
-// nets/registry.hpp
+// nets/network.hpp
 struct ModelInfo;
 struct ModelOptions;
-struct SamModelOptions;
+struct NetworkRow;
+struct ExportedModel;
 class ModelHandle;
-// nets/layers.hpp, nets/unet.hpp, nets/sam.hpp
+// nets/layers.hpp, nets/unet.hpp, nets/plain_unet.hpp, nets/sam.hpp
+struct SamModelOptions;
 enum class NormKind;
 enum class ActKind;
 struct ConvOptions;
@@ -61,14 +63,15 @@ struct GradScalerOptions;
 class LrSchedule;
 class FusedOptimizer;
 class GradScaler;
-// training/sliding_window.hpp, inference/inference.hpp, interop/export.hpp
+// training/sliding_window.hpp, inference/inference.hpp
 enum class BlendMode;
 enum class TtaMode;
 struct SlidingWindowOptions;
 struct InferOptions;
 struct InferResult;
 struct InferCase;
-struct ExportedModel;
+// inference/model_package.hpp
+struct ModelPackage;
 
 namespace parallel {
 // parallel/collective.hpp, parallel/ddp_sync.hpp

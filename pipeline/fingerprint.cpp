@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "messages/file_util.hpp"
+#include "messages/hashing.hpp"
 #include "pipeline/io/case_files.hpp"
 
 namespace segflow::pipeline {
@@ -428,16 +429,10 @@ Result<DatasetFingerprint> compute_fingerprint(const fs::path& root, const Finge
 
 namespace {
 
+/// FNV-1a over fields, each followed by a 0xff separator.
 struct Fnv1a {
-  std::uint64_t h = 1469598103934665603ULL;
-  void add(std::string_view s) {
-    for (unsigned char c : s) {
-      h ^= c;
-      h *= 1099511628211ULL;
-    }
-    h ^= 0xff;  // separator
-    h *= 1099511628211ULL;
-  }
+  Fnv1a64 h;
+  void add(std::string_view s) { h.add(s).add("\xff"); }
 };
 
 void add_file(Fnv1a& h, const fs::path& root, const fs::path& p) {
@@ -470,9 +465,7 @@ Result<std::string> dataset_signature(const fs::path& root) {
     for (const auto& p : c.images) add_path(h, root, p);
     if (c.label && !fs::is_directory(*c.label)) add_file(h, root, *c.label);
   }
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h.h));
-  return std::string(buf);
+  return h.h.hex();
 }
 
 // ---- JSON ----

@@ -9,6 +9,7 @@
 #include "messages/log.hpp"
 #include "models/evidence/evaluation.hpp"
 #include "models/inference/inference.hpp"
+#include "models/training/run_layout.hpp"
 #include "pipeline/io/dataset.hpp"
 
 namespace segflow::actors {
@@ -23,7 +24,7 @@ models::InferOptions infer_options(const models::JobConfig& cfg, const pipeline:
                                    const fs::path& run_dir, const fs::path& out, const std::string& device) {
   models::InferOptions o;
   o.save_probabilities = cfg.validation.save_probabilities;
-  o.checkpoint = run_dir / "last.pt";
+  o.checkpoint = models::RunLayout(run_dir).last_checkpoint();
   o.output = out;
   o.device = device;
   o.format = "nifti";
@@ -31,7 +32,8 @@ models::InferOptions infer_options(const models::JobConfig& cfg, const pipeline:
   return o;
 }
 
-/// Scores the written predictions; summary.json and scores.csv into `out`.
+/// Scores the written predictions; summary.json and scores.csv into `out` (the validation
+/// folder being written).
 Status score(const pipeline::Split& split, const models::InferBatchResult& written, const fs::path& out,
              double seconds) {
   models::EvaluateOptions eo;
@@ -46,14 +48,15 @@ Status score(const pipeline::Split& split, const models::InferBatchResult& writt
     summary = models::evaluation_json(report);
     SEGFLOW_RETURN_IF_ERROR(write_file_atomically(out / "scores.csv", models::evaluation_csv(report)));
   }
-  summary["checkpoint"] = "last.pt";
+  summary["checkpoint"] = models::kLastCheckpoint;
   summary["fold"] = split.fold;
   summary["predicted"] = written.outputs.size();
   summary["predict_seconds"] = seconds;
   nlohmann::json failed = nlohmann::json::array();
   for (const auto& [id, why] : written.failed) failed.push_back({{"case", id}, {"error", why}});
   summary["predict_failed"] = failed;
-  return write_file_atomically(out / "summary.json", summary.dump(2) + "\n");
+  return write_file_atomically(out / models::RunLayout(out.parent_path()).validation_summary().filename(),
+                               summary.dump(2) + "\n");
 }
 
 }  // namespace
@@ -66,11 +69,12 @@ Status write_validation_predictions(const models::JobConfig& cfg, const pipeline
     return Status::ok();
   }
   const std::string device = trainer.device().str();
+  const models::RunLayout run(run_dir);
   std::error_code ec;
-  if (!fs::is_regular_file(run_dir / "last.pt", ec))
-    return not_found((run_dir / "last.pt").string() +
+  if (!fs::is_regular_file(run.last_checkpoint(), ec))
+    return not_found(run.last_checkpoint().string() +
                      ": no final checkpoint to predict the validation cases with");
-  const fs::path final_dir = run_dir / kValidationFolder, tmp = run_dir / "validation.partial";
+  const fs::path final_dir = run.validation(), tmp = final_dir.string() + ".partial";
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) return io_error(tmp.string() + ": cannot create the folder: " + ec.message());

@@ -18,9 +18,6 @@
 
 namespace segflow::actors {
 
-/// The name of the folder in a run folder.
-inline constexpr const char* kValidationFolder = "validation";
-
 /// Writes and scores the predictions of split.val with <run_dir>/last.pt on the trainer's
 /// device. Nothing to do (ok) when validation.save_predictions is off, there is no
 /// validation case, or the model is box-prompted (segflow infer takes no boxes yet). Errors: no last.pt, or

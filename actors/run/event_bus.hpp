@@ -5,11 +5,11 @@
 //
 // Two kinds of events travel on it: the trainer's (TrainObserver: steps, epochs, validations,
 // checkpoints, failed cases), posted on the trainer's thread, and the data path's, which the
-// CAF actors report to their collector (actors/collector.hpp: per-epoch augmenter figures,
-// failed batches, restarted or failed actors). The collector is a publisher on the bus: its
-// sink is the bus's queue (collector_sink()), filled from the collector's thread and delivered
-// on the trainer's thread at the bus's next trainer event, to the sinks that take data-path
-// events (RunSink::on_data_event), so every sink runs on one thread.
+// CAF actors report to their collector (actors/collector.hpp, its sinks in actors/event_sink.hpp: per-epoch
+// augmenter figures, failed batches, restarted or failed actors). The collector is a publisher on the bus:
+// its sink is the bus's queue (collector_sink()), filled from the collector's thread and delivered on the
+// trainer's thread at the bus's next trainer event, to the sinks that take data-path events
+// (RunSink::on_data_event), so every sink runs on one thread.
 //
 // Not thread-safe apart from the queue: the trainer that owns the run posts from its thread.
 
@@ -17,7 +17,7 @@
 #include <mutex>
 #include <vector>
 
-#include "actors/collector.hpp"
+#include "actors/event_sink.hpp"
 #include "models/training/trainer.hpp"
 
 namespace segflow::actors {

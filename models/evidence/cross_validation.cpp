@@ -10,21 +10,15 @@
 #include <set>
 #include <sstream>
 
+#include "messages/file_util.hpp"
 #include "models/training/metrics.hpp"
+#include "models/training/run_layout.hpp"
 
 namespace segflow::models {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-Result<nlohmann::json> read_json(const fs::path& file, const std::string& what) {
-  std::ifstream in(file);
-  if (!in) return not_found(file.string() + ": " + what);
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return corrupt_data(file.string() + ": not a JSON object");
-  return j;
-}
 
 double value_of(const nlohmann::json& j, const char* key) {
   return j.contains(key) && j[key].is_number() ? j[key].get<double>() : kNaN;
@@ -35,12 +29,13 @@ Status read_cases(const fs::path& run, std::int64_t& fold, std::map<std::int64_t
                   std::vector<CvCase>& out) {
   SEGFLOW_ASSIGN_OR_RETURN(
       nlohmann::json s,
-      read_json(run / "validation" / "summary.json",
-                "no out-of-fold predictions (train with validation.save_predictions: true; an unfinished "
-                "run has none)"));
+      read_json_object(
+          RunLayout(run).validation_summary(),
+          "no out-of-fold predictions (train with validation.save_predictions: true; an unfinished "
+          "run has none)"));
   fold = s.value("fold", std::int64_t{-1});
   if (!s.contains("cases") || !s["cases"].is_array() || s["cases"].empty())
-    return corrupt_data((run / "validation" / "summary.json").string() + ": cases: expected scored cases");
+    return corrupt_data(RunLayout(run).validation_summary().string() + ": cases: expected scored cases");
   for (const auto& c : s["cases"]) {
     CvCase k = cv_case_of(c, &names);
     k.run = run;
@@ -168,8 +163,9 @@ CvCase cv_case_of(const nlohmann::json& c, std::map<std::int64_t, std::string>* 
 }
 
 Result<CvRunIdentity> cv_run_identity(const fs::path& run) {
-  SEGFLOW_ASSIGN_OR_RETURN(nlohmann::json cfg,
-                           read_json(run / "config.json", "no config.json (expected a segflow run folder)"));
+  SEGFLOW_ASSIGN_OR_RETURN(
+      nlohmann::json cfg,
+      read_json_object(RunLayout(run).config(), "no config.json (expected a segflow run folder)"));
   const nlohmann::json data = cfg.value("data", nlohmann::json::object());
   CvRunIdentity id;
   std::error_code ec;
@@ -324,9 +320,10 @@ Status per_class_back(const nlohmann::json& j, const std::string& where,
 }  // namespace
 
 Result<CvReport> read_cv_summary(const fs::path& file) {
-  SEGFLOW_ASSIGN_OR_RETURN(nlohmann::json j, read_json(file,
-                                                       "no such cv summary (segflow cv RUN... --out DIR "
-                                                       "writes DIR/cv_summary.json)"));
+  SEGFLOW_ASSIGN_OR_RETURN(nlohmann::json j,
+                           read_json_object(file,
+                                            "no such cv summary (segflow cv RUN... --out DIR "
+                                            "writes DIR/cv_summary.json)"));
   const std::string where = file.string();
   if (!j.contains("runs") || !j["runs"].is_array() || j["runs"].empty() || !j.contains("cases") ||
       !j["cases"].is_array() || j["cases"].empty())

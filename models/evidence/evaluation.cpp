@@ -13,12 +13,12 @@
 #include <sstream>
 
 #include "messages/geometry.hpp"
-#include "models/inference/inference.hpp"
 #include "pipeline/io/case_files.hpp"
 #include "pipeline/io/dataset.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "pipeline/io/nifti.hpp"
+#include "pipeline/transforms/spatial.hpp"
 
 namespace segflow::models {
 
@@ -231,8 +231,8 @@ Result<CaseEvaluation> evaluate_case(const std::string& id, const fs::path& pred
       pred_img.size() == gt_img.size() && geometry_close(pred_img.geometry, gt_img.geometry, 1e-3);
   if (!same_grid) {
     // Label + 1 so that ground-truth voxels outside the prediction's grid come out 0.
-    at::Tensor mapped =
-        resample_to_grid((pred_map + 1).unsqueeze(0), pred_img.geometry, gt_img.geometry, gt_img.size())[0];
+    at::Tensor mapped = pipeline::resample_to_grid((pred_map + 1).unsqueeze(0), pred_img.geometry,
+                                                   gt_img.geometry, gt_img.size())[0];
     const std::int64_t outside = (mapped == 0).sum().item<std::int64_t>();
     if (outside == mapped.numel())
       return invalid_argument(pred_path.string() + ": the prediction's grid (" + describe_grid(pred_img) +
@@ -243,9 +243,9 @@ Result<CaseEvaluation> evaluate_case(const std::string& id, const fs::path& pred
                       std::to_string(mapped.numel()) +
                       " ground-truth voxels lie outside the prediction's grid and count as background");
     // Predicted foreground that falls outside the ground truth's grid is not scored: say so.
-    at::Tensor inside =
-        resample_to_grid(torch::ones({1, gt_map.size(0), gt_map.size(1), gt_map.size(2)}, at::kByte),
-                         gt_img.geometry, pred_img.geometry, pred_img.size())[0];
+    at::Tensor inside = pipeline::resample_to_grid(
+        torch::ones({1, gt_map.size(0), gt_map.size(1), gt_map.size(2)}, at::kByte), gt_img.geometry,
+        pred_img.geometry, pred_img.size())[0];
     const std::int64_t lost = ((pred_map > 0) & (inside == 0)).sum().item<std::int64_t>();
     if (lost > 0)
       notes.push_back("case " + id + ": " + std::to_string(lost) +

@@ -11,8 +11,9 @@
 #include <random>
 #include <set>
 
+#include "messages/file_util.hpp"
 #include "models/evidence/evaluation.hpp"
-#include "pipeline/connected_components.hpp"
+#include "models/training/run_layout.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "pipeline/io/nifti.hpp"
 
@@ -47,14 +48,6 @@ struct DetermineState {
   fs::path scratch;
   int trials = 0;
 };
-
-Result<nlohmann::json> read_pp_json(const fs::path& file, const std::string& what) {
-  std::ifstream in(file);
-  if (!in) return not_found(file.string() + ": " + what);
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return corrupt_data(file.string() + ": not a JSON object");
-  return j;
-}
 
 /// The metric's field of one class's scores.
 double field_of(const ClassScores& s, PostprocessMetric m) {
@@ -95,17 +88,6 @@ std::vector<std::vector<ClassScores>> scores_of(const std::vector<OofCase>& case
   return out;
 }
 
-/// Applies one step in place to a (Z, Y, X) label map.
-Status apply_step(at::Tensor& labels, const PostprocessStep& s, int connectivity) {
-  const at::Tensor mask = s.label == 0 ? labels.gt(0) : labels.eq(s.label);
-  auto keep = s.kind == PostprocessKind::keep_largest
-                  ? pipeline::keep_largest_component(mask, connectivity)
-                  : pipeline::remove_small_components(mask, s.min_voxels, connectivity);
-  if (!keep.is_ok()) return keep.status();
-  labels.masked_fill_(mask.logical_and(keep->logical_not()), 0);
-  return Status::ok();
-}
-
 /// Scores `pairs` (label maps written to the scratch folder) on the plan's classes; the
 /// scores by case id.
 Result<std::map<std::string, std::vector<ClassScores>>> score_pairs(
@@ -132,7 +114,7 @@ Result<PpTrial> try_step(DetermineState& st, const PostprocessStep& step) {
   std::vector<EvaluateOptions::Pair> pairs;
   for (const auto& c : st.cases) {
     at::Tensor cand = c.pred.voxels[0].clone();
-    SEGFLOW_RETURN_IF_ERROR(apply_step(cand, step, st.plan.connectivity));
+    SEGFLOW_RETURN_IF_ERROR(apply_postprocessing_step(cand, step, st.plan.connectivity));
     if (torch::equal(cand, c.pred.voxels[0])) {
       t.maps.emplace_back();
       continue;
@@ -212,12 +194,13 @@ namespace {
 
 /// The cases of one run's validation/summary.json with their predictions read.
 Status load_run(const fs::path& run, std::set<std::string>& seen, std::vector<OofCase>& out) {
-  const fs::path file = run / "validation" / "summary.json";
+  const RunLayout layout(run);
+  const fs::path file = layout.validation_summary();
   SEGFLOW_ASSIGN_OR_RETURN(
       nlohmann::json s,
-      read_pp_json(file,
-                   "no out-of-fold predictions (train with validation.save_predictions: true; an "
-                   "unfinished run has none)"));
+      read_json_object(file,
+                       "no out-of-fold predictions (train with validation.save_predictions: true; an "
+                       "unfinished run has none)"));
   if (!s.contains("cases") || !s["cases"].is_array() || s["cases"].empty())
     return corrupt_data(file.string() + ": cases: expected scored cases, got none");
   for (std::size_t i = 0; i < s["cases"].size(); ++i) {
@@ -231,11 +214,10 @@ Status load_run(const fs::path& run, std::set<std::string>& seen, std::vector<Oo
     if (!seen.insert(k.id).second)
       return invalid_argument("postprocess: case " + k.id + " is in two runs' validation (" + run.string() +
                               " and another): expected one run per fold");
-    k.pred_path = run / "validation" / (k.id + ".nii.gz");
+    k.pred_path = layout.validation_prediction(k.id);
     SEGFLOW_ASSIGN_OR_RETURN(k.pred, pipeline::read_image(k.pred_path));
     if (k.pred.voxels.dim() != 4 || k.pred.voxels.size(0) != 1)
-      return invalid_argument((run / "validation" / (k.id + ".nii.gz")).string() +
-                              ": expected a single-channel label map");
+      return invalid_argument(k.pred_path.string() + ": expected a single-channel label map");
     out.push_back(std::move(k));
   }
   return Status::ok();
@@ -282,28 +264,6 @@ double dice_of(const std::vector<OofCase>& cases, std::size_t classes) {
 
 }  // namespace
 
-const char* to_string(PostprocessMetric m) {
-  switch (m) {
-    case PostprocessMetric::dice:
-      return "dice";
-    case PostprocessMetric::iou:
-      return "iou";
-    case PostprocessMetric::nsd:
-      return "nsd";
-  }
-  return "?";
-}
-
-Result<PostprocessMetric> postprocess_metric_from_string(const std::string& text) {
-  for (auto m : {PostprocessMetric::dice, PostprocessMetric::iou, PostprocessMetric::nsd})
-    if (text == to_string(m)) return m;
-  return invalid_argument("metric: expected dice, iou or nsd, got '" + text + "'");
-}
-
-const char* to_string(PostprocessKind k) {
-  return k == PostprocessKind::keep_largest ? "keep_largest" : "remove_small";
-}
-
 Result<PostprocessPlan> determine_postprocessing(const DetermineOptions& o) {
   if (o.runs.empty()) return invalid_argument("postprocess: expected run folders, got none");
   for (auto n : o.min_voxels_grid)
@@ -330,134 +290,6 @@ Result<PostprocessPlan> determine_postprocessing(const DetermineOptions& o) {
   plan.after = current;
   plan.dice_after = dice_of(st.cases, nc);
   return plan;
-}
-
-namespace {
-
-nlohmann::json pp_number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
-
-double pp_number_of(const nlohmann::json& j) { return j.is_number() ? j.get<double>() : kPpNaN; }
-
-/// One step of postprocessing.json; `where` is "FILE: steps[i]".
-Result<PostprocessStep> read_step(const nlohmann::json& j, const std::string& where) {
-  if (!j.is_object()) return invalid_config(where + ": expected an object");
-  PostprocessStep s;
-  const std::string kind = j.value("kind", "");
-  if (kind == "keep_largest")
-    s.kind = PostprocessKind::keep_largest;
-  else if (kind == "remove_small")
-    s.kind = PostprocessKind::remove_small;
-  else
-    return invalid_config(where + ".kind: expected keep_largest or remove_small, got '" + kind + "'");
-  const auto& c = j.contains("class") ? j["class"] : nlohmann::json();
-  if (c.is_string() && c.get<std::string>() == "foreground")
-    s.label = 0;
-  else if (c.is_number_integer() && c.get<std::int64_t>() > 0)
-    s.label = c.get<std::int64_t>();
-  else
-    return invalid_config(where + ".class: expected \"foreground\" or a label > 0, got " + c.dump());
-  if (!j.contains("kept") || !j["kept"].is_boolean())
-    return invalid_config(where + ".kept: expected true or false, got " +
-                          (j.contains("kept") ? j["kept"].dump() : "nothing"));
-  s.kept = j["kept"].get<bool>();
-  if (s.kind == PostprocessKind::remove_small) {
-    const auto& n = j.contains("min_voxels") ? j["min_voxels"] : nlohmann::json();
-    if (!n.is_number_integer() || n.get<std::int64_t>() < 0)
-      return invalid_config(where + ".min_voxels: expected an integer >= 0, got " + n.dump());
-    s.min_voxels = n.get<std::int64_t>();
-  }
-  s.before = pp_number_of(j.value("before", nlohmann::json()));
-  s.after = pp_number_of(j.value("after", nlohmann::json()));
-  return s;
-}
-
-}  // namespace
-
-nlohmann::json postprocessing_json(const PostprocessPlan& p) {
-  nlohmann::json steps = nlohmann::json::array();
-  for (const auto& s : p.steps) {
-    nlohmann::json j = {{"kind", to_string(s.kind)},
-                        {"class", s.label == 0 ? nlohmann::json("foreground") : nlohmann::json(s.label)},
-                        {"kept", s.kept},
-                        {"before", pp_number(s.before)},
-                        {"after", pp_number(s.after)}};
-    if (s.kind == PostprocessKind::remove_small) {
-      j["min_voxels"] = s.min_voxels;
-      nlohmann::json tried = nlohmann::json::object();
-      for (const auto& [n, v] : s.tried) tried[std::to_string(n)] = pp_number(v);
-      j["tried"] = tried;
-    }
-    steps.push_back(j);
-  }
-  nlohmann::json runs = nlohmann::json::array();
-  for (const auto& r : p.runs) runs.push_back(r.string());
-  return {{"metric", to_string(p.metric)},
-          {"connectivity", p.connectivity},
-          {"classes", p.classes},
-          {"runs", runs},
-          {"cases", p.cases},
-          {"before", pp_number(p.before)},
-          {"after", pp_number(p.after)},
-          {"dice_before", pp_number(p.dice_before)},
-          {"dice_after", pp_number(p.dice_after)},
-          {"steps", steps}};
-}
-
-Result<PostprocessPlan> read_postprocessing(const fs::path& file) {
-  SEGFLOW_ASSIGN_OR_RETURN(nlohmann::json j,
-                           read_pp_json(file, "no such file (expected postprocessing.json)"));
-  const std::string f = file.string();
-  PostprocessPlan p;
-  const nlohmann::json metric = j.contains("metric") ? j["metric"] : nlohmann::json("dice");
-  auto m = postprocess_metric_from_string(metric.is_string() ? metric.get<std::string>() : metric.dump());
-  if (!m.is_ok()) return invalid_config(f + ": " + m.status().message());
-  p.metric = *m;
-  const auto& conn = j.contains("connectivity") ? j["connectivity"] : nlohmann::json(26);
-  if (!conn.is_number_integer() || (conn != 6 && conn != 18 && conn != 26))
-    return invalid_config(f + ": connectivity: expected 6, 18 or 26, got " + conn.dump());
-  p.connectivity = conn.get<int>();
-  if (!j.contains("steps") || !j["steps"].is_array())
-    return invalid_config(f + ": steps: expected a list of steps, got " +
-                          (j.contains("steps") ? j["steps"].dump() : std::string("nothing")));
-  for (std::size_t i = 0; i < j["steps"].size(); ++i) {
-    SEGFLOW_ASSIGN_OR_RETURN(PostprocessStep s,
-                             read_step(j["steps"][i], f + ": steps[" + std::to_string(i) + "]"));
-    p.steps.push_back(s);
-  }
-  if (j.contains("classes") && j["classes"].is_array())
-    for (const auto& c : j["classes"])
-      if (c.is_number_integer()) p.classes.push_back(c.get<std::int64_t>());
-  p.cases = j.value("cases", std::int64_t{0});
-  p.before = pp_number_of(j.value("before", nlohmann::json()));
-  p.after = pp_number_of(j.value("after", nlohmann::json()));
-  p.dice_before = pp_number_of(j.value("dice_before", nlohmann::json()));
-  p.dice_after = pp_number_of(j.value("dice_after", nlohmann::json()));
-  return p;
-}
-
-Result<at::Tensor> apply_postprocessing(const at::Tensor& labels, const PostprocessPlan& plan) {
-  at::Tensor v;
-  if (labels.dim() == 2)
-    v = labels.unsqueeze(0);
-  else if (labels.dim() == 3)
-    v = labels;
-  else if (labels.dim() == 4 && labels.size(0) == 1)
-    v = labels[0];
-  else
-    return invalid_argument("postprocess: label map: expected (Y, X), (Z, Y, X) or (1, Z, Y, X), got " +
-                            std::to_string(labels.dim()) + " dimensions");
-  v = v.clone();
-  for (const auto& s : plan.steps)
-    if (s.kept) SEGFLOW_RETURN_IF_ERROR(apply_step(v, s, plan.connectivity));
-  return v.reshape(labels.sizes());
-}
-
-Status apply_postprocessing_file(const fs::path& in, const fs::path& out, const PostprocessPlan& plan) {
-  SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image img, pipeline::read_image(in));
-  auto v = apply_postprocessing(img.voxels, plan);
-  if (!v.is_ok()) return v.status().with_context(in.string());
-  img.voxels = *v;
-  return pipeline::write_image(out, img);
 }
 
 }  // namespace segflow::models

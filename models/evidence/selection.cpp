@@ -14,10 +14,11 @@
 
 #include "messages/geometry.hpp"
 #include "models/evidence/evaluation.hpp"
-#include "models/inference/inference.hpp"
 #include "models/training/metrics.hpp"
+#include "models/training/run_layout.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "pipeline/io/nifti.hpp"
+#include "pipeline/transforms/spatial.hpp"
 
 #include <unistd.h>
 
@@ -79,12 +80,12 @@ fs::path absolute_path(const fs::path& p) {
 }
 
 fs::path probabilities_file(const fs::path& run, const std::string& id) {
-  return run / "validation" / (id + "_probabilities.nii.gz");
+  return RunLayout(run).validation_probabilities(id);
 }
 
 /// The job name of a run (config.json `name`), or "" when it has none.
 std::string job_name(const fs::path& run) {
-  std::ifstream in(run / "config.json");
+  std::ifstream in(RunLayout(run).config());
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
   return !j.is_discarded() && j.is_object() && j.contains("name") && j["name"].is_string()
              ? j["name"].get<std::string>()
@@ -189,7 +190,7 @@ Status check_probabilities(const std::vector<Config>& cs) {
 Result<std::map<std::string, fs::path>> ground_truths(const Config& c) {
   std::map<std::string, fs::path> gt;
   for (const auto& run : c.info.runs) {
-    const fs::path file = run / "validation" / "summary.json";
+    const fs::path file = RunLayout(run).validation_summary();
     std::ifstream in(file);
     if (!in) return not_found(file.string() + ": no out-of-fold scores (the run's validation/ is gone)");
     const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
@@ -240,7 +241,7 @@ pipeline::Image ensemble_labels(const std::vector<pipeline::Image>& probs,
       sum += p.voxels;
       continue;
     }
-    at::Tensor q = resample_to_grid(p.voxels, p.geometry, ref.geometry, ref.size());
+    at::Tensor q = pipeline::resample_to_grid(p.voxels, p.geometry, ref.geometry, ref.size());
     q[0] += (1.0 - q.sum(0)).clamp_min(0.0);  // outside the member's grid: background
     sum += q;
   }
@@ -455,7 +456,7 @@ nlohmann::json winner_json(const SelectionReport& r) {
     members.push_back(configuration_json(r.configurations[m]));
     for (const auto& run : r.configurations[m].runs) {
       runs.push_back(run.string());
-      checkpoints.push_back((run / "last.pt").string());
+      checkpoints.push_back(RunLayout(run).last_checkpoint().string());
     }
   }
   nlohmann::json j = score_json(w.score);

@@ -10,98 +10,27 @@
 #include <fstream>
 #include <map>
 #include <optional>
-#include <regex>
 #include <set>
 
-#include "models/evidence/postprocessing.hpp"
 #include "models/inference/model_package.hpp"
+#include "models/inference/postprocessing_plan.hpp"
 #include "models/training/amp.hpp"
 #include "models/training/class_names.hpp"
 #include "models/training/sliding_window.hpp"
 #include "models/training/trainer.hpp"
 #include "pipeline/io/case_files.hpp"
+#include "pipeline/io/dataset.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/dicom_seg_style.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "pipeline/io/nifti.hpp"
 #include "pipeline/pipeline_spec.hpp"
 #include "pipeline/stage_registry.hpp"
+#include "pipeline/transforms/spatial.hpp"
 
 namespace segflow::models {
 
 namespace fs = std::filesystem;
-namespace F = torch::nn::functional;
-
-at::Tensor resample_to_grid(const at::Tensor& data, const Geometry& src, const Geometry& dst,
-                            const Size3& dst_size) {
-  torch::NoGradGuard ng;
-  // Continuous source index of a destination index: i_s = A i_d + b.
-  double A[3][3], b[3];
-  double od[3];
-  for (int r = 0; r < 3; ++r) od[r] = dst.origin[r] - src.origin[r];
-  for (int r = 0; r < 3; ++r) {
-    b[r] = 0;
-    for (int k = 0; k < 3; ++k) b[r] += src.direction[k * 3 + r] * od[k];
-    b[r] /= src.spacing[r];
-    for (int c = 0; c < 3; ++c) {
-      double m = 0;
-      for (int k = 0; k < 3; ++k) m += src.direction[k * 3 + r] * dst.direction[k * 3 + c];
-      A[r][c] = m * dst.spacing[c] / src.spacing[r];
-    }
-  }
-  const bool integral = !at::isFloatingType(data.scalar_type());
-  const std::int64_t sx = data.size(3), sy = data.size(2), sz = data.size(1);
-  const std::int64_t nx = dst_size[0], ny = dst_size[1], nz = dst_size[2];
-  at::Tensor src_f = data.to(at::kFloat).unsqueeze(0);  // (1, C, Z, Y, X)
-  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(data.device());
-  at::Tensor out = torch::empty({data.size(0), nz, ny, nx}, opts);
-  auto ix = torch::arange(nx, opts).view({1, 1, nx});
-  auto iy = torch::arange(ny, opts).view({1, ny, 1});
-  const std::int64_t slab = std::max<std::int64_t>(1, (8LL << 20) / std::max<std::int64_t>(1, nx * ny));
-  const double size_s[3] = {static_cast<double>(sx), static_cast<double>(sy), static_cast<double>(sz)};
-  for (std::int64_t z0 = 0; z0 < nz; z0 += slab) {
-    const std::int64_t z1 = std::min(nz, z0 + slab);
-    auto iz = torch::arange(z0, z1, opts).view({z1 - z0, 1, 1});
-    std::vector<at::Tensor> coords;
-    for (int r = 0; r < 3; ++r) {
-      at::Tensor c = A[r][0] * ix + A[r][1] * iy + A[r][2] * iz + b[r];
-      // align_corners=true normalisation; a single-voxel axis maps everything near it to 0.
-      c = size_s[r] > 1 ? c * (2.0 / (size_s[r] - 1)) - 1.0 : c * 2.0;
-      coords.push_back(c.expand({z1 - z0, ny, nx}));
-    }
-    at::Tensor grid = torch::stack(coords, -1).unsqueeze(0);  // (1, z, y, x, 3) in (x, y, z)
-    F::GridSampleFuncOptions::mode_t mode = torch::kBilinear;
-    if (integral) mode = torch::kNearest;
-    at::Tensor r = F::grid_sample(
-        src_f, grid, F::GridSampleFuncOptions().mode(mode).padding_mode(torch::kZeros).align_corners(true));
-    out.slice(1, z0, z1).copy_(r[0]);
-  }
-  return integral ? out.round().to(data.scalar_type()) : out;
-}
-
-Result<TtaMode> parse_tta(const std::string& text) {
-  if (text == "none") return TtaMode::none;
-  if (text == "mirror") return TtaMode::mirror;
-  if (text == "mirror-all") return TtaMode::mirror_all;
-  return invalid_argument("--tta: expected none, mirror or mirror-all, got '" + text + "'");
-}
-
-std::vector<int> tta_mirror_axes(TtaMode tta, const nlohmann::json& training_stages, int spatial_dims) {
-  std::set<int> axes;
-  if (tta == TtaMode::mirror_all) {
-    for (int a = 0; a < spatial_dims; ++a) axes.insert(a);
-  } else if (tta == TtaMode::mirror && training_stages.is_array()) {
-    for (const auto& st : training_stages) {
-      if (st.value("name", "") != "rand_flip" || !st.contains("options")) continue;
-      const auto& o = st["options"];
-      if (o.value("prob", 0.0) <= 0.0 || !o.contains("spatial_axis")) continue;
-      for (const auto& a : o["spatial_axis"])
-        if (a.is_number_integer() && a.get<int>() >= 0 && a.get<int>() < spatial_dims)
-          axes.insert(a.get<int>());
-    }
-  }
-  return {axes.begin(), axes.end()};
-}
 
 at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image,
                                  const std::vector<int>& mirror_axes, const PredictOptions& po) {
@@ -142,19 +71,7 @@ at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image
     if (a >= 0 && a < nd) dims.push_back(2 + (nd - 1 - a));
   const Predictor predictor = [&](const at::Tensor& w) -> at::Tensor {
     trainer.fit_intra_op_team();  // between window batches: the team follows the machine's load
-    if (dims.empty()) return probabilities_of(w);
-    // Every subset of the mirrored dims, the empty one included; each prediction flipped
-    // back before averaging.
-    at::Tensor sum;
-    const int combos = 1 << dims.size();
-    for (int m = 0; m < combos; ++m) {
-      std::vector<std::int64_t> flip;
-      for (std::size_t d = 0; d < dims.size(); ++d)
-        if ((m >> d) & 1) flip.push_back(dims[d]);
-      at::Tensor p = flip.empty() ? probabilities_of(w) : probabilities_of(w.flip(flip)).flip(flip);
-      sum = sum.defined() ? sum + p : p;
-    }
-    return sum / static_cast<double>(combos);
+    return mirror_averaged(probabilities_of, w, dims);
   };
   if (nd == 2 && x.dim() == 5) {
     // A 2D model on a volume: slices as a batch, (Z, C, Y, X).
@@ -312,7 +229,7 @@ class Ensemble {
       } else if (same_grid(pre.geometry, p_size, ref_geometry, ref_size)) {
         sum += p;
       } else {
-        sum += resample_to_grid(p, pre.geometry, ref_geometry, ref_size);
+        sum += pipeline::resample_to_grid(p, pre.geometry, ref_geometry, ref_size);
       }
     }
     at::Tensor probs = members_.size() == 1 ? sum : sum / static_cast<double>(members_.size());
@@ -320,7 +237,7 @@ class Ensemble {
     at::Tensor labels = probs.argmax(0, true).to(label_type);
     CasePrediction out;
     const bool same = same_grid(ref_geometry, ref_size, geometry, input_size);
-    out.labels = same ? labels : resample_to_grid(labels, ref_geometry, geometry, input_size);
+    out.labels = same ? labels : pipeline::resample_to_grid(labels, ref_geometry, geometry, input_size);
     if (postprocess_) {
       SEGFLOW_ASSIGN_OR_RETURN(out.labels, apply_postprocessing(out.labels, *postprocess_));
     }
@@ -328,7 +245,7 @@ class Ensemble {
       if (same) {
         out.probabilities = probs;
       } else {
-        at::Tensor q = resample_to_grid(probs, ref_geometry, geometry, input_size);
+        at::Tensor q = pipeline::resample_to_grid(probs, ref_geometry, geometry, input_size);
         // Outside the preprocessed grid (a crop) nothing was predicted: background.
         q[0] += (1.0 - q.sum(0)).clamp_min(0.0);
         out.probabilities = q;
@@ -456,42 +373,20 @@ Result<std::vector<InferCase>> list_inference_cases(
   if (ec) return io_error(dir.string() + ": cannot list the folder: " + ec.message());
   std::sort(files.begin(), files.end());
   std::sort(folders.begin(), folders.end());
-  static const std::regex channel_re("^(.*)_([0-9]{4})$");
   const bool channels = !files.empty() && std::all_of(files.begin(), files.end(), [](const fs::path& p) {
-    return std::regex_match(pipeline::case_id_of(p), channel_re);
+    return pipeline::has_channel_suffix(pipeline::case_id_of(p));
   });
   std::map<std::string, InferCase> cases;
   if (channels) {
-    std::map<std::string, std::map<int, fs::path>> by_case;
-    for (const auto& p : files) {
-      std::smatch m;
-      const std::string id = pipeline::case_id_of(p);
-      std::regex_match(id, m, channel_re);
-      by_case[m[1]][std::stoi(m[2])] = p;
+    std::vector<std::pair<std::string, fs::path>> stems;
+    for (const auto& p : files) stems.emplace_back(pipeline::case_id_of(p), p);
+    std::vector<pipeline::SkippedFile> gaps;
+    for (auto& [id, chans] : pipeline::group_channels(stems, gaps)) {
+      const bool dicom = is_dicom_input(chans.front());
+      cases[id] = InferCase{id, std::move(chans), dicom};
     }
-    for (auto& [id, chans] : by_case) {
-      InferCase c{id, {}, false};
-      int expect = 0;
-      bool ok = true;
-      for (auto& [n, p] : chans) {
-        if (n != expect) {
-          char want[16];
-          std::snprintf(want, sizeof want, "_%04d", expect);
-          if (skipped)
-            skipped->emplace_back(
-                chans.begin()->second.string(),
-                "case " + id + ": channel " + want + " is missing (channels must be _0000, _0001, ...)");
-          ok = false;
-          break;
-        }
-        c.channels.push_back(p);
-        ++expect;
-      }
-      if (ok) {
-        c.dicom = is_dicom_input(c.channels.front());
-        cases[id] = c;
-      }
-    }
+    if (skipped)
+      for (const auto& g : gaps) skipped->emplace_back(g.path.string(), g.reason);
   } else {
     for (const auto& p : files) {
       const std::string id = pipeline::case_id_of(p);
@@ -609,6 +504,18 @@ Result<InferBatchResult> run_inference_batch(const InferOptions& o,
   }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
+}
+
+InferOptions package_infer_options(const ModelPackage& p, const InferOptions& base) {
+  InferOptions o = base;
+  o.model.clear();
+  o.checkpoint = p.dir / p.members.front().checkpoint;
+  o.ensemble.clear();
+  for (std::size_t i = 1; i < p.members.size(); ++i) o.ensemble.push_back(p.dir / p.members[i].checkpoint);
+  o.tta = p.tta;
+  if (o.overlap < 0) o.overlap = p.overlap;
+  if (o.class_names.empty()) o.class_names = p.class_names;
+  return o;
 }
 
 }  // namespace segflow::models

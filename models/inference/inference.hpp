@@ -26,26 +26,9 @@
 #include "messages/geometry.hpp"
 #include "messages/status.hpp"
 #include "models/fwd.hpp"
+#include "models/inference/tta.hpp"
 
 namespace segflow::models {
-
-/// Test-time augmentation: the softmax averaged over every combination of flips of a set of
-/// spatial axes, window by window (nnU-Net's mirroring).
-enum class TtaMode {
-  none,
-  /// The axes the checkpoint's training pipeline flips (its rand_flip stages), as nnU-Net
-  /// mirrors its inference_allowed_mirroring_axes; none when the training never flipped.
-  mirror,
-  mirror_all,  ///< every spatial axis (8 passes in 3D, 4 in 2D)
-};
-
-/// "none" | "mirror" | "mirror-all".
-Result<TtaMode> parse_tta(const std::string& text);
-
-/// The axes (0 = x, 1 = y, 2 = z) `tta` mirrors for a model with `spatial_dims` trained
-/// through `training_stages` (a built pipeline's to_json(): [{name, options}], options
-/// resolved). Ascending.
-std::vector<int> tta_mirror_axes(TtaMode tta, const nlohmann::json& training_stages, int spatial_dims);
 
 /// One case of a folder or dataset: its image channels.
 struct InferCase {
@@ -168,10 +151,8 @@ at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image
                                  const std::vector<int>& mirror_axes = {},
                                  const PredictOptions& options = {});
 
-/// Resamples an integer label map or float maps (C, Z, Y, X) from grid `src` onto the grid
-/// `dst` of size `dst_size` through patient coordinates (nearest for integer types, linear
-/// otherwise); points outside `src` get 0.
-at::Tensor resample_to_grid(const at::Tensor& data, const Geometry& src, const Geometry& dst,
-                            const Size3& dst_size);
+/// `base` with a model package's members as checkpoint + ensemble, its TTA, its overlap
+/// (unless base.overlap >= 0) and its class names (unless base names some); `model` cleared.
+InferOptions package_infer_options(const ModelPackage& package, const InferOptions& base);
 
 }  // namespace segflow::models

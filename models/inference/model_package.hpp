@@ -1,7 +1,8 @@
 #pragma once
-// `segflow package`: the chosen checkpoints of a cross-validation (one per fold, of one
-// configuration or of several ensembled) in one self-contained folder that `segflow infer
-// --model`, `segflow ctl infer --model` and the daemon's auto_infer take:
+// A model package, read: the chosen checkpoints of a cross-validation (one per fold, of one
+// configuration or of several ensembled) in one self-contained folder, written by `segflow
+// package` (models/evidence/packaging.hpp), that `segflow infer --model`, `segflow ctl infer
+// --model` and the daemon's auto_infer take:
 //
 //   MODEL_DIR/model.json            the manifest (below)
 //   MODEL_DIR/members/<i>-<run>/    one folder per member: the checkpoint (last.pt or
@@ -17,8 +18,7 @@
 // intervals], "selection" (selection.json's content, when packaged from one), "files":
 // {relative path: sha256 hex} for every other file of the package}.
 //
-// The folder is written as "<MODEL_DIR>.partial-<pid>" beside it and renamed; an existing
-// MODEL_DIR is never overwritten. Reading checks every file's sha256 against the manifest.
+// Reading checks every file's sha256 against the manifest.
 
 #include <nlohmann/json.hpp>
 
@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "messages/status.hpp"
-#include "models/evidence/postprocessing.hpp"
-#include "models/inference/inference.hpp"
+#include "models/inference/postprocessing_plan.hpp"
+#include "models/inference/tta.hpp"
 
 namespace segflow::models {
 
@@ -63,32 +63,8 @@ struct ModelPackage {
   nlohmann::json manifest;  ///< model.json as read or written
 };
 
-/// What `segflow package` packs.
-struct PackageOptions {
-  std::vector<std::filesystem::path> runs;       ///< run folders (one per fold)
-  std::vector<std::filesystem::path> cv;         ///< segflow cv's cv_summary.json files: their runs
-  std::filesystem::path selection;               ///< segflow select's selection.json: its runs
-  std::filesystem::path postprocessing;          ///< postprocessing.json; empty = none
-  std::filesystem::path out;                     ///< MODEL_DIR; must not exist
-  std::string checkpoint = "last";               ///< last (what the out-of-fold figures used) | best
-  TtaMode tta = TtaMode::none;                   ///< none (as the out-of-fold figures) | mirror
-  std::function<void(const std::string&)> note;  ///< progress lines; may be empty
-};
-
-/// Checks the members (every checkpoint there and loadable, one class count and channel
-/// count; the postprocessing for those classes) and writes the package. Errors name
-/// the run, file or field; nothing is left behind on failure.
-Result<ModelPackage> write_model_package(const PackageOptions& options);
-
 /// Reads MODEL_DIR/model.json; with `verify`, every file's sha256 is checked ("MODEL_DIR/
 /// members/0-x/last.pt: sha256 differs from model.json's (the file changed after packaging)").
 Result<ModelPackage> read_model_package(const std::filesystem::path& dir, bool verify = true);
-
-/// `base` with the package's members as checkpoint + ensemble, its TTA, its overlap (unless
-/// base.overlap >= 0) and its class names (unless base names some); `model` cleared.
-InferOptions package_infer_options(const ModelPackage& package, const InferOptions& base);
-
-/// The lowercase hex SHA-256 of a file's bytes.
-Result<std::string> sha256_file(const std::filesystem::path& file);
 
 }  // namespace segflow::models

@@ -32,31 +32,15 @@
 
 #include "messages/status.hpp"
 #include "models/fwd.hpp"
+#include "models/nets/network.hpp"
 
 namespace segflow::models {
 
-/// A network in a reference implementation's terms.
-struct ExportedModel {
-  std::string target;  ///< "monai.networks.nets.UNet" | "segment_anything.modeling.Sam" | PlainConvUNet
-  /// (name, tensor) in the module's order, named as the target's state_dict() names them.
-  std::vector<std::pair<std::string, at::Tensor>> state_dict;
-  /// {"target": ..., "args": {...}} (for Sam: {"image_encoder": {...}, "prompt_encoder": {...},
-  /// "mask_decoder": {...}}), what tests/tools/export_check.py builds the module from.
-  nlohmann::json spec;
-};
-
 /// The network `module` built from `options` (a job config's model section), as the reference
-/// implementation names it. invalid_argument for a plain_unet without norm.
+/// implementation names it: the network's `pytorch` hook (models/nets/network.hpp).
+/// unsupported naming the network for a network without one; invalid_argument for a
+/// plain_unet without norm.
 Result<ExportedModel> export_model(const ModelOptions& options, const torch::nn::Module& module);
-
-/// segflow UNet parameter/buffer name -> MONAI UNet name (for a UNet with `levels` =
-/// channels.size() - 1 down levels and `num_res_units`). invalid_argument for a name that is
-/// not one of a segflow UNet's.
-Result<std::string> monai_unet_name(const std::string& name, std::size_t levels, std::int64_t num_res_units);
-
-/// segflow PlainConvUNet parameter/buffer name -> every name dynamic_network_architectures'
-/// PlainConvUNet state_dict gives that tensor (its own first). invalid_argument for another name.
-Result<std::vector<std::string>> nnunet_plain_names(const std::string& name);
 
 /// `tensors` as the bytes of a file Python's torch.load reads (weights_only included) as a
 /// dict {name: tensor}, on the CPU: torch.save's zip archive.

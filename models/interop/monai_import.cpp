@@ -11,8 +11,9 @@
 #include <system_error>
 
 #include "messages/file_util.hpp"
-#include "models/interop/export.hpp"
 #include "models/interop/torch_load.hpp"
+#include "models/nets/layers.hpp"
+#include "models/nets/monai_names.hpp"
 #include "models/nets/weights.hpp"
 #include "models/training/job_config.hpp"
 #include "models/training/trainer.hpp"

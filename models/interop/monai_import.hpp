@@ -1,7 +1,7 @@
 #pragma once
 // MONAI in (`segflow import --from monai MODEL.pt|BUNDLE_DIR --out DIR`): the weights of a
 // monai.networks.nets.UNet as a segflow `unet` checkpoint and job config, the same outputs
-// as import_nnunet (models/interop/nnunet_export.hpp): DIR/job.yaml, DIR/model.pt (a segflow
+// as import_nnunet (models/interop/nnunet_import.hpp): DIR/job.yaml, DIR/model.pt (a segflow
 // checkpoint: `segflow infer --checkpoint`), DIR/weights.sfta (segflow names: `model.weights`
 // for fine-tuning) and DIR/import.json (what was read and what was assumed), written through
 // a temporary folder renamed onto DIR; DIR must not exist and nothing is left on error.
@@ -14,11 +14,10 @@
 //   MODEL.pt     `args` (the command line's --spatial-dims, --channels, ...); a state dict, or
 //                a dict holding one under state_dict / model
 // clang-format on
-// The tensor names are mapped by export's table (models/interop/export.hpp monai_unet_name) read
-// backwards; every shape is checked against the network the arguments build, and a tensor
-// that does not fit, is missing or left over is an error naming it (with both shapes). A
-// non-affine instance norm (MONAI's default) has no weights: segflow's affine one gets
-// weight 1 and bias 0, the same function.
+// The tensor names are mapped by the MONAI name table (models/nets/monai_names.hpp); every shape is checked
+// against the network the arguments build, and a tensor that does not fit, is missing or left over is an
+// error naming it (with both shapes). A non-affine instance norm (MONAI's default) has no weights: segflow's
+// affine one gets weight 1 and bias 0, the same function.
 //
 // Axes: MONAI reads a NIfTI as (C, x, y, z), segflow as (C, z, y, x). With layout `monai`
 // (the default: weights trained by MONAI) every convolution kernel's spatial axes are

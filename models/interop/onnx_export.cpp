@@ -13,6 +13,7 @@
 #include "models/inference/inference.hpp"
 #include "models/interop/detail/onnx_graph_builder.hpp"
 #include "models/interop/onnx/onnx_graph.hpp"
+#include "models/nets/plain_unet.hpp"
 #include "models/nets/registry.hpp"
 #include "models/nets/sam.hpp"
 #include "models/nets/unet.hpp"
@@ -132,6 +133,53 @@ std::string emit_plain_unet(GraphBuilder& g, const PlainConvUNetImpl& net, const
   return emit_conv(g, net.seg_layers->at<ConvNdImpl>(nd - 1), h);
 }
 
+/// What the ONNX target writes of each network it can write, by the network's name: one
+/// graph (image -> logits) from `emit`, or SAM's two graphs.
+/// The input and output of a one-graph network.
+struct OnnxGraphShape {
+  int spatial_dims = 3;
+  int64_t in_channels = 1, out_channels = 2;
+};
+
+struct OnnxNetwork {
+  const char* network;
+  /// Emits the network's graph from input "image" (its last node the logits). Null: SAM's two
+  /// graphs (write_sam_onnx).
+  OnnxGraphShape (*emit)(GraphBuilder& g, const torch::nn::Module& module);
+};
+
+OnnxGraphShape emit_unet_module(GraphBuilder& g, const torch::nn::Module& m) {
+  const auto& net = dynamic_cast<const UNetImpl&>(m);
+  emit_unet(g, net, "image");
+  return {net.options.spatial_dims, net.options.in_channels, net.options.out_channels};
+}
+
+OnnxGraphShape emit_plain_unet_module(GraphBuilder& g, const torch::nn::Module& m) {
+  const auto& net = dynamic_cast<const PlainConvUNetImpl&>(m);
+  emit_plain_unet(g, net, "image");
+  return {net.options.spatial_dims, net.options.in_channels, net.options.num_classes};
+}
+
+// clang-format off
+constexpr OnnxNetwork kOnnxNetworks[] = {
+    {"unet",       emit_unet_module},
+    {"plain_unet", emit_plain_unet_module},
+    {"sam",        nullptr},
+};
+// clang-format on
+
+/// The ONNX target's entry for the network of `options`; unsupported naming the network and
+/// the target (and the networks it writes) for another.
+Result<const OnnxNetwork*> onnx_network(const ModelOptions& options) {
+  std::string known;
+  for (const auto& n : kOnnxNetworks) {
+    if (options.name() == n.network) return &n;
+    known += (known.empty() ? "" : ", ") + std::string(n.network);
+  }
+  return unsupported("export --to onnx: network '" + options.name() +
+                     "' has no ONNX writer (networks it writes: " + known + ")");
+}
+
 og::ValueInfo tensor_info(const std::string& name, int64_t channels, const std::string& channel_axis,
                           int nd) {
   og::ValueInfo v;
@@ -147,27 +195,15 @@ og::ValueInfo tensor_info(const std::string& name, int64_t channels, const std::
 
 Status write_onnx_model(const ModelOptions& options, const torch::nn::Module& module,
                         const std::filesystem::path& out, const OnnxExportOptions& eo) {
-  if (std::holds_alternative<SamModelOptions>(options.net))
-    return write_sam_onnx(dynamic_cast<const SamImpl&>(module), out, eo);
+  SEGFLOW_ASSIGN_OR_RETURN(const OnnxNetwork* net, onnx_network(options));
+  if (!net->emit) return write_sam_onnx(dynamic_cast<const SamImpl&>(module), out, eo);
   GraphBuilder g(module, eo.fp16_weights);
   g.graph.opset = eo.opset;
   g.graph.name = options.name();
   g.graph.doc = "segflow " + options.name() + " in evaluation mode: image (N, C, [Z,] Y, X) -> logits";
-  int nd = 3;
-  int64_t in = 1, out_channels = 2;
-  std::string logits;
-  if (const auto* u = std::get_if<UNetOptions>(&options.net)) {
-    nd = u->spatial_dims;
-    in = u->in_channels;
-    out_channels = u->out_channels;
-    logits = emit_unet(g, dynamic_cast<const UNetImpl&>(module), "image");
-  } else {
-    const auto& p = std::get<PlainConvUNetOptions>(options.net);
-    nd = p.spatial_dims;
-    in = p.in_channels;
-    out_channels = p.num_classes;
-    logits = emit_plain_unet(g, dynamic_cast<const PlainConvUNetImpl&>(module), "image");
-  }
+  const OnnxGraphShape shape = net->emit(g, module);
+  const int nd = shape.spatial_dims;
+  const int64_t in = shape.in_channels, out_channels = shape.out_channels;
   // The last node writes the graph output by name.
   g.graph.nodes.back().outputs = {"logits"};
   g.graph.inputs.push_back(tensor_info("image", in, "", nd));
@@ -181,7 +217,8 @@ Status write_onnx_model(const ModelOptions& options, const torch::nn::Module& mo
 
 std::vector<std::filesystem::path> onnx_output_files(const ModelOptions& options,
                                                      const std::filesystem::path& out) {
-  if (std::holds_alternative<SamModelOptions>(options.net)) return sam_onnx_files(out);
+  auto net = onnx_network(options);
+  if (net.is_ok() && !(*net)->emit) return sam_onnx_files(out);
   return {out};
 }
 
@@ -213,8 +250,8 @@ json preprocessing_summary(const json& stages) {
 
 Result<json> onnx_manifest(const JobConfig& cfg, const ModelInfo& info,
                            const std::filesystem::path& onnx_file, const OnnxExportOptions& eo) {
-  if (std::holds_alternative<SamModelOptions>(cfg.model.net))
-    return sam_onnx_manifest(cfg, info, onnx_file, eo);
+  SEGFLOW_ASSIGN_OR_RETURN(const OnnxNetwork* net, onnx_network(cfg.model));
+  if (!net->emit) return sam_onnx_manifest(cfg, info, onnx_file, eo);
   pipeline::StageRegistry registry = pipeline::builtin_registry();
   SEGFLOW_ASSIGN_OR_RETURN(pipeline::Pipeline pipe, pipeline::build_pipeline(cfg.stages, registry, cfg.file));
   const json all = pipe.to_json();

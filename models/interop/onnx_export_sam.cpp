@@ -362,6 +362,7 @@ Result<std::pair<std::string, std::string>> sam_graphs(const SamImpl& sam_in, co
 namespace segflow::models {
 
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 std::vector<fs::path> sam_onnx_files(const fs::path& out) {
   fs::path enc = out, dec = out;
@@ -444,7 +445,7 @@ json sam_model_json(const SamOptions& o, const fs::path& onnx_file, const OnnxEx
 
 Result<json> sam_onnx_manifest(const JobConfig& cfg, const ModelInfo& info, const fs::path& onnx_file,
                                const OnnxExportOptions& eo) {
-  const SamOptions& o = std::get<SamModelOptions>(cfg.model.net).sam;
+  const SamOptions& o = cfg.model.get<SamModelOptions>().sam;
   const std::string S = std::to_string(o.image_encoder.img_size);
   SEGFLOW_ASSIGN_OR_RETURN(auto box_stages, sam_box_stages(cfg));
   const auto& [stages, longest] = box_stages;

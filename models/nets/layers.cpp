@@ -6,6 +6,8 @@
 #include <cmath>
 #include <ostream>
 
+#include "pipeline/options.hpp"
+
 namespace segflow::models {
 
 Result<NormKind> parse_norm(const std::string& s) {
@@ -314,6 +316,12 @@ void mirror_requires_grad(const torch::nn::Module& source, torch::nn::Module& co
 
 void set_requires_grad(torch::nn::Module& module, bool requires_grad) {
   for (auto& p : module.parameters(/*recurse=*/true)) p.set_requires_grad(requires_grad);
+}
+
+void bind_norm(pipeline::OptionParser& p, NormKind& norm, const char* doc) {
+  std::string s = to_string(norm);
+  p.choice("norm", s, {"batch", "instance", "none"}, doc);
+  if (auto n = parse_norm(s); n.is_ok()) norm = *n;
 }
 
 }  // namespace segflow::models

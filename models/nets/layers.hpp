@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "messages/status.hpp"
+#include "pipeline/fwd.hpp"
 
 namespace segflow::models {
 
@@ -30,6 +31,8 @@ Result<NormKind> parse_norm(const std::string& s);
 Result<ActKind> parse_act(const std::string& s);
 const char* to_string(NormKind k) noexcept;
 const char* to_string(ActKind k) noexcept;
+/// Binds a network's `norm` key (batch | instance | none) onto `norm`.
+void bind_norm(pipeline::OptionParser& p, NormKind& norm, const char* doc);
 
 /// One size per spatial dim of a tensor, in tensor order ((Z, Y, X) in 3D, (Y, X) in 2D), or
 /// one value for every dim. Converts from an integer, so `ConvOptions{3, 1, 8, 3, 2}` means

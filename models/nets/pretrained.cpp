@@ -6,10 +6,7 @@
 #include <functional>
 #include <map>
 #include <regex>
-#include <variant>
 
-#include "models/interop/export.hpp"
-#include "models/nets/registry.hpp"
 #include "models/nets/weights.hpp"
 
 namespace segflow::models {
@@ -31,15 +28,9 @@ std::string pretrained_names(const std::vector<std::string>& names) {
 }
 
 bool is_head(const ModelOptions& o, const std::string& name) {
-  if (std::holds_alternative<UNetOptions>(o.net)) return name.rfind("up.0.", 0) == 0;
-  if (std::holds_alternative<PlainConvUNetOptions>(o.net)) return name.rfind("seg_layers.", 0) == 0;
+  for (const auto& prefix : o.network->head_prefixes)
+    if (name.rfind(prefix, 0) == 0) return true;
   return false;
-}
-
-std::int64_t model_in_channels(const ModelOptions& o) {
-  if (const auto* u = std::get_if<UNetOptions>(&o.net)) return u->in_channels;
-  if (const auto* p = std::get_if<PlainConvUNetOptions>(&o.net)) return p->in_channels;
-  return std::get<SamModelOptions>(o.net).sam.image_encoder.in_chans;
 }
 
 /// The scheme `auto` stands for with this model and archive.
@@ -50,8 +41,8 @@ std::string resolve_scheme(const std::string& names, const ModelOptions& o, cons
       if (n.rfind(prefix, 0) == 0) return true;
     return false;
   };
-  if (std::holds_alternative<UNetOptions>(o.net) && any_prefix("model.")) return "monai";
-  if (std::holds_alternative<PlainConvUNetOptions>(o.net) && any_prefix("encoder.stages.")) return "nnunet";
+  for (const auto& f : o.network->foreign_names)
+    if (!f.marker.empty() && any_prefix(f.marker.c_str())) return f.scheme;
   return "segflow";
 }
 
@@ -63,29 +54,21 @@ Result<TensorMap> to_segflow_names(const TensorMap& src, const std::string& sche
                                    const TensorMap& model, const Matcher& skip,
                                    std::vector<std::string>& unused) {
   if (scheme == "segflow") return src;
-  std::function<std::string(const std::string&)> rename;
-  std::map<std::string, std::string> from_monai;
-  if (scheme == "monai") {
-    const auto* u = std::get_if<UNetOptions>(&o.net);
-    if (!u) return invalid_argument("names: monai: expected a unet model (MONAI's UNet), got " + o.name());
-    for (const auto& [name, t] : model) {
-      auto m = monai_unet_name(name, u->channels.size() - 1, u->num_res_units);
-      if (m.is_ok()) from_monai.emplace("model." + *m, name);
-    }
-    rename = [&](const std::string& n) {
-      auto it = from_monai.find(n);
-      return it == from_monai.end() ? std::string() : it->second;
-    };
-  } else {
-    if (!std::holds_alternative<PlainConvUNetOptions>(o.net))
-      return invalid_argument("names: nnunet: expected a plain_unet model (nnU-Net's PlainConvUNet), got " +
-                              o.name());
-    rename = segflow_name_nnunet;
+  const ForeignNames* foreign = nullptr;
+  std::string schemes = "segflow";
+  for (const auto& f : o.network->foreign_names) {
+    if (f.scheme == scheme) foreign = &f;
+    schemes += ", " + f.scheme;
   }
+  if (!foreign)
+    return invalid_argument("names: " + scheme + ": " + o.name() + " (" + o.network->description +
+                            ") has no " + scheme + " names; expected one of " + schemes);
+  std::vector<std::string> model_names;
+  for (const auto& [name, t] : model) model_names.push_back(name);
+  const auto rename = foreign->renamer(o.net, model_names);
   TensorMap out;
   for (const auto& [name, t] : src) {
-    if (scheme == "nnunet" &&
-        (name.find(".all_modules.") != std::string::npos || name.rfind("decoder.encoder.", 0) == 0))
+    if (foreign->duplicate && foreign->duplicate(name))
       continue;  // the same tensors again under a second name
     const std::string s = rename(name);
     if (!s.empty())
@@ -133,15 +116,6 @@ Result<std::vector<std::regex>> compile_rules(const std::vector<std::string>& ru
 
 }  // namespace
 
-bool WeightsOptions::is_default() const {
-  return names == "auto" && skip.empty() && !reinit_head && channels == "none";
-}
-
-const std::vector<std::string>& weights_name_schemes() {
-  static const std::vector<std::string> k{"auto", "segflow", "monai", "nnunet"};
-  return k;
-}
-
 const std::vector<std::string>& channel_adaptations() {
   static const std::vector<std::string> k{"none", "repeat", "mean"};
   return k;
@@ -178,21 +152,9 @@ std::string WeightsReport::summary() const {
   return s;
 }
 
-std::string segflow_name_nnunet(const std::string& name) {
-  static const std::regex kEncoder(R"(encoder\.stages\.(\d+)\.0\.convs\.(\d+)\.(conv|norm)\.(\w+))");
-  static const std::regex kDecoder(R"(decoder\.stages\.(\d+)\.convs\.(\d+)\.(conv|norm)\.(\w+))");
-  static const std::regex kOther(R"(decoder\.(transpconvs|seg_layers)\.(\d+)\.(\w+))");
-  std::smatch m;
-  if (std::regex_match(name, m, kEncoder))
-    return "encoder_stages." + m[1].str() + "." + m[2].str() + "." + m[3].str() + "." + m[4].str();
-  if (std::regex_match(name, m, kDecoder))
-    return "decoder_stages." + m[1].str() + "." + m[2].str() + "." + m[3].str() + "." + m[4].str();
-  if (std::regex_match(name, m, kOther)) return m[1].str() + "." + m[2].str() + "." + m[3].str();
-  return "";
-}
-
 Result<WeightsReport> load_pretrained(torch::nn::Module& module, const ModelOptions& options,
                                       const std::string& path, const WeightsOptions& w, bool strict) {
+  if (!options.network) return invalid_argument(path + ": model: no network to load the weights into");
   SEGFLOW_ASSIGN_OR_RETURN(auto rules, compile_rules(w.skip, path + ": model.weights.skip"));
   SEGFLOW_ASSIGN_OR_RETURN(TensorMap archive, read_tensor_archive(path));
   WeightsReport r;
@@ -209,7 +171,7 @@ Result<WeightsReport> load_pretrained(torch::nn::Module& module, const ModelOpti
   auto renamed = to_segflow_names(archive, r.names, options, named_tensors(module), skip, r.unused);
   if (!renamed.is_ok()) return renamed.status().with_context(path);
   const TensorMap& src = *renamed;
-  const std::int64_t in_channels = model_in_channels(options);
+  const std::int64_t in_channels = options.network->in_channels(options.net);
   std::vector<std::string> mismatched;
   std::map<std::string, at::Tensor> plan;
   for (const auto& [name, t] : targets) {

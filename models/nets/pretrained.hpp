@@ -6,18 +6,20 @@
 // PyTorch state dict into one, keeping its names), maps the names of the network it came
 // from onto segflow's, and copies what fits:
 // clang-format off
-//   names:       segflow (as they are) | monai (monai.networks.nets.UNet's state_dict names,
-//                "model.1.submodule.0.conv.unit0.conv.weight", into a unet) | nnunet
+//   names:       segflow (as they are) | a scheme of the network's row (ForeignNames,
+//                models/nets/network.hpp): monai (monai.networks.nets.UNet's state_dict
+//                names, "model.1.submodule.0.conv.unit0.conv.weight", into a unet), nnunet
 //                (dynamic_network_architectures' PlainConvUNet names, "encoder.stages.0.0.
-//                convs.0.conv.weight", into a plain_unet) | auto (monai for a unet whose
-//                archive names start with "model.", nnunet for a plain_unet whose names start
-//                with "encoder.stages.", else segflow).
+//                convs.0.conv.weight", into a plain_unet) | auto (the network's scheme whose
+//                marker some archive name starts with: "model." for monai, "encoder.stages."
+//                for nnunet; else segflow).
 //   skip:        regular expressions (ECMAScript, matched against the whole segflow name):
 //                those tensors keep their fresh initialisation; the archive's tensors of
 //                those names are not needed.
-//   reinit_head: the output layer keeps its fresh initialisation (another class count): a
-//                unet's last up layer ("up.0."), a plain_unet's segmentation layers
-//                ("seg_layers.", deep supervision's included). SAM has no head to re-init.
+//   reinit_head: the output layer keeps its fresh initialisation (another class count): the
+//                row's head_prefixes, a unet's last up layer ("up.0."), a plain_unet's
+//                segmentation layers ("seg_layers.", deep supervision's included). SAM has
+//                no head to re-init.
 //   channels:    none | repeat | mean: a weight (>= 3 dims) that differs from the model only
 //                in its input-channel axis (dim 1) where the model has in_channels there (the
 //                first convolution and its residual projection) is adapted: repeat takes
@@ -42,7 +44,7 @@
 #include <vector>
 
 #include "messages/status.hpp"
-#include "models/fwd.hpp"
+#include "models/nets/network.hpp"
 
 namespace torch::nn {
 class Module;
@@ -50,19 +52,7 @@ class Module;
 
 namespace segflow::models {
 
-/// The keys of a `model.weights` mapping besides path (and strict, kept in ModelOptions).
-struct WeightsOptions {
-  std::string names = "auto";     ///< auto | segflow | monai | nnunet
-  std::vector<std::string> skip;  ///< regexes over segflow names: keep the fresh initialisation
-  bool reinit_head = false;       ///< the output layer keeps its fresh initialisation
-  std::string channels = "none";  ///< none | repeat | mean: input-channel adaptation
-
-  /// True when every key has its default (a plain `weights: PATH` says the same).
-  bool is_default() const;
-};
-
-/// The names `names` accepts and `channels` accepts.
-const std::vector<std::string>& weights_name_schemes();
+/// The values `model.weights.channels` accepts: none, repeat, mean.
 const std::vector<std::string>& channel_adaptations();
 
 /// What a load did, tensor by tensor (segflow names).
@@ -83,10 +73,6 @@ struct WeightsReport {
   /// One line: "weights spleen.sfta (monai names): 52 loaded, 0 skipped, 8 reinitialised, ...".
   std::string summary() const;
 };
-
-/// The segflow PlainConvUNet name of a dynamic_network_architectures PlainConvUNet tensor;
-/// "" for nnU-Net's duplicates (all_modules.*, decoder.encoder.*) and foreign names.
-std::string segflow_name_nnunet(const std::string& name);
 
 /// Loads `path` into `module`, built from `options`, as `weights` says (see the file
 /// comment). invalid_argument naming the path and the tensors for shapes that do not fit,

@@ -1,7 +1,12 @@
 #include "models/nets/sam.hpp"
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <ostream>
+
+#include "pipeline/options.hpp"
 
 namespace segflow::models {
 namespace F = torch::nn::functional;
@@ -609,6 +614,144 @@ void SamImpl::pretty_print(std::ostream& s) const {
   const auto& e = options.image_encoder;
   s << "segflow::models::Sam(img_size=" << e.img_size << ", patch_size=" << e.patch_size
     << ", embed_dim=" << e.embed_dim << ", depth=" << e.depth << ", out_chans=" << e.out_chans << ")";
+}
+
+// ---------------------------------------------------------------------- the network's row
+
+namespace {
+
+void bind_sam(pipeline::OptionParser& p, SamModelOptions& m) {
+  p.choice("preset", m.preset, SamOptions::preset_names(),
+           "the base every other key overrides: tiny, small or vit_b (SAM ViT-B)");
+  if (p.given("preset") && p.ok()) m.sam = SamOptions::preset(m.preset).value();
+  int dims = 2;
+  std::int64_t out = 1;
+  p.integer("spatial_dims", dims, pipeline::Range::any(), "", "2 (sam is a 2D model)");
+  if (dims != 2) p.fail("spatial_dims", "expected 2 (sam is a 2D model), got " + std::to_string(dims));
+  p.integer("out_channels", out, pipeline::Range::any(), "channels", "1 (one mask per box, sigmoid logits)");
+  if (out != 1)
+    p.fail("out_channels", "expected 1 (one mask per box, sigmoid logits), got " + std::to_string(out));
+  auto& e = m.sam.image_encoder;
+  auto& d = m.sam.mask_decoder;
+  p.integer("in_channels", e.in_chans, pipeline::Range::at_least(1), "channels", "image channels");
+  p.integer("img_size", e.img_size, pipeline::Range::at_least(1), "pixels",
+            "input height = width (a multiple of patch_size)");
+  p.integer("patch_size", e.patch_size, pipeline::Range::at_least(1), "pixels", "patch side");
+  p.integer("embed_dim", e.embed_dim, pipeline::Range::at_least(1), "channels",
+            "token width (a multiple of num_heads)");
+  p.integer("depth", e.depth, pipeline::Range::at_least(1), "", "transformer blocks of the image encoder");
+  p.integer("num_heads", e.num_heads, pipeline::Range::at_least(1), "",
+            "attention heads of the image encoder");
+  p.number("mlp_ratio", e.mlp_ratio, pipeline::Range::positive(), "", "MLP hidden width / embed_dim");
+  p.integer("out_chans", e.out_chans, pipeline::Range::at_least(8), "channels",
+            "neck output channels (a multiple of 8)");
+  p.boolean("use_rel_pos", e.use_rel_pos, "SAM's decomposed relative positions");
+  p.integer("window_size", e.window_size, pipeline::Range::non_negative(), "patches",
+            "windowed attention window; 0 = global attention everywhere");
+  p.integer_list("global_attn_indexes", e.global_attn_indexes, pipeline::Range::non_negative(), true,
+                 "blocks with global attention when windowed (each < depth)");
+  p.integer("decoder_depth", d.depth, pipeline::Range::at_least(1), "",
+            "two-way attention blocks of the mask decoder");
+  p.integer("decoder_heads", d.num_heads, pipeline::Range::at_least(1), "",
+            "attention heads of the mask decoder");
+  p.integer("decoder_mlp_dim", d.mlp_dim, pipeline::Range::at_least(1), "channels", "mask decoder MLP width");
+  p.integer("num_multimask_outputs", d.num_multimask_outputs, pipeline::Range::non_negative(), "",
+            "extra mask tokens (the output uses token 0)");
+  p.boolean("iou_head", d.iou_head, "IoU prediction head (needed to load SAM weights)");
+  p.boolean("freeze_image_encoder", e.frozen, "no gradients for the image encoder");
+  p.boolean("freeze_prompt_encoder", m.sam.prompt_encoder.frozen,
+            "no gradients for the prompt encoder (MedSAM)");
+  p.boolean("freeze_mask_decoder", d.frozen, "no gradients for the mask decoder");
+  m.sam.resolve();
+  if (p.ok()) p.check(m.sam.validate(), "sam");
+}
+
+Result<ModelHandle> build_sam(const SamModelOptions& so) {
+  SamOptions o = so.sam;
+  o.resolve();
+  SEGFLOW_RETURN_IF_ERROR(o.validate());
+  const auto& e = o.image_encoder;
+  ModelInfo info{
+      "sam", 2, e.in_chans, 1, true, false, e.patch_size, e.img_size, {e.patch_size, e.patch_size}};
+  info.iou_output = o.mask_decoder.iou_head;
+  auto m = Sam(o).ptr();
+  return ModelHandle(info, m, [](torch::nn::Module& mod, const at::Tensor& x, const at::Tensor& box) {
+    TORCH_CHECK(box.defined(), "sam: forward needs a box tensor (N, 4)");
+    auto out = static_cast<SamImpl&>(mod).forward_full(x, box);
+    if (!out.iou_predictions.defined()) return std::vector<at::Tensor>{out.masks};
+    return std::vector<at::Tensor>{out.masks, out.iou_predictions};  // masks first: predict() takes front()
+  });
+}
+
+std::int64_t sam_in_channels(const SamModelOptions& o) { return o.sam.image_encoder.in_chans; }
+
+using nlohmann::json;
+
+Result<ExportedModel> export_sam(const SamModelOptions& so, const torch::nn::Module& module) {
+  const SamOptions& o = so.sam;
+  ExportedModel m;
+  m.target = "segment_anything.modeling.Sam";
+  for (const auto& p : module.named_parameters())
+    m.state_dict.emplace_back(p.key(), p.value().detach().to(at::kCPU).contiguous());
+  for (const auto& b : module.named_buffers())
+    m.state_dict.emplace_back(b.key(), b.value().detach().to(at::kCPU).contiguous());
+  const auto& e = o.image_encoder;
+  const auto& p = o.prompt_encoder;
+  const auto& d = o.mask_decoder;
+  // segment_anything's MaskDecoder always has an IoU head; a model trained without one (the
+  // tiny preset, MedSAM's use: only mask token 0 is read) gets it as zeros, so the masks are
+  // the same and the IoU predictions are 0.
+  if (!d.iou_head) {
+    const std::int64_t depth = std::max<std::int64_t>(d.iou_head_depth, 1);
+    for (std::int64_t i = 0; i < depth; ++i) {
+      const std::int64_t in = i == 0 ? d.transformer_dim : d.iou_head_hidden_dim;
+      const std::int64_t out = i == depth - 1 ? d.num_multimask_outputs + 1 : d.iou_head_hidden_dim;
+      const std::string stem = "mask_decoder.iou_prediction_head.layers." + std::to_string(i);
+      m.state_dict.emplace_back(stem + ".weight", at::zeros({out, in}));
+      m.state_dict.emplace_back(stem + ".bias", at::zeros({out}));
+    }
+  }
+  m.spec = {{"target", m.target},
+            {"image_encoder",
+             {{"img_size", e.img_size},
+              {"patch_size", e.patch_size},
+              {"in_chans", e.in_chans},
+              {"embed_dim", e.embed_dim},
+              {"depth", e.depth},
+              {"num_heads", e.num_heads},
+              {"mlp_ratio", e.mlp_ratio},
+              {"out_chans", e.out_chans},
+              {"qkv_bias", e.qkv_bias},
+              {"use_abs_pos", e.use_abs_pos},
+              {"use_rel_pos", e.use_rel_pos},
+              {"window_size", e.window_size},
+              {"global_attn_indexes", e.global_attn_indexes},
+              {"layer_norm_eps", 1e-6}}},
+            {"prompt_encoder",
+             {{"embed_dim", p.embed_dim},
+              {"image_embedding_size", {p.image_embedding_size, p.image_embedding_size}},
+              {"input_image_size", {p.input_image_size, p.input_image_size}},
+              {"mask_in_chans", p.mask_in_chans}}},
+            {"mask_decoder",
+             {{"transformer_dim", d.transformer_dim},
+              {"transformer_depth", d.depth},
+              {"transformer_num_heads", d.num_heads},
+              {"transformer_mlp_dim", d.mlp_dim},
+              {"attention_downsample_rate", d.attention_downsample_rate},
+              {"num_multimask_outputs", d.num_multimask_outputs},
+              {"iou_head_depth", std::max<std::int64_t>(d.iou_head_depth, 1)},
+              {"iou_head_hidden_dim", d.iou_head_hidden_dim},
+              {"iou_head", d.iou_head ? "trained" : "zeros"}}}};
+  return m;
+}
+
+}  // namespace
+
+NetworkRow sam_network() {
+  NetworkRow r =
+      network_row<SamModelOptions>("sam", "box-prompted SAM", bind_sam, build_sam, sam_in_channels);
+  r.pytorch = typed_hook<SamModelOptions>(export_sam);
+  return r;
 }
 
 }  // namespace segflow::models

@@ -28,6 +28,7 @@
 
 #include "messages/status.hpp"
 #include "models/nets/layers.hpp"
+#include "models/nets/network.hpp"
 
 namespace segflow::models {
 
@@ -303,5 +304,16 @@ class SamImpl : public torch::nn::Cloneable<SamImpl> {
   MaskDecoder mask_decoder{nullptr};
 };
 TORCH_MODULE(Sam);
+
+/// SAM as a config names it: a preset and the options it resolved to after the keys that
+/// override it field by field.
+struct SamModelOptions {
+  std::string preset = "tiny";                          ///< tiny | small | vit_b
+  SamOptions sam = SamOptions::preset("tiny").value();  ///< the preset with overrides, resolved
+};
+
+/// The row of "sam" in the network table (models/nets/registry.cpp): its options binding
+/// (a preset, then keys that override it), build and PyTorch export (segment_anything's Sam).
+NetworkRow sam_network();
 
 }  // namespace segflow::models

@@ -1,132 +1,20 @@
 #include "models/nets/unet.hpp"
 
+#include <torch/nn/module.h>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <map>
+#include <memory>
 #include <numeric>
 #include <ostream>
 #include <sstream>
 
+#include "models/nets/monai_names.hpp"
+#include "pipeline/options.hpp"
+
 namespace segflow::models {
-namespace {
-
-std::string join(const std::vector<int64_t>& v) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
-  s << "]";
-  return s.str();
-}
-
-// "" when `s` has one value or one per axis, each >= 1 (and odd when `odd`); else the
-// message's "expected ..., got ..." part.
-std::string axis_sizes_error(const AxisSizes& s, int spatial_dims, bool odd) {
-  const size_t n = s.xyz().size();
-  bool ok = n == 1 || n == static_cast<size_t>(spatial_dims);
-  for (auto v : s.xyz()) ok = ok && v >= 1 && (!odd || v % 2 == 1);
-  if (ok) return "";
-  if (n == 1)
-    return std::string("expected ") + (odd ? "an odd number >= 1" : "a positive integer") + ", got " +
-           s.text();
-  return "expected " + std::to_string(spatial_dims) + (odd ? " odd numbers >= 1 " : " positive integers ") +
-         axis_order_text(spatial_dims) + ", got " + s.text();
-}
-
-// The first entry of `list` that axis_sizes_error refuses, as "<field>[i]: expected ..., got ...".
-std::string first_axis_sizes_error(const std::string& field, const std::vector<AxisSizes>& list,
-                                   int spatial_dims, bool odd) {
-  for (size_t i = 0; i < list.size(); ++i) {
-    const auto e = axis_sizes_error(list[i], spatial_dims, odd);
-    if (!e.empty()) return field + "[" + std::to_string(i) + "]: " + e;
-  }
-  return "";
-}
-
-// Products of strides per axis above this are refused (no input is that large; it keeps the
-// products and their least common multiple inside int64).
-constexpr int64_t kMaxSizeDivisor = int64_t{1} << 20;
-
-// "" when the product of the strides on every axis is at most kMaxSizeDivisor (entries
-// already checked positive), else the message naming the field and the axis.
-std::string divisor_error(const char* field, const std::vector<AxisSizes>& strides, int spatial_dims) {
-  for (size_t a = 0; a < static_cast<size_t>(spatial_dims); ++a) {
-    int64_t p = 1;
-    for (const auto& s : strides) {
-      if (s.axis(a) > kMaxSizeDivisor / p)
-        return std::string(field) + ": expected a product of at most " + std::to_string(kMaxSizeDivisor) +
-               " on " + "xyz"[a] + " (every input size on that axis must be a multiple of it), got " +
-               to_string(strides);
-      p *= s.axis(a);
-    }
-  }
-  return "";
-}
-
-// Per axis (x, y[, z]): the product of the entries on that axis.
-std::vector<int64_t> axis_products(const std::vector<AxisSizes>& list, int spatial_dims) {
-  std::vector<int64_t> p(static_cast<size_t>(spatial_dims), 1);
-  for (const auto& s : list)
-    for (size_t a = 0; a < p.size(); ++a) p[a] *= s.axis(a);
-  return p;
-}
-
-int64_t lcm_of(const std::vector<int64_t>& v) {
-  int64_t l = 1;
-  for (auto x : v) l = std::lcm(l, x);
-  return l;
-}
-
-// Checks (N, C, *spatial) against the expected dims/channels and the divisor of each axis
-// (x, y[, z]; tensors hold them in reverse).
-void check_input(const char* who, const at::Tensor& x, int spatial_dims, int64_t channels,
-                 const std::vector<int64_t>& divisors) {
-  TORCH_CHECK(x.dim() == spatial_dims + 2, who, ": expected a ", spatial_dims + 2,
-              "-d input (N, C, *spatial), got shape ", x.sizes());
-  TORCH_CHECK(x.size(1) == channels, who, ": expected ", channels, " input channels, got shape ", x.sizes());
-  for (int a = 0; a < spatial_dims; ++a) {
-    const int64_t size = x.size(x.dim() - 1 - a), divisor = divisors[static_cast<size_t>(a)];
-    TORCH_CHECK(size % divisor == 0, who, ": the spatial size on ", "xyz"[a], " (", size,
-                ") must be divisible by ", divisor, " (the product of the strides on that axis; per axis ",
-                axis_order_text(spatial_dims), ": ", join(divisors), "), got shape ", x.sizes());
-  }
-}
-
-}  // namespace
-
-// ------------------------------------------------------------------------------- AxisSizes
-
-const char* axis_order_text(int spatial_dims) { return spatial_dims == 3 ? "(x, y, z)" : "(x, y)"; }
-
-DimSizes AxisSizes::dims() const { return DimSizes(std::vector<int64_t>(xyz_.rbegin(), xyz_.rend())); }
-
-bool AxisSizes::all_equal(int64_t v) const {
-  for (auto x : xyz_)
-    if (x != v) return false;
-  return true;
-}
-
-std::string AxisSizes::text() const { return xyz_.size() == 1 ? std::to_string(xyz_.front()) : join(xyz_); }
-
-bool operator==(const AxisSizes& a, const AxisSizes& b) {
-  if (a.xyz_.size() == 1) return b.all_equal(a.xyz_.front());
-  if (b.xyz_.size() == 1) return a.all_equal(b.xyz_.front());
-  return a.xyz_ == b.xyz_;
-}
-
-void to_json(nlohmann::json& j, const AxisSizes& sizes) {
-  if (sizes.xyz().size() == 1)
-    j = sizes.xyz().front();
-  else
-    j = sizes.xyz();
-}
-
-std::ostream& operator<<(std::ostream& stream, const AxisSizes& sizes) { return stream << sizes.text(); }
-
-std::string to_string(const std::vector<AxisSizes>& sizes) {
-  std::string s = "[";
-  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + sizes[i].text();
-  return s + "]";
-}
 
 // ------------------------------------------------------------------------------ UNetOptions
 
@@ -138,9 +26,10 @@ Status UNetOptions::validate() const {
   if (out_channels < 1)
     return invalid_argument("unet: out_channels: expected >= 1, got " + std::to_string(out_channels));
   if (channels.size() < 2)
-    return invalid_argument("unet: channels: expected at least 2 entries, got " + join(channels));
+    return invalid_argument("unet: channels: expected at least 2 entries, got " + sizes_text(channels));
   for (auto c : channels)
-    if (c < 1) return invalid_argument("unet: channels: expected positive numbers, got " + join(channels));
+    if (c < 1)
+      return invalid_argument("unet: channels: expected positive numbers, got " + sizes_text(channels));
   if (strides.size() != channels.size() - 1)
     return invalid_argument("unet: strides: expected " + std::to_string(channels.size() - 1) +
                             " entries (len(channels) - 1), got " + to_string(strides));
@@ -278,7 +167,7 @@ void UNetImpl::reset() {
 }
 
 at::Tensor UNetImpl::forward(const at::Tensor& x) {
-  check_input("UNet", x, options.spatial_dims, options.in_channels, options.size_divisors());
+  check_network_input("UNet", x, options.spatial_dims, options.in_channels, options.size_divisors());
   std::vector<at::Tensor> skips;
   at::Tensor h = x;
   for (size_t i = 0; i < down->size(); ++i) {
@@ -295,157 +184,142 @@ at::Tensor UNetImpl::forward(const at::Tensor& x) {
 void UNetImpl::pretty_print(std::ostream& s) const {
   const auto& o = options;
   s << "segflow::models::UNet(spatial_dims=" << o.spatial_dims << ", in_channels=" << o.in_channels
-    << ", out_channels=" << o.out_channels << ", channels=" << join(o.channels)
+    << ", out_channels=" << o.out_channels << ", channels=" << sizes_text(o.channels)
     << ", strides=" << to_string(o.strides) << ", kernel_size=" << o.kernel_size.text()
     << ", up_kernel_size=" << o.up_kernel_size.text() << ", num_res_units=" << o.num_res_units
     << ", norm=" << to_string(o.norm) << ", act=" << to_string(o.act) << ", dropout=" << o.dropout << ")";
 }
 
-// --------------------------------------------------------------------- PlainConvUNetOptions
+// ---------------------------------------------------------------------- the network's row
 
-Status PlainConvUNetOptions::validate() const {
-  auto bad = [](const std::string& field, const std::string& expected, const std::string& got) {
-    return invalid_argument("plain_unet: " + field + ": expected " + expected + ", got " + got);
+namespace {
+
+void bind_unet(pipeline::OptionParser& p, UNetOptions& o) {
+  p.integer("spatial_dims", o.spatial_dims, pipeline::Range::closed(2, 3), "",
+            "2D (Y, X) or 3D (Z, Y, X) inputs");
+  p.integer("in_channels", o.in_channels, pipeline::Range::at_least(1), "channels", "input image channels");
+  p.integer("out_channels", o.out_channels, pipeline::Range::at_least(1), "channels",
+            "output logit channels (classes incl. background)");
+  p.integer_list("channels", o.channels, pipeline::Range::at_least(1), false,
+                 "features per level, >= 2 levels");
+  bind_axis_sizes_list(p, "strides", o.strides, o.spatial_dims,
+                       "downsampling between levels (len(channels) - 1 entries), each an integer or one per "
+                       "axis in (x, y, z) order");
+  bind_axis_sizes(p, "kernel_size", o.kernel_size, o.spatial_dims,
+                  "conv kernel size in voxels (odd): an integer or one per axis (x, y, z)");
+  bind_axis_sizes(p, "up_kernel_size", o.up_kernel_size, o.spatial_dims,
+                  "transposed-conv kernel size in voxels (odd): an integer or one per axis (x, y, z)");
+  p.integer("num_res_units", o.num_res_units, pipeline::Range::non_negative(), "",
+            "residual units per block; 0 = plain conv blocks");
+  bind_norm(p, o.norm, "normalisation: batch, instance (affine) or none");
+  std::string act = to_string(o.act);
+  p.choice("act", act, {"relu", "prelu", "leakyrelu", "none"}, "activation");
+  if (auto a = parse_act(act); a.is_ok()) o.act = *a;
+  p.number("dropout", o.dropout, pipeline::Range{0.0, 1.0, false, true}, "", "dropout probability");
+  p.boolean("bias", o.bias, "conv biases");
+  if (p.ok()) p.check(o.validate(), "unet");
+}
+
+Result<ModelHandle> build_unet(const UNetOptions& o) {
+  SEGFLOW_RETURN_IF_ERROR(o.validate());  // before size_divisors() reads the strides
+  ModelInfo info{"unet", o.spatial_dims,   o.in_channels, o.out_channels, false, false, o.size_divisor(),
+                 0,      o.size_divisors()};
+  auto m = UNet(o).ptr();
+  return ModelHandle(info, m, [](torch::nn::Module& mod, const at::Tensor& x, const at::Tensor&) {
+    return std::vector<at::Tensor>{static_cast<UNetImpl&>(mod).forward(x)};
+  });
+}
+
+std::int64_t unet_in_channels(const UNetOptions& o) { return o.in_channels; }
+
+using nlohmann::json;
+
+json monai_norm(NormKind k) {
+  switch (k) {
+    case NormKind::batch:
+      return "batch";
+    case NormKind::instance:
+      return json::array({"instance", {{"affine", true}}});  // segflow's instance norm is affine
+    case NormKind::none:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+json monai_act(ActKind k) {
+  switch (k) {
+    case ActKind::relu:
+      return "relu";
+    case ActKind::prelu:
+      return "prelu";
+    case ActKind::leakyrelu:
+      return json::array({"leakyrelu", {{"negative_slope", ActOptions{}.negative_slope}}});
+    case ActKind::gelu:
+      return "gelu";
+    case ActKind::none:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+/// Sizes as MONAI takes them: an integer, or a sequence in array order (z, y, x), the reverse
+/// of segflow's (x, y, z).
+json monai_sizes(const AxisSizes& s) {
+  if (s.xyz().size() == 1) return s.xyz().front();
+  return json(std::vector<std::int64_t>(s.xyz().rbegin(), s.xyz().rend()));
+}
+
+Result<ExportedModel> export_unet(const UNetOptions& o, const torch::nn::Module& module) {
+  ExportedModel m;
+  m.target = "monai.networks.nets.UNet";
+  const std::size_t levels = o.channels.size() - 1;
+  auto add = [&](const std::string& name, const at::Tensor& t) -> Status {
+    SEGFLOW_ASSIGN_OR_RETURN(std::string monai, monai_unet_name(name, levels, o.num_res_units));
+    m.state_dict.emplace_back("model." + monai, t.detach().to(at::kCPU).contiguous());
+    return Status::ok();
   };
-  if (spatial_dims != 2 && spatial_dims != 3)
-    return bad("spatial_dims", "2 or 3", std::to_string(spatial_dims));
-  if (in_channels < 1) return bad("in_channels", ">= 1", std::to_string(in_channels));
-  if (num_classes < 1) return bad("num_classes", ">= 1", std::to_string(num_classes));
-  if (n_stages < 2) return bad("n_stages", ">= 2", std::to_string(n_stages));
-  if (base_features < 1) return bad("base_features", ">= 1", std::to_string(base_features));
-  if (max_features < base_features)
-    return bad("max_features", ">= base_features", std::to_string(max_features));
-  if (n_conv_per_stage < 1) return bad("n_conv_per_stage", ">= 1", std::to_string(n_conv_per_stage));
-  if (n_conv_per_stage_decoder < 1)
-    return bad("n_conv_per_stage_decoder", ">= 1", std::to_string(n_conv_per_stage_decoder));
-  if (kernel_size < 1 || kernel_size % 2 == 0)
-    return bad("kernel_size", "an odd number >= 1", std::to_string(kernel_size));
-  if (!kernel_sizes.empty() && static_cast<int64_t>(kernel_sizes.size()) != n_stages)
-    return bad("kernel_sizes", std::to_string(n_stages) + " entries (one per stage)",
-               to_string(kernel_sizes));
-  if (auto e = first_axis_sizes_error("kernel_sizes", kernel_sizes, spatial_dims, true); !e.empty())
-    return invalid_argument("plain_unet: " + e);
-  if (!strides.empty() && static_cast<int64_t>(strides.size()) != n_stages)
-    return bad("strides", std::to_string(n_stages) + " entries (one per stage)", to_string(strides));
-  if (auto e = first_axis_sizes_error("strides", strides, spatial_dims, false); !e.empty())
-    return invalid_argument("plain_unet: " + e);
-  if (auto e = divisor_error("strides", strides, spatial_dims); !e.empty())
-    return invalid_argument("plain_unet: " + e);
-  if (strides.empty() && n_stages > 21)  // the default 1, 2, 2, ...: a divisor of 2^(n_stages - 1)
-    return bad("n_stages",
-               "at most 21 with the default strides (inputs must be multiples of 2^(n_stages - 1))",
-               std::to_string(n_stages));
-  if (!(negative_slope >= 0.0)) return bad("negative_slope", ">= 0", std::to_string(negative_slope));
-  return Status::ok();
+  for (const auto& p : module.named_parameters()) SEGFLOW_RETURN_IF_ERROR(add(p.key(), p.value()));
+  for (const auto& b : module.named_buffers()) SEGFLOW_RETURN_IF_ERROR(add(b.key(), b.value()));
+  json strides = json::array();
+  for (const auto& st : o.strides) strides.push_back(monai_sizes(st));
+  m.spec = {{"target", m.target},
+            {"args",
+             {{"spatial_dims", o.spatial_dims},
+              {"in_channels", o.in_channels},
+              {"out_channels", o.out_channels},
+              {"channels", o.channels},
+              {"strides", strides},
+              {"kernel_size", monai_sizes(o.kernel_size)},
+              {"up_kernel_size", monai_sizes(o.up_kernel_size)},
+              {"num_res_units", o.num_res_units},
+              {"act", monai_act(o.act)},
+              {"norm", monai_norm(o.norm)},
+              {"dropout", o.dropout},
+              {"bias", o.bias}}}};
+  return m;
 }
 
-std::vector<int64_t> PlainConvUNetOptions::features() const {
-  std::vector<int64_t> f;
-  int64_t c = base_features;
-  for (int64_t s = 0; s < n_stages; ++s) {
-    f.push_back(std::min(c, max_features));
-    c = std::min(c * 2, max_features);
-  }
-  return f;
-}
+}  // namespace
 
-std::vector<AxisSizes> PlainConvUNetOptions::resolved_strides() const {
-  if (!strides.empty()) return strides;
-  std::vector<AxisSizes> s(static_cast<size_t>(std::max<int64_t>(n_stages, 1)), 2);
-  s[0] = 1;
-  return s;
-}
-
-std::vector<AxisSizes> PlainConvUNetOptions::resolved_kernel_sizes() const {
-  if (!kernel_sizes.empty()) return kernel_sizes;
-  return std::vector<AxisSizes>(static_cast<size_t>(std::max<int64_t>(n_stages, 0)), kernel_size);
-}
-
-std::vector<int64_t> PlainConvUNetOptions::size_divisors() const {
-  return axis_products(resolved_strides(), spatial_dims);
-}
-
-int64_t PlainConvUNetOptions::size_divisor() const { return lcm_of(size_divisors()); }
-
-// --------------------------------------------------------------------------- PlainConvUNet
-
-PlainConvUNetImpl::PlainConvUNetImpl(PlainConvUNetOptions o) : options(std::move(o)) { reset(); }
-
-void PlainConvUNetImpl::reset() {
-  const auto& o = options;
-  auto st = o.validate();
-  TORCH_CHECK(st.is_ok(), st.message());
-  const auto feats = o.features();
-  const auto strides = o.resolved_strides();
-  const auto kernels = o.resolved_kernel_sizes();
-  const auto n = static_cast<size_t>(o.n_stages);
-  auto block = [&](int64_t inc, int64_t outc, const DimSizes& kernel, const DimSizes& stride) {
-    ConvBlockOptions b;
-    b.conv = ConvOptions{o.spatial_dims, inc, outc, kernel, stride, -1, 0, false, o.conv_bias};
-    b.norm = o.norm;
-    b.act = ActOptions{ActKind::leakyrelu, o.negative_slope};
-    return ConvBlock(b);
+NetworkRow unet_network() {
+  NetworkRow r = network_row<UNetOptions>("unet", "MONAI's UNet", bind_unet, build_unet, unet_in_channels);
+  r.head_prefixes = {"up.0."};
+  ForeignNames monai;
+  monai.scheme = "monai";
+  monai.what = "MONAI's UNet";
+  monai.marker = "model.";
+  monai.renamer = [](const std::any& net, const std::vector<std::string>& model_names) {
+    const auto& o = std::any_cast<const UNetOptions&>(net);
+    auto from_monai = std::make_shared<std::map<std::string, std::string>>(
+        segflow_names_from_monai(model_names, o.channels.size() - 1, o.num_res_units));
+    return std::function<std::string(const std::string&)>([from_monai](const std::string& n) {
+      auto it = from_monai->find(n);
+      return it == from_monai->end() ? std::string() : it->second;
+    });
   };
-  // A stage: `count` blocks, the first strided (in tensor order: the options are (x, y, z)).
-  auto stack = [&](int64_t count, int64_t inc, int64_t outc, const AxisSizes& kernel,
-                   const AxisSizes& stride) {
-    torch::nn::ModuleList l;
-    for (int64_t i = 0; i < count; ++i)
-      l->push_back(block(i == 0 ? inc : outc, outc, kernel.dims(), i == 0 ? stride.dims() : DimSizes(1)));
-    return l;
-  };
-  encoder_stages = register_module("encoder_stages", torch::nn::ModuleList());
-  for (size_t s = 0; s < n; ++s) {
-    encoder_stages->push_back(
-        stack(o.n_conv_per_stage, s == 0 ? o.in_channels : feats[s - 1], feats[s], kernels[s], strides[s]));
-  }
-  transpconvs = register_module("transpconvs", torch::nn::ModuleList());
-  decoder_stages = register_module("decoder_stages", torch::nn::ModuleList());
-  seg_layers = register_module("seg_layers", torch::nn::ModuleList());
-  // Decoder stage s - 1 (lowest resolution first): upsample by the stride of stage n - s, join
-  // the skip of stage n - s - 1 and convolve with that stage's kernel (nnU-Net's UNetDecoder).
-  for (size_t s = 1; s < n; ++s) {
-    const int64_t below = feats[n - s], skip = feats[n - s - 1];
-    const DimSizes stride = strides[n - s].dims();
-    transpconvs->push_back(ConvNd(
-        ConvOptions{o.spatial_dims, below, skip, stride, stride, 0, 0, /*transposed=*/true, o.conv_bias}));
-    decoder_stages->push_back(stack(o.n_conv_per_stage_decoder, 2 * skip, skip, kernels[n - s - 1], 1));
-    seg_layers->push_back(ConvNd(ConvOptions{o.spatial_dims, skip, o.num_classes, 1, 1, 0, 0, false, true}));
-  }
-}
-
-std::vector<at::Tensor> PlainConvUNetImpl::forward(const at::Tensor& x) {
-  check_input("PlainConvUNet", x, options.spatial_dims, options.in_channels, options.size_divisors());
-  auto run = [](torch::nn::ModuleListImpl& l, at::Tensor h) {
-    for (size_t i = 0; i < l.size(); ++i) h = l.at<ConvBlockImpl>(i).forward(h);
-    return h;
-  };
-  std::vector<at::Tensor> skips;
-  at::Tensor h = x;
-  for (size_t s = 0; s < encoder_stages->size(); ++s) {
-    h = run(encoder_stages->at<torch::nn::ModuleListImpl>(s), h);
-    skips.push_back(h);
-  }
-  std::vector<at::Tensor> outs;
-  const size_t nd = decoder_stages->size();
-  for (size_t d = 0; d < nd; ++d) {
-    h = transpconvs->at<ConvNdImpl>(d).forward(h);
-    h = at::cat({h, skips[nd - 1 - d]}, 1);
-    h = run(decoder_stages->at<torch::nn::ModuleListImpl>(d), h);
-    if (options.deep_supervision || d == nd - 1) outs.push_back(seg_layers->at<ConvNdImpl>(d).forward(h));
-  }
-  std::reverse(outs.begin(), outs.end());
-  return outs;
-}
-
-void PlainConvUNetImpl::pretty_print(std::ostream& s) const {
-  const auto& o = options;
-  s << "segflow::models::PlainConvUNet(spatial_dims=" << o.spatial_dims << ", in_channels=" << o.in_channels
-    << ", num_classes=" << o.num_classes << ", features=" << join(o.features())
-    << ", strides=" << to_string(o.resolved_strides())
-    << ", kernel_sizes=" << to_string(o.resolved_kernel_sizes())
-    << ", n_conv_per_stage=" << o.n_conv_per_stage
-    << ", deep_supervision=" << (o.deep_supervision ? "true" : "false") << ")";
+  r.foreign_names = {monai};
+  r.pytorch = typed_hook<UNetOptions>(export_unet);
+  return r;
 }
 
 }  // namespace segflow::models

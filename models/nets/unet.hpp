@@ -1,11 +1,8 @@
 #pragma once
-// U-Nets for 2D and 3D:
-//  - UNet: MONAI's monai.networks.nets.UNet (strided-conv down path, transposed-conv up path
-//    with concatenated skips, optional residual units, final layer without norm/act).
-//  - PlainConvUNet: nnU-Net's PlainConvUNet (dynamic_network_architectures) with instance
-//    norm + LeakyReLU(0.01), strided-conv downsampling, transposed-conv upsampling and deep
-//    supervision heads.
-// Both take (N, C_in, *spatial) with spatial (Z, Y, X) or (Y, X) and return logits. Strides
+// UNet (network "unet"), MONAI's monai.networks.nets.UNet for 2D and 3D: strided-conv down
+// path, transposed-conv up path with concatenated skips, optional residual units, final layer
+// without norm/act. (nnU-Net's PlainConvUNet is models/nets/plain_unet.hpp.)
+// It takes (N, C_in, *spatial) with spatial (Z, Y, X) or (Y, X) and return logits. Strides
 // and kernel sizes may differ per axis (anisotropic topologies such as nnU-Net's plans for
 // thick-slice CT: stride [2, 2, 1], kernel [3, 3, 1]); the options hold them as AxisSizes in
 // (x, y, z) order, like every size in a segflow config, and the layers get tensor order.
@@ -26,47 +23,11 @@
 #include <vector>
 
 #include "messages/status.hpp"
+#include "models/nets/axis_sizes.hpp"
 #include "models/nets/layers.hpp"
+#include "models/nets/network.hpp"
 
 namespace segflow::models {
-
-/// Sizes per spatial axis as segflow's configs write them: one integer for every axis, or
-/// one per axis in (x, y, z) order ((x, y) in 2D), like every other size in a segflow config
-/// (crop spatial_size, resample spacing, validation roi_size). Tensors are (N, C, Z, Y, X):
-/// dims() reverses into tensor order for the layers. (nnU-Net's plans.json and MONAI's
-/// sequences list sizes in array order z, y, x: the reverse.)
-class AxisSizes {
- public:
-  AxisSizes(int64_t value = 1) : xyz_{value} {}  // NOLINT(google-explicit-constructor)
-  AxisSizes(std::initializer_list<int64_t> xyz) : xyz_(xyz) {}
-  explicit AxisSizes(std::vector<int64_t> xyz) : xyz_(std::move(xyz)) {}
-
-  /// The values as written: one (every axis), or one per axis (x, y[, z]).
-  const std::vector<int64_t>& xyz() const { return xyz_; }
-  /// The size on axis a (0 = x, 1 = y, 2 = z).
-  int64_t axis(size_t a) const { return xyz_.size() == 1 ? xyz_.front() : xyz_.at(a); }
-  /// The same sizes in tensor order ((Z, Y, X) / (Y, X)).
-  DimSizes dims() const;
-  /// True when every axis has the size `v`.
-  bool all_equal(int64_t v) const;
-  /// As written: "2" or "[2, 2, 1]".
-  std::string text() const;
-
-  /// Equal sizes on every axis (a single value compares as that value on every axis).
-  friend bool operator==(const AxisSizes& a, const AxisSizes& b);
-
- private:
-  std::vector<int64_t> xyz_;
-};
-
-/// "(x, y, z)" or "(x, y)": the order of per-axis sizes, as error messages name it.
-const char* axis_order_text(int spatial_dims);
-/// An integer when one value was written, else the list (x, y[, z]).
-void to_json(nlohmann::json& j, const AxisSizes& sizes);
-/// "[2, [2, 2, 1], 2]".
-std::string to_string(const std::vector<AxisSizes>& sizes);
-/// Writes text().
-std::ostream& operator<<(std::ostream& stream, const AxisSizes& sizes);
 
 /// Options of UNet; defaults are MONAI's, except instance norm has learned affine weights.
 /// MONAI's fast-training tutorial: channels {16,32,64,128,256}, strides {2,2,2,2},
@@ -151,58 +112,8 @@ class UNetImpl : public torch::nn::Cloneable<UNetImpl> {
 };
 TORCH_MODULE(UNet);
 
-/// Options of PlainConvUNet; defaults follow nnU-Net's 3D full-resolution plans.
-struct PlainConvUNetOptions {
-  int spatial_dims = 3;                  ///< 2 or 3
-  int64_t in_channels = 1;               ///< >= 1
-  int64_t num_classes = 2;               ///< output channels incl. background
-  int64_t n_stages = 5;                  ///< encoder stages, >= 2
-  int64_t base_features = 32;            ///< features of stage 0; doubled per stage
-  int64_t max_features = 320;            ///< cap (nnU-Net: 320 in 3D, 512 in 2D)
-  int64_t n_conv_per_stage = 2;          ///< encoder convs per stage, >= 1
-  int64_t n_conv_per_stage_decoder = 2;  ///< decoder convs per stage, >= 1
-  int64_t kernel_size = 3;               ///< odd; every conv on every axis unless kernel_sizes is set
-  /// Conv kernel per stage (n_stages entries), each odd and >= 1: an integer or one per axis in
-  /// (x, y, z) order ((x, y) in 2D). The decoder stage that joins the skip of stage s uses
-  /// kernel_sizes[s] (nnU-Net). Empty = kernel_size everywhere.
-  std::vector<AxisSizes> kernel_sizes;
-  /// Stride of the first conv of each stage (n_stages entries), each >= 1: an integer or one
-  /// per axis (x, y, z); the decoder's transposed convs upsample by the same. Empty = 1, 2, 2, ...
-  std::vector<AxisSizes> strides;
-  bool deep_supervision = true;        ///< return one output per decoder stage
-  bool conv_bias = true;               ///< nnU-Net plans use biases
-  double negative_slope = 0.01;        ///< LeakyReLU slope
-  NormKind norm = NormKind::instance;  ///< instance (affine) as nnU-Net; batch possible
-
-  Status validate() const;
-  /// Features per stage: min(base * 2^s, max).
-  std::vector<int64_t> features() const;
-  /// Strides per stage (the default resolved).
-  std::vector<AxisSizes> resolved_strides() const;
-  /// Kernel sizes per stage (the default resolved).
-  std::vector<AxisSizes> resolved_kernel_sizes() const;
-  /// Per axis (x, y[, z]): the product of the strides on that axis.
-  std::vector<int64_t> size_divisors() const;
-  /// The least common multiple of size_divisors().
-  int64_t size_divisor() const;
-};
-
-/// nnU-Net PlainConvUNet. forward returns logits, full resolution first: with deep
-/// supervision n_stages - 1 tensors, each at the resolution of its decoder stage (divided by
-/// the strides per axis), else one tensor.
-class PlainConvUNetImpl : public torch::nn::Cloneable<PlainConvUNetImpl> {
- public:
-  explicit PlainConvUNetImpl(PlainConvUNetOptions options);
-  void reset() override;
-  std::vector<at::Tensor> forward(const at::Tensor& x);
-  void pretty_print(std::ostream& stream) const override;
-
-  PlainConvUNetOptions options;
-  torch::nn::ModuleList encoder_stages{nullptr};  ///< ModuleList of ConvBlocks per stage
-  torch::nn::ModuleList transpconvs{nullptr};     ///< decoder stage s: below -> skip features
-  torch::nn::ModuleList decoder_stages{nullptr};  ///< ModuleList of ConvBlocks per stage
-  torch::nn::ModuleList seg_layers{nullptr};      ///< 1x1 convs to num_classes
-};
-TORCH_MODULE(PlainConvUNet);
+/// The row of "unet" in the network table (models/nets/registry.cpp): its options binding,
+/// build, MONAI names and PyTorch export (monai.networks.nets.UNet).
+NetworkRow unet_network();
 
 }  // namespace segflow::models

@@ -134,6 +134,11 @@ Status write_plan(const PlanResult& plan, const std::filesystem::path& out);
 Status plan_is_current(const std::filesystem::path& out, const std::filesystem::path& dataset,
                        ConfigurationKind k);
 
+/// Copies the plan a run trains, `plan_yaml` with the plans.json and fingerprint.json beside
+/// it, into the run folder's plan/ (RunLayout::plan(), created): what `segflow train DATASET`
+/// and the daemon's training jobs keep. io_error naming the file that cannot be copied.
+Status copy_plan_into_run(const std::filesystem::path& plan_yaml, const std::filesystem::path& run_dir);
+
 /// "cuda:0" when a CUDA device is visible, else "cpu" (the default device of a plan).
 std::string default_plan_device();
 

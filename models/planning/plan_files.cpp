@@ -6,6 +6,7 @@
 
 #include "messages/file_util.hpp"
 #include "models/planning/plan.hpp"
+#include "models/training/run_layout.hpp"
 
 namespace segflow::models::planning {
 
@@ -24,6 +25,19 @@ Status write_plan(const PlanResult& plan, const fs::path& out) {
   files.emplace_back(out / "plans.json", plan.plans_json().dump(2) + '\n');
   fs::remove(out / "plans.json", ec);  // an old plan is not current while it is replaced
   for (const auto& [path, bytes] : files) SEGFLOW_RETURN_IF_ERROR(write_file_atomically(path, bytes));
+  return Status::ok();
+}
+
+Status copy_plan_into_run(const fs::path& plan_yaml, const fs::path& run_dir) {
+  const fs::path dir = RunLayout(run_dir).plan();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return io_error(dir.string() + ": cannot create: " + ec.message());
+  for (const fs::path& f :
+       {plan_yaml, plan_yaml.parent_path() / "plans.json", plan_yaml.parent_path() / "fingerprint.json"}) {
+    fs::copy_file(f, dir / f.filename(), fs::copy_options::overwrite_existing, ec);
+    if (ec) return io_error(f.string() + ": cannot copy into " + dir.string() + ": " + ec.message());
+  }
   return Status::ok();
 }
 

@@ -1,7 +1,7 @@
 #pragma once
-// The classes a job trains on: whether its map_labels stages fit the model's classes, and
-// what the classes are called, so that metrics.jsonl, TensorBoard and the CLI say
-// "spleen" where they used to say "class 1".
+// What the classes a job trains on are called, so that metrics.jsonl, TensorBoard and the
+// CLI say "spleen" where they used to say "class 1". (Whether its map_labels stages fit the
+// model's classes is checked with the config: check_label_mapping, job_config.hpp.)
 //
 // Where names come from, first found wins:
 //   1. the `names` option of the job's last map_labels stage;
@@ -22,16 +22,6 @@
 #include "models/training/trainer.hpp"
 
 namespace segflow::models {
-
-/// Classes the model predicts, background included: data.num_classes when > 0, else the
-/// model's out_channels (2 for a single sigmoid output); 0 when the config does not say.
-std::int64_t configured_num_classes(const JobConfig& cfg);
-
-/// Checks each map_labels stage of the job (its options as the stage reads them) against
-/// configured_num_classes: every target must lie in 0..K-1. Errors name the file, the stage
-/// and the option: "job.yaml: stages[1].options.keep: expected at most 3 labels (targets 1..3
-/// of num_classes 4, from model.out_channels), got 4". Ok when K is unknown.
-Status check_label_mapping(const JobConfig& cfg);
 
 /// Names of the classes 0..K-1 of the job (see the header comment); `dataset_names` are the
 /// dataset's label names by value (pipeline::DatasetIndex::label_names). Empty when unknown.

@@ -9,10 +9,11 @@
 #include <regex>
 #include <sstream>
 
-#include "models/training/class_names.hpp"
+#include "messages/hashing.hpp"
 #include "pipeline/options.hpp"
 #include "pipeline/split.hpp"
 #include "pipeline/stage_registry.hpp"
+#include "pipeline/transforms/map_labels.hpp"
 
 namespace segflow::models {
 
@@ -398,11 +399,7 @@ std::string run_name(const JobConfig& cfg) {
     if (cfg.data.fold < 0) d.erase("folds");
   }
   const std::string text = key.dump(-1, ' ', false, json::error_handler_t::replace);
-  std::uint64_t h = 1469598103934665603ULL;  // FNV-1a
-  for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ULL;
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "%08llx", static_cast<unsigned long long>(h & 0xffffffffULL));
-  std::string name = cfg.name + "-s" + std::to_string(cfg.seed) + "-" + buf;
+  std::string name = cfg.name + "-s" + std::to_string(cfg.seed) + "-" + Fnv1a64().add(text).hex(8);
   if (cfg.data.fold >= 0) name += "-fold" + std::to_string(cfg.data.fold);
   return name;
 }
@@ -417,6 +414,69 @@ pipeline::SplitOptions split_options(const JobConfig& cfg) {
   o.source = cfg.file;
   o.root = cfg.data.root;
   return o;
+}
+
+std::string stage_options_where(const JobConfig& cfg, std::size_t i) {
+  const std::string at = cfg.stages.path + "[" + std::to_string(i) + "].options";
+  return cfg.file.empty() ? at : cfg.file + ": " + at;
+}
+
+namespace {
+
+/// Where configured_num_classes came from, for messages.
+std::string num_classes_source(const JobConfig& cfg) {
+  return cfg.data.num_classes > 0 ? "data.num_classes" : "model.out_channels";
+}
+
+}  // namespace
+
+std::int64_t configured_num_classes(const JobConfig& cfg) {
+  if (cfg.data.num_classes > 0) return cfg.data.num_classes;
+  const json& model = cfg.resolved.is_object() ? cfg.resolved.value("model", json::object()) : json::object();
+  const auto it = model.find("out_channels");
+  if (it == model.end() || !it->is_number_integer()) return 0;
+  const auto out = it->get<std::int64_t>();
+  return out == 1 ? 2 : out;
+}
+
+namespace {
+
+/// The error of one map_labels stage whose targets do not fit `k` classes; ok when they fit.
+Status check_one(const pipeline::MapLabelsOptions& o, std::int64_t k, const std::string& where,
+                 const std::string& source) {
+  std::string of = "num_classes " + std::to_string(k);
+  of += ", from " + source;
+  if (!o.keep.empty()) {
+    if (static_cast<std::int64_t>(o.keep.size()) <= k - 1) return Status::ok();
+    std::string m = where + ".keep: expected at most " + std::to_string(k - 1);
+    m += " labels (targets 1.." + std::to_string(k - 1) + " of " + of + "), got ";
+    m += std::to_string(o.keep.size()) + " " + pipeline::format_value(json(o.keep));
+    return invalid_config(m);
+  }
+  for (const auto& [s, t] : o.pairs) {
+    if (t < k) continue;
+    std::string m = where + ".mapping: expected targets in 0.." + std::to_string(k - 1);
+    m += " (" + of + "), got " + std::to_string(t);
+    m += " (for source " + std::to_string(s) + ")";
+    return invalid_config(m);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status check_label_mapping(const JobConfig& cfg) {
+  const std::int64_t k = configured_num_classes(cfg);
+  for (std::size_t i = 0; i < cfg.stages.stages.size(); ++i) {
+    const auto& s = cfg.stages.stages[i];
+    if (s.name != "map_labels") continue;
+    const std::string where = stage_options_where(cfg, i);
+    SEGFLOW_ASSIGN_OR_RETURN(pipeline::MapLabelsOptions o,
+                             pipeline::parse_map_labels_options(s.options, where));
+    if (k <= 0 || o.pairs.empty()) continue;
+    SEGFLOW_RETURN_IF_ERROR(check_one(o, k, where, num_classes_source(cfg)));
+  }
+  return Status::ok();
 }
 
 }  // namespace segflow::models

@@ -199,6 +199,20 @@ Result<JobConfig> job_config_from_json(const nlohmann::json& j, const std::strin
 /// draws from LibTorch's default CPU generator (the trainer seeds it again before its own).
 Status validate_job_config(const JobConfig& cfg, const pipeline::StageRegistry& registry);
 
+/// Where the options of stage i of the job are written, for messages:
+/// "configs/job.yaml: stages[3].options" ("stages[3].options" for an inline config).
+std::string stage_options_where(const JobConfig& cfg, std::size_t i);
+
+/// Classes the model predicts, background included: data.num_classes when > 0, else the
+/// model's out_channels (2 for a single sigmoid output); 0 when the config does not say.
+std::int64_t configured_num_classes(const JobConfig& cfg);
+
+/// Checks each map_labels stage of the job (its options as the stage reads them) against
+/// configured_num_classes: every target must lie in 0..K-1. Errors name the file, the stage
+/// and the option: "job.yaml: stages[1].options.keep: expected at most 3 labels (targets 1..3
+/// of num_classes 4, from model.out_channels), got 4". Ok when K is unknown.
+Status check_label_mapping(const JobConfig& cfg);
+
 /// Deterministic run folder name: "<name>-s<seed>-<8 hex of the resolved config's hash>",
 /// and "-fold<K>" after it for a cross-validation fold (the folds of one config share the
 /// rest of the name; data.fold is left out of the hash, data.folds is in it).

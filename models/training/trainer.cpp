@@ -16,6 +16,7 @@
 #include "models/training/losses.hpp"
 #include "models/training/metrics.hpp"
 #include "models/training/optim.hpp"
+#include "models/training/run_layout.hpp"
 #include "models/training/sliding_window.hpp"
 
 namespace segflow::models {
@@ -406,8 +407,8 @@ Result<std::optional<EarlyStopInfo>> Trainer::validate_epoch(const std::vector<S
       state_.best_metric = v.mean_dice;
       state_.best_epoch = v.epoch;
       v.best = true;
-      SEGFLOW_RETURN_IF_ERROR(save_checkpoint(run_dir / kBestCheckpoint));
-      observer.on_checkpoint(run_dir / kBestCheckpoint, "best");
+      SEGFLOW_RETURN_IF_ERROR(save_checkpoint(RunLayout(run_dir).best_checkpoint()));
+      observer.on_checkpoint(RunLayout(run_dir).best_checkpoint(), "best");
     }
     observer.on_validation(v);
   }
@@ -441,7 +442,7 @@ Status Trainer::fit(pipeline::BatchSource& source, std::int64_t steps_per_epoch,
   if (stopped_early_before(observer)) return Status::ok();
   if (const auto& r = impl_->weights_report; !r.path.empty() || !r.frozen.empty())
     SEGFLOW_RETURN_IF_ERROR(
-        write_file_atomically(run_dir / "weights_report.json", r.to_json().dump(2) + '\n'));
+        write_file_atomically(RunLayout(run_dir).weights_report(), r.to_json().dump(2) + '\n'));
   while (state_.epoch < tr.epochs) {
     observer.on_epoch_start(state_.epoch, tr.epochs);
     SEGFLOW_ASSIGN_OR_RETURN(EpochInfo ep, train_epoch(source, steps_per_epoch, observer));
@@ -453,8 +454,8 @@ Status Trainer::fit(pipeline::BatchSource& source, std::int64_t steps_per_epoch,
       SEGFLOW_ASSIGN_OR_RETURN(early, validate_epoch(val, run_dir, observer));
     }
     if (state_.epoch % tr.checkpoint_interval == 0 || last || stopping || early) {
-      SEGFLOW_RETURN_IF_ERROR(save_checkpoint(run_dir / kLastCheckpoint));
-      observer.on_checkpoint(run_dir / kLastCheckpoint, "last");
+      SEGFLOW_RETURN_IF_ERROR(save_checkpoint(RunLayout(run_dir).last_checkpoint()));
+      observer.on_checkpoint(RunLayout(run_dir).last_checkpoint(), "last");
     }
     if (stopping || early) break;
   }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -87,10 +88,49 @@ std::vector<std::string> label_names_from_json(const nlohmann::json& labels) {
 
 namespace {
 
+const std::regex& channel_suffix() {
+  static const std::regex re("^(.*)_([0-9]{4})$");
+  return re;
+}
+
+}  // namespace
+
+bool has_channel_suffix(const std::string& stem) { return std::regex_match(stem, channel_suffix()); }
+
+std::vector<ChannelCase> group_channels(const std::vector<std::pair<std::string, fs::path>>& files,
+                                        std::vector<SkippedFile>& skipped) {
+  std::map<std::string, std::map<int, fs::path>> by_case;
+  for (const auto& [stem, p] : files) {
+    std::smatch m;
+    if (std::regex_match(stem, m, channel_suffix()))
+      by_case[m[1]][std::stoi(m[2])] = p;
+    else
+      by_case[stem][0] = p;
+  }
+  std::vector<ChannelCase> out;
+  for (auto& [id, chans] : by_case) {
+    ChannelCase c{id, {}};
+    for (auto& [n, p] : chans) {
+      if (n != static_cast<int>(c.channels.size())) break;
+      c.channels.push_back(p);
+    }
+    if (c.channels.size() == chans.size()) {
+      out.push_back(std::move(c));
+      continue;
+    }
+    char want[16];
+    std::snprintf(want, sizeof want, "_%04d", static_cast<int>(c.channels.size()));
+    skipped.push_back({chans.begin()->second, "case " + id + ": channel " + want +
+                                                  " is missing (channels must be _0000, _0001, ...)"});
+  }
+  return out;
+}
+
+namespace {
+
 void scan_msd(const fs::path& root, DatasetIndex& idx) {
   const fs::path images = root / "imagesTr", labels = root / "labelsTr";
-  static const std::regex channel_re("^(.*)_([0-9]{4})$");
-  std::map<std::string, std::map<int, fs::path>> channels;
+  std::vector<std::pair<std::string, fs::path>> stems;
   const std::string& ending = idx.file_ending;
   for (const auto& p : sorted_entries(images)) {
     if (is_detached_data(p)) continue;
@@ -104,29 +144,13 @@ void scan_msd(const fs::path& root, DatasetIndex& idx) {
       idx.skipped.push_back({p, not_a_volume_message() + " in imagesTr/"});
       continue;
     }
-    std::string s = ending.empty() ? image_stem(p) : name.substr(0, name.size() - ending.size());
-    std::smatch m;
-    if (std::regex_match(s, m, channel_re))
-      channels[m[1]][std::stoi(m[2])] = p;
-    else
-      channels[s][0] = p;  // MSD: one (possibly 4D) file per case
+    // MSD: one (possibly 4D) file per case; nnU-Net: one file per channel.
+    stems.emplace_back(ending.empty() ? image_stem(p) : name.substr(0, name.size() - ending.size()), p);
   }
-  for (auto& [id, chans] : channels) {
+  for (auto& [id, channels] : group_channels(stems, idx.skipped)) {
     CaseEntry c;
     c.id = id;
-    int expect = 0;
-    bool ok = true;
-    for (auto& [n, p] : chans) {
-      if (n != expect++) {
-        idx.skipped.push_back(
-            {chans.begin()->second, "case " + id + ": channel _" + std::to_string(expect - 1) +
-                                        " is missing (channels must be _0000, _0001, ...)"});
-        ok = false;
-        break;
-      }
-      c.images.push_back(p);
-    }
-    if (!ok) continue;
+    c.images = std::move(channels);
     const std::vector<std::string> exts =
         ending.empty() ? volume_endings() : std::vector<std::string>{ending};
     for (const auto& ext : exts) {

@@ -64,6 +64,25 @@ std::vector<std::string> label_names_from_json(const nlohmann::json& labels);
 /// whose label is a NIfTI/NRRD/MetaImage file). Empty when nothing names a label.
 std::vector<std::string> dataset_label_names(const std::filesystem::path& root);
 
+/// One case of files grouped by their channel suffix.
+struct ChannelCase {
+  std::string id;                               ///< the stem without "_NNNN"
+  std::vector<std::filesystem::path> channels;  ///< channel 0, 1, ... in order
+};
+
+/// True when `stem` ends in nnU-Net's 4-digit channel suffix ("case_0000").
+bool has_channel_suffix(const std::string& stem);
+
+/// Files grouped into cases by nnU-Net's channel suffix, the one rule of the MSD layout and of
+/// `segflow infer` on a folder: a stem "<case>_<NNNN>" is channel NNNN of case <case>, a stem
+/// without the suffix a one-channel case of its own. `files` are (stem, path) pairs; the cases
+/// come back sorted by id. A case whose channels have a gap is left out and listed in
+/// `skipped`: its first file, "case X: channel _0001 is missing (channels must be _0000,
+/// _0001, ...)".
+std::vector<ChannelCase> group_channels(
+    const std::vector<std::pair<std::string, std::filesystem::path>>& files,
+    std::vector<SkippedFile>& skipped);
+
 /// Detects the layout and indexes the cases of `root`. Bad cases are skipped and listed in
 /// `skipped`; only an unreadable root or an unknown layout is an error.
 Result<DatasetIndex> scan_dataset(const std::filesystem::path& root, const ScanOptions& opts = {});

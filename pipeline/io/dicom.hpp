@@ -154,6 +154,7 @@ Result<DicomSeriesInfo> write_dicom_series(const std::filesystem::path& dir, con
 /// SOPInstanceUID from the file meta header (MediaStorageSOPClassUID/InstanceUID); a missing
 /// StudyInstanceUID or SeriesInstanceUID is derived from the series' FrameOfReferenceUID and
 /// SOP instance UIDs ("2.25." + a 128-bit FNV-1a hash), the same for every SEG of that series.
+/// A label map without a value > 0 is ErrorCode::no_foreground (a SEG holds >= 1 segment).
 Status write_dicom_seg(const std::filesystem::path& file, const Image& labels, const DicomSeriesInfo& series);
 
 /// True when the file starts with the DICM preamble (or parses as DICOM without meta).

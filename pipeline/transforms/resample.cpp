@@ -138,4 +138,54 @@ class ResampleStage final : public MapStage {
 
 Status register_resample_stage(StageRegistry& r) { return add_stage<ResampleStage>(r); }
 
+at::Tensor resample_to_grid(const at::Tensor& data, const Geometry& src, const Geometry& dst,
+                            const Size3& dst_size) {
+  torch::NoGradGuard ng;
+  // Continuous source index of a destination index: i_s = A i_d + b.
+  double A[3][3], b[3];
+  double od[3];
+  for (int r = 0; r < 3; ++r) od[r] = dst.origin[r] - src.origin[r];
+  for (int r = 0; r < 3; ++r) {
+    b[r] = 0;
+    for (int k = 0; k < 3; ++k) b[r] += src.direction[k * 3 + r] * od[k];
+    b[r] /= src.spacing[r];
+    for (int c = 0; c < 3; ++c) {
+      double m = 0;
+      for (int k = 0; k < 3; ++k) m += src.direction[k * 3 + r] * dst.direction[k * 3 + c];
+      A[r][c] = m * dst.spacing[c] / src.spacing[r];
+    }
+  }
+  const bool integral = !at::isFloatingType(data.scalar_type());
+  const std::int64_t sx = data.size(3), sy = data.size(2), sz = data.size(1);
+  const std::int64_t nx = dst_size[0], ny = dst_size[1], nz = dst_size[2];
+  at::Tensor src_f = data.to(at::kFloat).unsqueeze(0);  // (1, C, Z, Y, X)
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(data.device());
+  at::Tensor out = torch::empty({data.size(0), nz, ny, nx}, opts);
+  auto ix = torch::arange(nx, opts).view({1, 1, nx});
+  auto iy = torch::arange(ny, opts).view({1, ny, 1});
+  const std::int64_t slab = std::max<std::int64_t>(1, (8LL << 20) / std::max<std::int64_t>(1, nx * ny));
+  const double size_s[3] = {static_cast<double>(sx), static_cast<double>(sy), static_cast<double>(sz)};
+  for (std::int64_t z0 = 0; z0 < nz; z0 += slab) {
+    const std::int64_t z1 = std::min(nz, z0 + slab);
+    auto iz = torch::arange(z0, z1, opts).view({z1 - z0, 1, 1});
+    std::vector<at::Tensor> coords;
+    for (int r = 0; r < 3; ++r) {
+      at::Tensor c = A[r][0] * ix + A[r][1] * iy + A[r][2] * iz + b[r];
+      // align_corners=true normalisation; a single-voxel axis maps everything near it to 0.
+      c = size_s[r] > 1 ? c * (2.0 / (size_s[r] - 1)) - 1.0 : c * 2.0;
+      coords.push_back(c.expand({z1 - z0, ny, nx}));
+    }
+    at::Tensor grid = torch::stack(coords, -1).unsqueeze(0);  // (1, z, y, x, 3) in (x, y, z)
+    torch::nn::functional::GridSampleFuncOptions::mode_t mode = torch::kBilinear;
+    if (integral) mode = torch::kNearest;
+    at::Tensor r = torch::nn::functional::grid_sample(src_f, grid,
+                                                      torch::nn::functional::GridSampleFuncOptions()
+                                                          .mode(mode)
+                                                          .padding_mode(torch::kZeros)
+                                                          .align_corners(true));
+    out.slice(1, z0, z1).copy_(r[0]);
+  }
+  return integral ? out.round().to(data.scalar_type()) : out;
+}
+
 }  // namespace segflow::pipeline

@@ -79,6 +79,12 @@ Size3 exact_spacing_size(const Size3& size, const std::array<double, 3>& spacing
 at::Tensor resample_tensor_exact(const at::Tensor& t, const Size3& size, const std::array<double, 3>& spacing,
                                  const std::array<double, 3>& target, bool linear);
 
+/// Resamples an integer label map or float maps (C, Z, Y, X) from grid `src` onto the grid
+/// `dst` of size `dst_size` through patient coordinates (nearest for integer types, linear
+/// otherwise); points outside `src` get 0.
+at::Tensor resample_to_grid(const at::Tensor& data, const Geometry& src, const Geometry& dst,
+                            const Size3& dst_size);
+
 // ---------------------------------------------------------- crop_foreground (deterministic)
 
 /// Options of stage "crop_foreground".

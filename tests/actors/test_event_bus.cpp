@@ -5,6 +5,7 @@
 
 #include <caf/all.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -20,6 +21,7 @@
 #include "job_yaml.hpp"
 #include "messages/caf_types.hpp"
 #include "models/training/job_config.hpp"
+#include "models/training/run_layout.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -51,9 +53,9 @@ TEST_CASE("a collector writing to the bus reaches its run sinks on the next trai
   bus.add(&plain);
   auto coll = sys.spawn<caf::detached>(sa::collector,
                                        std::vector<std::shared_ptr<sa::EventSink>>{bus.collector_sink()});
-  sa::detail::report(coll, sa::make_event("epoch_done", "augmenter[0]", "3 batches", {}, 0));
-  sa::detail::report(coll, sa::make_event("case_skipped", "augmenter[0]", "bad file", "case_7", 0));
-  sa::detail::report(coll, sa::make_event("actor_restarted", "cache", "decoder[1] died; replaced"));
+  sa::detail::report(coll, segflow::make_event("epoch_done", "augmenter[0]", "3 batches", {}, 0));
+  sa::detail::report(coll, segflow::make_event("case_skipped", "augmenter[0]", "bad file", "case_7", 0));
+  sa::detail::report(coll, segflow::make_event("actor_restarted", "cache", "decoder[1] died; replaced"));
   // The collector handles its mailbox in order: once it answers a flush, all three are queued.
   caf::scoped_actor self(sys);
   bool flushed = false;
@@ -90,7 +92,12 @@ TEST_CASE("a training run with the actors loader writes the data path's per-epoc
   REQUIRE_OK_AND_ASSIGN(auto cfg, segflow::models::parse_job_config(yaml, "busjob.yaml"));
   Recorder rec;
   REQUIRE_OK_AND_ASSIGN(auto run, sa::run_training(cfg, {}, rec));
-  std::ifstream in(run / "metrics.jsonl");
+  // The files the run wrote are where RunLayout, the readers' one name for them, says.
+  const segflow::models::RunLayout layout(run);
+  for (const auto& p : {layout.config(), layout.last_checkpoint(), layout.metrics(), layout.progress_plot()})
+    CHECK_MESSAGE(std::filesystem::is_regular_file(p), p.string());
+  CHECK(std::filesystem::is_directory(layout.tensorboard()));
+  std::ifstream in(layout.metrics());
   std::map<std::int64_t, std::int64_t> epoch_done;  // epoch -> records
   std::int64_t epochs = 0;
   for (std::string line; std::getline(in, line);) {

@@ -12,7 +12,10 @@
 #include "actors/jobs/job_runner.hpp"
 #include "job_yaml.hpp"
 #include "models/interop/export.hpp"
+#include "models/nets/monai_names.hpp"
+#include "models/nets/nnunet_names.hpp"
 #include "models/nets/registry.hpp"
+#include "models/nets/sam.hpp"
 #include "models/training/job_config.hpp"
 #include "models/training/trainer.hpp"
 #include "test_util.hpp"
@@ -175,7 +178,7 @@ TEST_CASE("a SAM checkpoint exports into segment_anything's Sam with the same im
   REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
   REQUIRE_OK_AND_ASSIGN(auto exported, models::export_model(cfg.model, t->model().module()));
   REQUIRE_OK(models::write_pytorch_export(exported, dir / "sam.pt"));
-  const auto& sam_opts = std::get<models::SamModelOptions>(cfg.model.net).sam;
+  const auto& sam_opts = cfg.model.get<models::SamModelOptions>().sam;
   const std::int64_t size = sam_opts.image_encoder.img_size;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
   const at::Tensor image = at::rand({2, 3, size, size}, gen, at::TensorOptions());

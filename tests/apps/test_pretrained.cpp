@@ -11,6 +11,7 @@
 #include "actors/jobs/job_runner.hpp"
 #include "job_yaml.hpp"
 #include "models/interop/export.hpp"
+#include "models/nets/monai_names.hpp"
 #include "models/nets/registry.hpp"
 #include "models/nets/weights.hpp"
 #include "models/training/job_config.hpp"

@@ -15,6 +15,7 @@
 #include "pipeline/inspect.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "pipeline/split.hpp"
+#include "pipeline/transforms/spatial.hpp"
 #include "test_util.hpp"
 
 using namespace segflow;
@@ -251,11 +252,11 @@ TEST_CASE("resampling a label map to its own grid is the identity, and to a shif
   g.spacing = {1.5, 1.0, 2.0};
   g.origin = {10, -5, 3};
   g.direction = {0.8, -0.6, 0, 0.6, 0.8, 0, 0, 0, 1};
-  auto same = models::resample_to_grid(lab, g, g, {8, 7, 6});
+  auto same = pipeline::resample_to_grid(lab, g, g, {8, 7, 6});
   CHECK(torch::equal(same, lab));
   Geometry shifted = g;  // one voxel along x (first column of the direction, times spacing)
   for (int r = 0; r < 3; ++r) shifted.origin[r] += g.direction[r * 3] * g.spacing[0];
-  auto s = models::resample_to_grid(lab, g, shifted, {8, 7, 6});
+  auto s = pipeline::resample_to_grid(lab, g, shifted, {8, 7, 6});
   CHECK(torch::equal(s.slice(3, 0, 7), lab.slice(3, 1, 8)));
   CHECK(s.slice(3, 7, 8).max().item<int>() == 0);
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "job_yaml.hpp"
+#include "models/nets/unet.hpp"
 #include "models/training/job_config.hpp"
 #include "pipeline/stage_registry.hpp"
 #include "test_util.hpp"
@@ -207,7 +208,7 @@ TEST_CASE("the resolved job config holds every default and reads back to itself"
   const json& r = c.resolved;
   // Typed values and their resolved JSON agree, defaults included.
   CHECK(c.model.name() == "unet");
-  CHECK(std::get<UNetOptions>(c.model.net).channels == std::vector<std::int64_t>{16, 32, 64, 128, 256});
+  CHECK(c.model.get<UNetOptions>().channels == std::vector<std::int64_t>{16, 32, 64, 128, 256});
   CHECK(r["model"]["channels"] == json({16, 32, 64, 128, 256}));
   CHECK(r["model"]["norm"] == "instance");
   CHECK(r["model"]["weights_strict"] == true);
@@ -282,8 +283,8 @@ TEST_CASE("the config of a checkpoint written before typed sections still loads"
   CHECK(c.optimizer.momentum == 0.9);
   CHECK(c.schedule.kind == ScheduleKind::constant);
   CHECK(c.loss.kind == LossKind::dice_ce);
-  CHECK(std::get<UNetOptions>(c.model.net).norm == NormKind::batch);
-  CHECK(std::get<UNetOptions>(c.model.net).channels == std::vector<std::int64_t>{8, 16, 32});
+  CHECK(c.model.get<UNetOptions>().norm == NormKind::batch);
+  CHECK(c.model.get<UNetOptions>().channels == std::vector<std::int64_t>{8, 16, 32});
   CHECK(c.train.amp == "bf16");
   CHECK(c.resolved["optimizer"]["betas"] == json({0.9, 0.999}));  // now filled in
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "model_checks.hpp"
+#include "models/nets/plain_unet.hpp"
 #include "models/nets/sam.hpp"
 #include "models/nets/unet.hpp"
 #include "models/nets/weights.hpp"

@@ -1,10 +1,17 @@
-// create_model: every model by name, uniform forward, clone, weights, option errors.
+// The network table: every model by name, uniform forward, clone, weights, option errors, and
+// what a network without a target's hook gets from that target.
 #include <doctest/doctest.h>
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
+#include <any>
+#include <filesystem>
+
 #include "model_checks.hpp"
+#include "models/interop/export.hpp"
+#include "models/interop/onnx_export.hpp"
 #include "models/nets/registry.hpp"
+#include "models/nets/unet.hpp"
 #include "models/nets/weights.hpp"
 #include "test_util.hpp"
 
@@ -99,4 +106,79 @@ TEST_CASE("unknown models, unknown option keys and bad values are errors that li
   CHECK_FALSE(not_object.is_ok());
   auto plain = create_model("plain_unet", json{{"n_stages", 1}});
   CHECK(plain.status().message().find("n_stages") != std::string::npos);
+}
+
+TEST_CASE("every network of the table reads its defaults by name and writes them back unchanged") {
+  CHECK(known_models() == std::vector<std::string>{"unet", "plain_unet", "sam"});
+  for (const NetworkRow& row : network_table()) {
+    INFO(row.name);
+    CHECK_FALSE(row.description.empty());
+    REQUIRE_OK_AND_ASSIGN(ModelOptions m, parse_model_options(json{{"name", row.name}}, "model"));
+    CHECK(m.network == &row);
+    CHECK(m.name() == row.name);
+    json written;
+    to_json(written, m);
+    CHECK(written["name"] == row.name);
+    REQUIRE_OK_AND_ASSIGN(ModelOptions back, parse_model_options(written, "model"));
+    json again;
+    to_json(again, back);
+    CHECK(again == written);
+    REQUIRE_OK_AND_ASSIGN(const NetworkRow* found, find_network(row.name));
+    CHECK(found == &row);
+  }
+  auto unknown = find_network("res_net");
+  REQUIRE_FALSE(unknown.is_ok());
+  CHECK(unknown.status().message() == "model: unknown name 'res_net'; known models: unet, plain_unet, sam");
+  auto no_name = parse_model_options(json{{"channels", {4, 8}}}, "configs/job.yaml: model");
+  REQUIRE_FALSE(no_name.is_ok());
+  CHECK(no_name.status().message().find("configs/job.yaml: model.name: expected a model name (unet, "
+                                        "plain_unet, sam), got nothing") != std::string::npos);
+}
+
+namespace {
+
+/// A network of the test's own: MONAI's UNet under another name, with no export hook and no
+/// foreign names (what a newly added network has before its exports are written).
+NetworkRow exportless_row() {
+  return network_row<UNetOptions>(
+      "test_net", "a UNet without exports", +[](segflow::pipeline::OptionParser&, UNetOptions&) {},
+      +[](const UNetOptions& o) { return unet_network().build(std::any(o)); },
+      +[](const UNetOptions& o) { return o.in_channels; });
+}
+
+}  // namespace
+
+TEST_CASE("exporting a network a target cannot write is an unsupported error naming network and target") {
+  const NetworkRow row = exportless_row();
+  UNetOptions small;
+  small.channels = {4, 8};
+  small.strides = {2};
+  ModelOptions m;
+  m.network = &row;
+  m.net = small;
+  REQUIRE_OK_AND_ASSIGN(ModelHandle net, row.build(m.net));
+
+  auto pytorch = export_model(m, net.module());
+  REQUIRE_FALSE(pytorch.is_ok());
+  CHECK(pytorch.status().code() == segflow::ErrorCode::unsupported);
+  CHECK(pytorch.status().message() ==
+        "export --to pytorch: network 'test_net' has no PyTorch export (networks with one: unet, "
+        "plain_unet, sam)");
+
+  segflow::testing::TempDir dir("exportless");
+  const auto out = dir / "net.onnx";
+  auto onnx = write_onnx_model(m, net.module(), out, OnnxExportOptions{});
+  REQUIRE_FALSE(onnx.is_ok());
+  CHECK(onnx.code() == segflow::ErrorCode::unsupported);
+  CHECK(
+      onnx.message() ==
+      "export --to onnx: network 'test_net' has no ONNX writer (networks it writes: unet, plain_unet, sam)");
+  CHECK_FALSE(std::filesystem::exists(out));
+
+  // model.weights: {names: monai} needs the network's MONAI names.
+  REQUIRE_OK(write_tensor_archive(dir / "w.sfta", named_tensors(net.module())));
+  auto weights = load_pretrained(net.module(), m, (dir / "w.sfta").string(), WeightsOptions{"monai"}, true);
+  REQUIRE_FALSE(weights.is_ok());
+  CHECK(weights.status().message().find("names: monai: test_net (a UNet without exports) has no monai names; "
+                                        "expected one of segflow") != std::string::npos);
 }

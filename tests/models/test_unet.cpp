@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "model_checks.hpp"
+#include "models/nets/plain_unet.hpp"
 #include "models/nets/unet.hpp"
 
 using namespace segflow::models;

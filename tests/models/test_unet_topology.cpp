@@ -12,6 +12,7 @@
 #include "job_yaml.hpp"
 #include "model_checks.hpp"
 #include "models/interop/export.hpp"
+#include "models/nets/plain_unet.hpp"
 #include "models/nets/registry.hpp"
 #include "models/nets/unet.hpp"
 #include "models/training/checkpoint.hpp"
@@ -233,8 +234,8 @@ TEST_CASE("per-axis options resolve as written, isotropic ones as before, and re
   CHECK(j["strides"] == nlohmann::json::parse("[1, [2, 2, 1], 2]"));
   CHECK(j["kernel_sizes"] == nlohmann::json::parse("[[3, 3, 1], 3, [3, 3, 3]]"));
   REQUIRE_OK_AND_ASSIGN(auto back, parse_model_options(j));
-  const auto& a = std::get<PlainConvUNetOptions>(aniso.net);
-  const auto& b = std::get<PlainConvUNetOptions>(back.net);
+  const auto& a = aniso.get<PlainConvUNetOptions>();
+  const auto& b = back.get<PlainConvUNetOptions>();
   CHECK(b.strides == a.strides);
   CHECK(b.kernel_sizes == a.kernel_sizes);
   CHECK(b.strides[1].xyz() == std::vector<int64_t>{2, 2, 1});
@@ -312,7 +313,7 @@ TEST_CASE("an anisotropic plain_unet trains a few epochs with nnU-Net's weights,
   // The checkpoint's config holds the per-axis topology: the model restores and predicts the same.
   REQUIRE_OK(t->save_checkpoint(dir / "last.pt"));
   REQUIRE_OK_AND_ASSIGN(auto back, load_for_inference(dir / "last.pt", "cpu"));
-  const auto& o = std::get<PlainConvUNetOptions>(back->config().model.net);
+  const auto& o = back->config().model.get<PlainConvUNetOptions>();
   CHECK(o.strides == std::vector<AxisSizes>{{1, 1, 1}, {2, 2, 1}, {2, 2, 2}});
   CHECK(o.kernel_sizes[0].xyz() == std::vector<int64_t>{3, 3, 1});
   CHECK(back->config().loss.deep_supervision == DeepSupervisionWeights::nnunet);

@@ -114,7 +114,8 @@ Result<at::Tensor> checked_label_map(const std::string& where, const Image& labe
                             std::to_string(lab64.max().item<double>()) + "]");
   at::Tensor lab = lab64.to(torch::kUInt8).contiguous();
   if (lab.max().item<int>() == 0)
-    return invalid_argument(where + ": labels: expected at least one label value > 0, got none");
+    return Status(ErrorCode::no_foreground,
+                  where + ": labels: expected at least one label value > 0, got none");
   return lab;
 }
 

@@ -711,3 +711,21 @@ TEST_CASE("a DICOM SEG whose frames are off the reference grid is rejected") {
   REQUIRE_FALSE(w.is_ok());
   CHECK(contains(w.message(), "ImagePositionPatient"));
 }
+
+TEST_CASE(
+    "a label map without foreground is no_foreground for a DICOM SEG, naming the file, and nothing is "
+    "written") {
+  const Image img = phantom(4, 12, 12);
+  st::TempDir dir("dicom_seg_empty");
+  REQUIRE_OK_AND_ASSIGN(auto series, sp::write_dicom_series(dir / "ct", img));
+  Image labels;
+  labels.voxels = torch::zeros({1, 4, 12, 12}, torch::kUInt8);
+  labels.geometry = img.geometry;
+  const fs::path seg_file = dir / "empty.dcm";
+  auto w = sp::write_dicom_seg(seg_file, labels, series);
+  REQUIRE_FALSE(w.is_ok());
+  CHECK(w.code() == segflow::ErrorCode::no_foreground);
+  CHECK(contains(w.message(), seg_file.string()));
+  CHECK(contains(w.message(), "expected at least one label value > 0"));
+  CHECK_FALSE(fs::exists(seg_file));
+}
