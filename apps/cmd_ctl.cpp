@@ -398,12 +398,13 @@ Result<json> shutdown_request(const Args& a) {
 
 Result<json> dicom_request(const Args& a) {
   json req = {{"cmd", "dicom"}};
-  if (a.positional.size() == 1) return req;
-  if (a.positional[1] != "send" || a.positional.size() < 3)
-    return invalid_argument("expected `dicom` or `dicom send FILE ...`");
+  if (a.positional.size() == 1 && !a.has("to")) return req;
+  if (a.positional.size() < 3 || a.positional[1] != "send")
+    return invalid_argument("expected `dicom` or `dicom send FILE ... [--to NAME]`");
   json files = json::array();
   for (std::size_t i = 2; i < a.positional.size(); ++i) files.push_back(absolute(a.positional[i]));
   req["send"] = files;
+  if (a.has("to")) req["to"] = a.get("to");
   return req;
 }
 
@@ -495,8 +496,10 @@ const CtlCommand kCtlCommands[] = {
     {"ping", "ping", "", [](const Args& a) { return plain_request(a, "ping"); }, print_ping, nullptr},
     {"shutdown", "shutdown [--now]", "stop the daemon (running jobs checkpoint first)",
      shutdown_request, print_shutdown, nullptr},
-    {"dicom", "dicom [send FILE ...]", "the DICOM node (associations, instances, failures) and\n"
-                                       "the send queue; `send` queues result files for dicom.send_to",
+    {"dicom", "dicom [send FILE ... [--to NAME]]",
+     "the DICOM node (associations, instances, failures) and\n"
+     "the send queue; `send` queues result files for\n"
+     "dicom.send_to (--to: a destination by name)",
      dicom_request, print_dicom, nullptr},
     {"keygen", "keygen --out DIR", "write a CURVE key pair: DIR/public.key, DIR/secret.key",
      nullptr, nullptr, keygen},
@@ -560,6 +563,7 @@ constexpr Option kCtlCommandOptions[] = {
     {"out", "DIR",
      "plan, train: the plan folder (default DATASET/.segflow-plans); keygen: where the keys go"},
     {"now", "", "pause: at the next step instead of the end of the epoch; shutdown: without waiting"},
+    {"to", "NAME", "dicom send: the destination (dicom.send_to) to send to by name"},
 };
 
 /// "start, infer, ..., keygen": the names of the table.

@@ -38,6 +38,8 @@ find_package(DCMTK REQUIRED CONFIG)
 if(NOT TARGET DCMTK::dcmnet)  # segflowd's DICOM node and sender (daemon/dicom/)
   message(FATAL_ERROR "DCMTK without dcmnet: install libdcmtk-dev (Debian) or build DCMTK with dcmnet")
 endif()
+# DICOMweb (STOW-RS, QIDO-RS, WADO-RS; daemon/dicom/web_client.cpp): Debian's libcurl4-openssl-dev.
+find_package(CURL REQUIRED)
 find_package(spdlog REQUIRED CONFIG)
 find_package(yaml-cpp REQUIRED CONFIG)
 find_package(nlohmann_json REQUIRED CONFIG)

@@ -370,6 +370,7 @@ Status finalize_daemon_config(DaemonConfig& c) {
   if (c.control.empty()) c.control = default_control_endpoint(c.state_dir);
   if (c.events.empty()) c.events = default_events_endpoint(c.state_dir);
   const std::string where = c.file.empty() ? std::string("segflowd") : c.file.string();
+  SEGFLOW_RETURN_IF_ERROR(dicom::check_dicom_files(c.dicom, where + ": "));
   for (std::size_t i = 0; i < c.auto_infer.size(); ++i) {
     AutoInferRule& r = c.auto_infer[i];
     const std::string key = where + ": auto_infer[" + std::to_string(i) + "]";

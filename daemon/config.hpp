@@ -145,7 +145,9 @@ Result<DaemonConfig> load_daemon_config(const std::filesystem::path& file);
 /// The same from YAML text (`file` names it in messages).
 Result<DaemonConfig> parse_daemon_config(const std::string& yaml_text, const std::string& file);
 
-/// Makes paths absolute, fills the default endpoints and checks them: ipc or tcp only; a
+/// Makes paths absolute, checks the files of the dicom section (dicom::check_dicom_files:
+/// password and token files), fills the default endpoints and
+/// checks them: ipc or tcp only; a
 /// tcp endpoint on an address other than loopback needs CURVE keys. Each auto_infer
 /// checkpoint must be an existing file; a missing output becomes <state_dir>/inferred/<dataset>;
 /// an auto_infer send_to must name a configured destination (a name of dicom.destinations or

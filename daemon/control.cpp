@@ -367,10 +367,11 @@ const ControlHandler::Command ControlHandler::kCommands[] = {
        return json{{"shutting_down", true}};
      }},
     {"dicom",
-     {{"send", FieldType::strings, false, "DICOM files (SEG results) to queue for dicom.send_to"}},
+     {{"send", FieldType::strings, false, "DICOM files (SEG results) to queue for dicom.send_to"},
+      {"to", FieldType::string, false, "with send: a name of dicom.destinations instead of dicom.send_to"}},
      [](ControlHandler& h, const Request& r) -> Result<json> {
        if (!h.dicom_) return internal_error("the DICOM service is not running");
-       return h.dicom_->command(r.list("send"));
+       return h.dicom_->command({r.list("send"), r.text("to")});
      }},
 };
 

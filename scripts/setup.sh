@@ -19,6 +19,8 @@ debs=(
   libinsighttoolkit5-dev  # ITK's NrrdIO and MetaIO libraries: NRRD and MetaImage files
   clang libclang-rt-14-dev  # libFuzzer and the sanitizer runtimes: scripts/fuzz.sh, scripts/sanitize.sh
   orthanc  # the PACS of the hospital loop tests (tests/daemon/test_hospital_loop.cpp); the test runs its own instance
+  orthanc-dicomweb  # Orthanc's DICOMweb plugin: the STOW-RS / QIDO-RS / WADO-RS peer of tests/daemon/test_dicomweb.cpp
+  libcurl4-openssl-dev  # segflowd's DICOMweb client (daemon/dicom/web_client.cpp)
   clang-tidy                # scripts/tidy.sh (CI runs it on the sources)
   libonnx-dev libprotobuf-dev  # segflow export --to onnx: the ONNX project's protobuf types and checker (models/interop/onnx/)
 )

@@ -1,8 +1,10 @@
 #pragma once
 // The `dicom` section of segflowd's config: the DICOM storage node (C-ECHO / C-STORE SCP
-// feeding a dataset under data_root) and the destination results are sent to (C-STORE SCU).
-// Port 0 (the default) or no section: no listener. Every key is checked when the config is
-// read; errors name the key ("daemon.yaml: dicom.bind: ...").
+// feeding a dataset under data_root) and the destinations results are sent to: DICOM peers
+// by C-STORE and DICOMweb servers by STOW-RS. Port 0 (the default) or no section: no
+// listener. Every key is checked when the config is read; errors name the key
+// ("daemon.yaml: dicom.bind: ..."); files named by keys are checked when the config is
+// finalized (check_dicom_files).
 //
 //   dicom:
 //     port: 11112                  # TCP port of the listener; 0 = off
@@ -23,6 +25,13 @@
 //       max_attempts: 20           # then the send is marked failed
 //     destinations:                # named destinations (auto_infer's send_to names one)
 //       PACS_A: {ae_title: ORTHANC, host: 10.0.0.5, port: 4242}   # same keys as send_to
+//       CLOUD:                     # a DICOMweb server: STOW-RS
+//         kind: dicomweb           # dimse (the default) | dicomweb
+//         url: https://pacs.example.org/dicom-web   # the DICOMweb base URL
+//         auth: bearer             # none | basic (username, password_file) | bearer (token_file)
+//         token_file: /etc/segflow/token
+//         timeout_s: 60            # connect, or no byte moved for this long: the attempt failed
+//         tls: {trusted_cas: [ca.pem], certificate: me.pem, private_key: me.key}   # https trust
 
 #include <cstdint>
 #include <map>
@@ -37,18 +46,65 @@ class OptionParser;
 
 namespace segflow::daemon::dicom {
 
-/// The C-STORE destination of results (dicom.send_to).
+/// How a destination is reached.
+enum class DestinationKind : std::uint8_t {
+  dimse,     ///< a DICOM peer: C-STORE over an association
+  dicomweb,  ///< a DICOMweb server: STOW-RS
+};
+/// "dimse", "dicomweb".
+const char* to_string(DestinationKind kind);
+
+/// HTTP authentication of a DICOMweb destination.
+enum class WebAuth : std::uint8_t {
+  none,    ///< no Authorization header
+  basic,   ///< username and the password of password_file
+  bearer,  ///< "Authorization: Bearer <the token of token_file>" (read again on each attempt)
+};
+/// "none", "basic", "bearer".
+const char* to_string(WebAuth auth);
+
+/// Certificates and trust of one side of a TLS connection (the https of a DICOMweb
+/// destination). Paths are made absolute by check_dicom_files.
+struct TlsFiles {
+  std::string certificate;               ///< PEM certificate of this side ("" = none)
+  std::string private_key;               ///< its PEM private key, unencrypted (with certificate)
+  std::vector<std::string> trusted_cas;  ///< PEM CA files
+};
+
+/// TLS towards a destination (its `tls` section).
+struct PeerTls : TlsFiles {
+  bool enabled = false;  ///< a tls section was given
+};
+
+/// A destination of results (dicom.send_to or one of dicom.destinations).
 struct DicomDestination {
-  std::string ae_title;            ///< the peer's AE title (1-16 characters)
-  std::string host;                ///< host name or address
-  std::int64_t port = 0;           ///< TCP port, 1-65535
+  DestinationKind kind = DestinationKind::dimse;
+  // kind dimse
+  std::string ae_title;   ///< the peer's AE title (1-16 characters)
+  std::string host;       ///< host name or address
+  std::int64_t port = 0;  ///< TCP port, 1-65535
+  // kind dicomweb
+  std::string url;               ///< DICOMweb base URL (http:// or https://), without a trailing '/'
+  WebAuth auth = WebAuth::none;  ///< HTTP authentication
+  std::string username;          ///< auth basic
+  std::string password_file;     ///< auth basic: a file holding the password
+  std::string token_file;        ///< auth bearer: a file holding the token
+  double timeout_s = 60.0;       ///< connect timeout, and the longest stall of a transfer, s
+  // both
+  PeerTls tls;                     ///< dicomweb: the trust of an https url
   double retry_initial_s = 5.0;    ///< delay after the first failure, s (> 0)
   double retry_max_s = 600.0;      ///< the longest delay, s (>= retry_initial_s)
   std::int64_t max_attempts = 20;  ///< attempts before the send is marked failed (>= 1)
   /// True when a destination is configured.
-  bool enabled() const { return !host.empty(); }
-  /// Reads dicom.send_to (pipeline/options.hpp); ae_title, host and port are required.
+  bool enabled() const { return !host.empty() || !url.empty(); }
+  /// Reads a destination (pipeline/options.hpp): kind dimse needs ae_title, host and port;
+  /// kind dicomweb needs url (and the files of its auth). Keys of the other kind are errors.
   void bind(pipeline::OptionParser& p);
+
+ private:
+  void bind_dimse(pipeline::OptionParser& p);
+  void bind_dicomweb(pipeline::OptionParser& p);
+  void bind_tls(pipeline::OptionParser& p);
 };
 
 /// The DICOM node settings (dicom).
@@ -81,7 +137,16 @@ struct DicomSettings {
   void bind_destinations(pipeline::OptionParser& p);
 };
 
-/// "AE@host:port".
+/// Makes the paths of the dicom section absolute and checks the files it names: password and
+/// token files readable and not empty, https CAs files, not folders. `where` prefixes the
+/// key in errors ("daemon.yaml: dicom.destinations.WEB.token_file: /etc/x: cannot read ...").
+Status check_dicom_files(DicomSettings& s, const std::string& where);
+
+/// The secret of a password or token file: its one line, trailing whitespace removed; an
+/// error naming the file when it cannot be read, is empty or has several lines.
+Result<std::string> read_secret_file(const std::string& path);
+
+/// "AE@host:port" of a DIMSE destination, the url of a DICOMweb one.
 std::string destination_text(const DicomDestination& d);
 
 /// True for a valid AE title: 1-16 characters, printable ASCII without backslash, not only

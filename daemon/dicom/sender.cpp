@@ -22,6 +22,7 @@
 #include <set>
 #include <thread>
 
+#include "daemon/dicom/dicomweb.hpp"
 #include "daemon/dicom/tags.hpp"
 #include "messages/log.hpp"
 #include "pipeline/io/dicom.hpp"
@@ -77,6 +78,11 @@ Result<FileHeader> read_header(const fs::path& file) {
         file.string() +
         ": TransferSyntaxUID (0002,0010): missing (expected a DICOM Part 10 file with a meta header)");
   return h;
+}
+
+/// The config key of a send's target: dicom.send_to for "", else dicom.destinations.NAME.
+std::string target_key(const std::string& target) {
+  return target.empty() ? std::string("dicom.send_to") : "dicom.destinations." + target;
 }
 
 /// True for a C-STORE failure status that a retry cannot change (PS3.4 Annex B.2.3 and PS3.7
@@ -238,11 +244,29 @@ struct DicomSender::Impl {
     if (scu.isConnected()) (void)scu.releaseAssociation();
   }
 
+  /// Sends a batch of due records to the DICOMweb destination `d` by STOW-RS, one request
+  /// per instance over one kept-alive connection.
+  void send_web(std::vector<DicomSendRecord>& batch, const DicomDestination& d) {
+    WebClient client(d);
+    for (auto& r : batch) {
+      if (stopping.load()) break;  // still queued: sent after the restart
+      auto h = read_header(r.file);
+      if (!h.is_ok()) {
+        failed(r, h.status().message(), d);
+        continue;
+      }
+      const StowOutcome o = stow_instance(client, r.file, h->sop_instance);
+      if (o.result == StowResult::stored)
+        sent(r, d);
+      else
+        failed(r, o.detail, d, o.result == StowResult::refused);
+    }
+  }
+
   /// A send whose named destination is no longer configured: kept queued, looked at again
   /// in a minute (configuring the name again and restarting delivers it).
   void hold(DicomSendRecord& r) {
-    r.last_error = (r.target.empty() ? std::string("dicom.send_to") : "dicom.destinations." + r.target) +
-                   ": not configured (kept queued until it is)";
+    r.last_error = target_key(r.target) + ": not configured (kept queued until it is)";
     r.next_attempt = StateDb::now() + 60;
     if (Status st = db.update_dicom_send(r); !st.is_ok()) log::error("dicom: " + st.message());
     log::warn("dicom: send " + std::to_string(r.id) + ": " + r.last_error);
@@ -259,7 +283,10 @@ struct DicomSender::Impl {
         for (auto& r : batch) hold(r);
         continue;
       }
-      send(batch, *d);
+      if (d->kind == DestinationKind::dicomweb)
+        send_web(batch, *d);
+      else
+        send(batch, *d);
     }
   }
 
@@ -318,8 +345,8 @@ void DicomSender::stop() {
 
 Status DicomSender::check(const fs::path& file, const std::string& target) const {
   if (!impl_->s.destination(target))
-    return invalid_argument((target.empty() ? std::string("dicom.send_to") : "dicom.destinations." + target) +
-                            ": not configured (segflowd has nowhere to send " + file.string() + ")");
+    return invalid_argument(target_key(target) + ": not configured (segflowd has nowhere to send " +
+                            file.string() + ")");
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) return not_found(file.string() + ": no such file");
   return read_header(file).status();

@@ -1,17 +1,22 @@
 #pragma once
-// Results back to the hospital: a persistent queue of C-STORE sends to dicom.send_to or a
-// named destination of dicom.destinations (DCMTK's DcmSCU), kept in the state database so
-// that a restart loses nothing. Each send records its target (the destination's name; "" =
-// dicom.send_to); due sends go out one association per destination.
+// Results back to the hospital: a persistent queue of sends to dicom.send_to or a named
+// destination of dicom.destinations, kept in the state database so that a restart loses
+// nothing. A DICOM destination gets C-STOREs (DCMTK's DcmSCU), a DICOMweb one STOW-RS requests (dicomweb.hpp:
+// one instance per request, the HTTP status and the FailedSOPSequence read). Each send records its target
+// (the destination's name; "" = dicom.send_to); due sends go out one association (or one kept-alive HTTP
+// connection) per destination.
 //
 // enqueue() copies the file into state_dir/dicom-outbox/ (the caller may delete its own)
 // and records it as queued. The sender thread sends what is due, several files per
 // association, and retries failures with exponential back-off: retry_initial_s after the
 // first failed attempt, doubling up to retry_max_s; after max_attempts the send is marked
-// failed. A send is done when the peer answers success (0x0000) or a warning (0xBxxx); the
-// outbox copy is then removed. Sends go to the destination configured now under their
-// target, so fixing a wrong address and restarting delivers what is still queued; a target
-// no longer configured keeps its sends queued (looked at again each minute).
+// failed. A send is done when the peer answers success (0x0000) or a warning (0xBxxx), or
+// the STOW-RS answer does not list the instance as failed; the outbox copy is then removed.
+// A refusal no retry can change (no presentation context for the SOP class, a permanent
+// C-STORE status, an instance in the STOW-RS FailedSOPSequence, a 4xx other than
+// 401/403/404/408/429) fails the send at its first attempt. Sends go to the destination configured now under
+// their target, so fixing a wrong address and restarting delivers what is still queued; a target no longer
+// configured keeps its sends queued (looked at again each minute).
 //
 // Threads (no actors): one sender thread; enqueue() and stats() are safe from any thread.
 

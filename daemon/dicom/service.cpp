@@ -25,13 +25,14 @@ void DicomService::stop() {
   sender_->stop();
 }
 
-Result<json> DicomService::command(const std::vector<std::string>& send) {
-  for (std::size_t i = 0; i < send.size(); ++i)
-    if (Status st = sender_->check(send[i]); !st.is_ok())
+Result<json> DicomService::command(const DicomRequest& req) {
+  if (!req.to.empty() && req.send.empty()) return invalid_argument("to: only with send (the files to queue)");
+  for (std::size_t i = 0; i < req.send.size(); ++i)
+    if (Status st = sender_->check(req.send[i], req.to); !st.is_ok())
       return Status(st.code(), "send[" + std::to_string(i) + "]: " + st.message());
   json queued = json::array();
-  for (const auto& f : send) {
-    SEGFLOW_ASSIGN_OR_RETURN(auto r, sender_->enqueue(f));
+  for (const auto& f : req.send) {
+    SEGFLOW_ASSIGN_OR_RETURN(auto r, sender_->enqueue(f, req.to));
     queued.push_back(r.id);
   }
   SEGFLOW_ASSIGN_OR_RETURN(json sender, sender_->stats());
@@ -45,12 +46,6 @@ Result<DicomSendRecord> DicomService::enqueue(const fs::path& file, const std::s
 
 void DicomService::set_on_send_done(std::function<void(const DicomSendRecord&)> fn) {
   sender_->set_on_done(std::move(fn));
-}
-
-std::string DicomService::destination() const {
-  const DicomDestination& d = settings_.send_to;
-  if (!d.enabled()) return std::string();
-  return d.ae_title + "@" + d.host + ":" + std::to_string(d.port);
 }
 
 }  // namespace segflow::daemon::dicom

@@ -1,10 +1,11 @@
 #pragma once
-// The daemon's DICOM side in one object: the storage node (node.hpp) when dicom.port is
-// set and the result sender (sender.hpp) when dicom.send_to or dicom.destinations is, plus the `dicom`
-// control command:
+// The daemon's DICOM side in one object: the storage node (node.hpp) when dicom.port is set
+// and the result sender (sender.hpp) when dicom.send_to or dicom.destinations is, plus the
+// `dicom` control command:
 //
-//   dicom   send ([FILE, ...], optional: queue these files for dicom.send_to)
-//           -> node: {listening, address, ..., recent: [...]} (dicom_node.hpp),
+//   dicom   send ([FILE, ...], optional: queue these files) to (NAME, optional: for
+//           dicom.destinations.NAME instead of dicom.send_to)
+//           -> node: {listening, address, ..., recent: [...]} (node.hpp),
 //              sender: {destination, destinations, queued, sent, failed, sends: [...]},
 //              queued: [send ids of the files just queued]
 //
@@ -28,6 +29,12 @@ namespace segflow::daemon::dicom {
 class DicomNode;
 class DicomSender;
 
+/// The fields of a `dicom` control request.
+struct DicomRequest {
+  std::vector<std::string> send;  ///< files to queue
+  std::string to;                 ///< with send: the dicom.destinations name; "" = dicom.send_to
+};
+
 class DicomService {
  public:
   /// Paths absolute (finalize_daemon_config); `db` outlives the service.
@@ -44,7 +51,7 @@ class DicomService {
 
   /// The `dicom` control command: queues every file of `send` (all or none: each is
   /// checked first) and reports the node and the send queue.
-  Result<nlohmann::json> command(const std::vector<std::string>& send);
+  Result<nlohmann::json> command(const DicomRequest& request);
 
   /// Queues one file for dicom.send_to (target "") or dicom.destinations[target]
   /// (auto_infer's SEGs); errors name the file.
@@ -52,8 +59,6 @@ class DicomService {
   /// Called on the sender thread after an attempt: the send ended (sent or failed for good) or
   /// waits for a retry (state queued); set before start().
   void set_on_send_done(std::function<void(const DicomSendRecord&)> fn);
-  /// "AE@host:port" of dicom.send_to; "" when none is configured.
-  std::string destination() const;
 
  private:
   DicomSettings settings_;

@@ -18,63 +18,6 @@ using namespace segflow::testing::daemon;
 
 namespace {
 
-/// pydicom's view of the one SEG under `seg` against the series folder `series`.
-json seg_references(const fs::path& seg, const fs::path& series) {
-  auto r = run_command(shell_quote(python()) + " " +
-                       shell_quote(source_path("tests/tools/seg_references.py").string()) + " " +
-                       shell_quote(seg.string()) + " " + shell_quote(series.string()) + " 2>&1");
-  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
-  return json::parse(r.out);
-}
-
-/// The SEG references the source series, study and frame of reference, lies on its grid
-/// (same rows, columns and slice positions) and has the model's named segments.
-void check_seg_on_source(const json& v, const std::vector<std::string>& names) {
-  const json& seg = v["seg"];
-  const json& src = v["source"];
-  CHECK(seg["sop_class"] == "1.2.840.10008.5.1.4.1.1.66.4");
-  CHECK(seg["study"] == src["study"]);
-  CHECK(seg["ref_series"] == src["series"]);
-  CHECK(seg["frame_of_reference"] == src["frame_of_reference"]);
-  CHECK(seg["rows"] == src["rows"]);
-  CHECK(seg["columns"] == src["columns"]);
-  for (const auto& uid : seg["referenced_instances"])
-    CHECK_MESSAGE(std::find(src["instances"].begin(), src["instances"].end(), uid) != src["instances"].end(),
-                  uid.dump());
-  for (const auto& p : seg["frame_positions"])
-    CHECK_MESSAGE(std::find(src["positions"].begin(), src["positions"].end(), p) != src["positions"].end(),
-                  p.dump());
-  // The segments are named by the training's classes (a SEG holds the classes predicted).
-  REQUIRE(!seg["segment_labels"].empty());
-  for (const auto& l : seg["segment_labels"])
-    CHECK_MESSAGE(std::find(names.begin(), names.end(), l.get<std::string>()) != names.end(), l.dump());
-}
-
-/// The class names of the tiny dataset the checkpoint was trained on (dataset.json labels, 1..).
-std::vector<std::string> trained_class_names(const fs::path& dataset) {
-  const json ds = json::parse(read_file(dataset / "dataset.json"));
-  std::vector<std::string> out;
-  for (const auto& [name, value] : ds["labels"].items())
-    if (value.get<int>() != 0) out.push_back(name);
-  return out;
-}
-
-/// A tiny job that segments the synthetic phantoms after a few seconds of training on a CPU
-/// (native grid, foreground-heavy crops, no dropout): its SEGs are not empty.
-std::string segmenting_job(const fs::path& root) {
-  JobYaml job;
-  job.root = root;
-  job.seed = "5";
-  job.stages = {kLoadStage, kCtWindowStage, kFgBgStage, crop_stage("[16, 16, 16]", 3, 1, 2)};
-  job.model = unet3d(5, "channels: [4, 8, 16], strides: [2, 2], num_res_units: 1, norm: batch");
-  job.optimizer = "{name: adam, lr: 0.02}";
-  job.schedule = "";
-  job.epochs = 6;
-  job.train = "batch_size: 2, device: cpu, val_interval: 0, loader: simple, threads: 1";
-  job.validation = "{roi_size: [16, 16, 16], overlap: 0.5, sw_batch_size: 4}";
-  return job.yaml();
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -255,26 +198,8 @@ TEST_CASE("an auto_infer send_to that names no configured destination stops segf
   }
 }
 
-namespace {
-
-std::string pacs_tool(const std::string& args) {
-  auto r =
-      run_command(shell_quote(python()) + " " +
-                  shell_quote(source_path("tests/tools/orthanc_pacs.py").string()) + " " + args + " 2>&1");
-  REQUIRE_MESSAGE(r.exit_code == 0, (args + ": " + r.out));
-  return r.out;
-}
-
-/// Downloads the SEGs Orthanc holds into `dir` (emptied first); returns how many.
-std::int64_t orthanc_segs(const std::string& url, const fs::path& dir) {
-  fs::remove_all(dir);
-  return json::parse(pacs_tool("segs " + url + " " + shell_quote(dir.string())))["segs"].get<std::int64_t>();
-}
-
-}  // namespace
-
 TEST_CASE("Orthanc as the PACS: a series it C-STOREs to segflowd comes back into it as a SEG by itself") {
-  if (run_command("command -v Orthanc >/dev/null 2>&1").exit_code != 0) {
+  if (!have_orthanc()) {
     skip_case("Orthanc is not installed (Debian's orthanc package; scripts/setup.sh installs it)");
     return;
   }
@@ -286,16 +211,10 @@ TEST_CASE("Orthanc as the PACS: a series it C-STOREs to segflowd comes back into
   const fs::path other = synth_dicom(s.dir / "other", 1, 22);
 
   // Orthanc of its own on loopback ports, its storage in the test's folder.
-  const int http = free_port(), pacs = free_port(), port = free_port();
-  const std::string url = "http://127.0.0.1:" + std::to_string(http);
-  const fs::path cfg = s.dir / "orthanc.json";
-  pacs_tool("config " + shell_quote(cfg.string()) + " " + shell_quote((s.dir / "orthanc").string()) + " " +
-            std::to_string(http) + " " + std::to_string(pacs) + " " + std::to_string(port));
-  ChildProcess orthanc({"Orthanc", cfg.string()}, {}, s.dir / "orthanc.log");
-  REQUIRE_MESSAGE(
-      eventually([&] { return run_command("curl -sf " + url + "/system >/dev/null 2>&1").exit_code == 0; },
-                 60),
-      read_file(s.dir / "orthanc.log"));
+  const int port = free_port();
+  TestOrthanc orthanc(s.dir / "orthanc", port);
+  const std::string url = orthanc.url();
+  const int pacs = orthanc.dicom_port();
 
   s.write_config("dicom:\n  port: " + std::to_string(port) +
                  "\n  ae_title: SEGFLOW\n  dataset: incoming\n  allowed_calling_aes: [ORTHANC, MODALITY]\n"
@@ -371,14 +290,6 @@ std::vector<json> events_named(const Events& events, const std::string& name) {
   for (const auto& [topic, body] : events.got)
     if (body["event"] == name) out.push_back(body);
   return out;
-}
-
-/// The send `id` of `segflow ctl dicom`'s queue (null when it is not listed).
-json send_entry(const std::string& control, std::int64_t id) {
-  const json reply = dicom_reply(control);  // kept alive: the loop walks into it
-  for (const auto& e : reply["sender"]["sends"])
-    if (e["id"] == id) return e;
-  return json();
 }
 
 /// RECEIVER on `dest` as dicom.send_to (named by its AE title), or as the named destination

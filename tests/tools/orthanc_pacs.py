@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Orthanc's REST API and a pynetdicom C-STORE peer for the hospital loop tests.
 
-usage: orthanc_pacs.py config OUT.json DIR HTTP_PORT DICOM_PORT SEGFLOW_PORT
+usage: orthanc_pacs.py config OUT.json DIR HTTP_PORT DICOM_PORT SEGFLOW_PORT [OPTIONS]
            Writes an Orthanc configuration: storage and index under DIR, loopback only, AE
            title ORTHANC, no plugins, modality "segflow" = SEGFLOW@127.0.0.1:SEGFLOW_PORT.
+           OPTIONS: --dicomweb (Debian's orthanc-dicomweb plugin, root /dicom-web/),
+           --lua FILE (a Lua script: filters).
        orthanc_pacs.py upload URL FILE...
            POSTs the files to /instances; prints {"series": [Orthanc series ids]}.
        orthanc_pacs.py store URL MODALITY SERIES_ID
@@ -28,7 +30,10 @@ def http(url, data=None, method=None):
         return r.read()
 
 
-def config(out, folder, http_port, dicom_port, segflow_port):
+DICOMWEB_PLUGINS = ["/usr/lib/orthanc/libOrthancDicomWeb.so", "/usr/share/orthanc/plugins/libOrthancDicomWeb.so"]
+
+
+def config(out, folder, http_port, dicom_port, segflow_port, options=()):
     cfg = {
         "Name": "segflow-test-pacs",
         "StorageDirectory": os.path.join(folder, "storage"),
@@ -46,6 +51,20 @@ def config(out, folder, http_port, dicom_port, segflow_port):
         "StorageCompression": False,
         "DicomModalities": {"segflow": ["SEGFLOW", "127.0.0.1", int(segflow_port)]},
     }
+    opts = list(options)
+    while opts:
+        o = opts.pop(0)
+        if o == "--dicomweb":
+            plugin = next((p for p in DICOMWEB_PLUGINS if os.path.exists(p)), None)
+            if plugin is None:
+                sys.exit("the DICOMweb plugin is not installed (Debian's orthanc-dicomweb)")
+            cfg["Plugins"] = [plugin]
+            cfg["DicomWeb"] = {"Enable": True, "Root": "/dicom-web/", "EnableWado": False,
+                               "Host": "127.0.0.1", "Ssl": False}
+        elif o == "--lua":
+            cfg["LuaScripts"] = [opts.pop(0)]
+        else:
+            sys.exit("config: unknown option " + o)
     with open(out, "w") as f:
         json.dump(cfg, f, indent=1)
 
@@ -103,8 +122,8 @@ def main():
     if not a:
         sys.exit(__doc__)
     cmd = a[0]
-    if cmd == "config" and len(a) == 6:
-        config(*a[1:])
+    if cmd == "config" and len(a) >= 6:
+        config(*a[1:6], options=a[6:])
     elif cmd == "upload" and len(a) >= 3:
         upload(a[1], a[2:])
     elif cmd == "store" and len(a) == 4:
