@@ -246,7 +246,24 @@ void print_dicom(const json& r) {
         str(field(q, "attempts")).c_str(),
         !has_text(field(q, "last_error")) ? "" : ("; last error: " + str(field(q, "last_error"))).c_str());
   }
+  const json fetcher = field(r, "fetcher");
+  if (fetcher.is_object()) {
+    std::printf("fetches: %s queued, %s running, %s done, %s failed\n", str(field(fetcher, "queued")).c_str(),
+                str(field(fetcher, "running")).c_str(), str(field(fetcher, "done")).c_str(),
+                str(field(fetcher, "failed")).c_str());
+    for (const auto& f : field(fetcher, "fetches")) {
+      const std::string what = "study " + str(field(f, "study")) +
+                               (has_text(field(f, "series")) ? " series " + str(field(f, "series")) : "");
+      std::printf(
+          "  fetch %s %s from %s: %s, %s/%s series, %s instances%s\n", str(field(f, "id")).c_str(),
+          what.c_str(), str(field(f, "source")).c_str(), str(field(f, "state")).c_str(),
+          str(field(f, "series_done")).c_str(), str(field(f, "series_total")).c_str(),
+          str(field(f, "instances")).c_str(),
+          !has_text(field(f, "last_error")) ? "" : ("; last error: " + str(field(f, "last_error"))).c_str());
+    }
+  }
   for (const auto& id : field(r, "queued")) std::printf("queued as send %s\n", str(id).c_str());
+  if (!field(r, "fetch").is_null()) std::printf("queued as fetch %s\n", str(field(r, "fetch")).c_str());
 }
 
 Result<std::int64_t> job_arg(const Args& a, const std::string& cmd) {
@@ -398,13 +415,29 @@ Result<json> shutdown_request(const Args& a) {
 
 Result<json> dicom_request(const Args& a) {
   json req = {{"cmd", "dicom"}};
-  if (a.positional.size() == 1 && !a.has("to")) return req;
-  if (a.positional.size() < 3 || a.positional[1] != "send")
-    return invalid_argument("expected `dicom` or `dicom send FILE ... [--to NAME]`");
-  json files = json::array();
-  for (std::size_t i = 2; i < a.positional.size(); ++i) files.push_back(absolute(a.positional[i]));
-  req["send"] = files;
-  if (a.has("to")) req["to"] = a.get("to");
+  const std::string sub = a.positional.size() > 1 ? a.positional[1] : "";
+  const bool send = sub == "send" && a.positional.size() >= 3;
+  const bool fetch = sub == "fetch" && a.positional.size() == 2;
+  if (a.positional.size() > 1 && !send && !fetch)
+    return invalid_argument(
+        "expected `dicom`, `dicom send FILE ... [--to NAME]` or `dicom fetch --from NAME --study UID "
+        "[--series UID]`");
+  if (!send && a.has("to")) return invalid_argument("--to: only with `dicom send FILE ...`");
+  for (const char* k : {"from", "study", "series"})
+    if (!fetch && a.has(k)) return invalid_argument(std::string("--") + k + ": only with `dicom fetch`");
+  if (send) {
+    json files = json::array();
+    for (std::size_t i = 2; i < a.positional.size(); ++i) files.push_back(absolute(a.positional[i]));
+    req["send"] = files;
+    if (a.has("to")) req["to"] = a.get("to");
+  }
+  if (fetch) {
+    if (!a.has("from")) return invalid_argument("--from: missing (the DICOMweb destination to fetch from)");
+    if (!a.has("study")) return invalid_argument("--study: missing (the StudyInstanceUID to fetch)");
+    req["fetch"] = a.get("from");
+    req["study"] = a.get("study");
+    if (a.has("series")) req["series"] = a.get("series");
+  }
   return req;
 }
 
@@ -496,10 +529,12 @@ const CtlCommand kCtlCommands[] = {
     {"ping", "ping", "", [](const Args& a) { return plain_request(a, "ping"); }, print_ping, nullptr},
     {"shutdown", "shutdown [--now]", "stop the daemon (running jobs checkpoint first)",
      shutdown_request, print_shutdown, nullptr},
-    {"dicom", "dicom [send FILE ... [--to NAME]]",
-     "the DICOM node (associations, instances, failures) and\n"
-     "the send queue; `send` queues result files for\n"
-     "dicom.send_to (--to: a destination by name)",
+    {"dicom", "dicom [send FILE ... [--to NAME] | fetch --from NAME --study UID [--series UID]]",
+     "the DICOM node (associations, instances, failures),\n"
+     "the send queue and the fetches; `send` queues result files\n"
+     "for dicom.send_to (--to: a destination by name); `fetch`\n"
+     "pulls a study from a DICOMweb destination (QIDO-RS,\n"
+     "WADO-RS) into the node's dataset",
      dicom_request, print_dicom, nullptr},
     {"keygen", "keygen --out DIR", "write a CURVE key pair: DIR/public.key, DIR/secret.key",
      nullptr, nullptr, keygen},
@@ -564,6 +599,9 @@ constexpr Option kCtlCommandOptions[] = {
      "plan, train: the plan folder (default DATASET/.segflow-plans); keygen: where the keys go"},
     {"now", "", "pause: at the next step instead of the end of the epoch; shutdown: without waiting"},
     {"to", "NAME", "dicom send: the destination (dicom.send_to) to send to by name"},
+    {"from", "NAME", "dicom fetch: the DICOMweb destination to pull from"},
+    {"study", "UID", "dicom fetch: the StudyInstanceUID to pull"},
+    {"series", "UID", "dicom fetch: only this SeriesInstanceUID of the study"},
 };
 
 /// "start, infer, ..., keygen": the names of the table.

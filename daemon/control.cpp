@@ -368,10 +368,14 @@ const ControlHandler::Command ControlHandler::kCommands[] = {
      }},
     {"dicom",
      {{"send", FieldType::strings, false, "DICOM files (SEG results) to queue for dicom.send_to"},
-      {"to", FieldType::string, false, "with send: a name of dicom.destinations instead of dicom.send_to"}},
+      {"to", FieldType::string, false, "with send: a name of dicom.destinations instead of dicom.send_to"},
+      {"fetch", FieldType::string, false, "a DICOMweb destination to fetch a study from"},
+      {"study", FieldType::string, false, "with fetch: the StudyInstanceUID"},
+      {"series", FieldType::string, false, "with fetch: one SeriesInstanceUID of the study"}},
      [](ControlHandler& h, const Request& r) -> Result<json> {
        if (!h.dicom_) return internal_error("the DICOM service is not running");
-       return h.dicom_->command({r.list("send"), r.text("to")});
+       return h.dicom_->command(
+           {r.list("send"), r.text("to"), r.text("fetch"), r.text("study"), r.text("series")});
      }},
 };
 

@@ -68,6 +68,22 @@ CREATE TABLE IF NOT EXISTS dicom_sends (
   updated REAL NOT NULL,
   target TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS dicom_sends_due ON dicom_sends (state, next_attempt);
+CREATE TABLE IF NOT EXISTS dicom_fetches (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  source TEXT NOT NULL,
+  study TEXT NOT NULL,
+  series TEXT NOT NULL,
+  state TEXT NOT NULL,
+  attempts INTEGER NOT NULL,
+  next_attempt REAL NOT NULL,
+  series_total INTEGER NOT NULL,
+  series_done TEXT NOT NULL,
+  instances INTEGER NOT NULL,
+  skipped INTEGER NOT NULL,
+  bytes INTEGER NOT NULL,
+  last_error TEXT NOT NULL,
+  created REAL NOT NULL,
+  updated REAL NOT NULL);
 )sql";
 
 /// A prepared statement, finalized on destruction.
@@ -473,6 +489,110 @@ Result<std::vector<std::pair<std::string, std::int64_t>>> StateDb::dicom_send_co
   while ((rc = s.step()) == SQLITE_ROW) out.emplace_back(s.text(0), s.integer(1));
   if (rc != SQLITE_DONE) return fail("count DICOM sends");
   return out;
+}
+
+namespace {
+
+constexpr const char* kFetchColumns =
+    "id, source, study, series, state, attempts, next_attempt, series_total, series_done, instances, "
+    "skipped, "
+    "bytes, last_error, created, updated";
+
+DicomFetchRecord read_fetch(const Stmt& s) {
+  DicomFetchRecord r;
+  r.id = s.integer(0);
+  r.source = s.text(1);
+  r.study = s.text(2);
+  r.series = s.text(3);
+  r.state = s.text(4);
+  r.attempts = s.integer(5);
+  r.next_attempt = s.real(6);
+  r.series_total = s.integer(7);
+  r.series_done = json::parse(s.text(8), nullptr, false);
+  if (!r.series_done.is_array()) r.series_done = json::array();
+  r.instances = s.integer(9);
+  r.skipped = s.integer(10);
+  r.bytes = s.integer(11);
+  r.last_error = s.text(12);
+  r.created = s.real(13);
+  r.updated = s.real(14);
+  return r;
+}
+
+}  // namespace
+
+Result<std::int64_t> StateDb::insert_dicom_fetch(const DicomFetchRecord& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "INSERT INTO dicom_fetches (source, study, series, state, attempts, next_attempt, series_total, "
+         "series_done, instances, skipped, bytes, last_error, created, updated) VALUES "
+         "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+  if (!s.ok()) return fail("queue a DICOM fetch");
+  const double t = now();
+  s.bind(1, r.source).bind(2, r.study).bind(3, r.series).bind(4, r.state).bind(5, r.attempts);
+  s.bind(6, r.next_attempt).bind(7, r.series_total).bind(8, r.series_done.dump()).bind(9, r.instances);
+  s.bind(10, r.skipped).bind(11, r.bytes).bind(12, r.last_error).bind(13, t).bind(14, t);
+  if (s.step() != SQLITE_DONE) return fail("queue a DICOM fetch");
+  return static_cast<std::int64_t>(sqlite3_last_insert_rowid(db_));
+}
+
+Status StateDb::update_dicom_fetch(const DicomFetchRecord& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_,
+         "UPDATE dicom_fetches SET state=?, attempts=?, next_attempt=?, series_total=?, series_done=?, "
+         "instances=?, skipped=?, bytes=?, last_error=?, updated=? WHERE id=?");
+  if (!s.ok()) return fail("update DICOM fetch");
+  s.bind(1, r.state).bind(2, r.attempts).bind(3, r.next_attempt).bind(4, r.series_total);
+  s.bind(5, r.series_done.dump()).bind(6, r.instances).bind(7, r.skipped).bind(8, r.bytes);
+  s.bind(9, r.last_error).bind(10, now()).bind(11, r.id);
+  if (s.step() != SQLITE_DONE) return fail("update DICOM fetch " + std::to_string(r.id));
+  return Status::ok();
+}
+
+Result<std::vector<DicomFetchRecord>> StateDb::due_dicom_fetches(double at, std::int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string sql = std::string("SELECT ") + kFetchColumns +
+                          " FROM dicom_fetches WHERE state='queued' AND next_attempt<=? ORDER BY id LIMIT ?";
+  Stmt s(db_, sql.c_str());
+  if (!s.ok()) return fail("read DICOM fetches");
+  s.bind(1, at).bind(2, limit);
+  std::vector<DicomFetchRecord> out;
+  int rc;
+  while ((rc = s.step()) == SQLITE_ROW) out.push_back(read_fetch(s));
+  if (rc != SQLITE_DONE) return fail("read DICOM fetches");
+  return out;
+}
+
+Result<std::vector<DicomFetchRecord>> StateDb::dicom_fetches(std::int64_t limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string sql =
+      std::string("SELECT ") + kFetchColumns + " FROM dicom_fetches ORDER BY id DESC LIMIT ?";
+  Stmt s(db_, sql.c_str());
+  if (!s.ok()) return fail("read DICOM fetches");
+  s.bind(1, limit);
+  std::vector<DicomFetchRecord> out;
+  int rc;
+  while ((rc = s.step()) == SQLITE_ROW) out.push_back(read_fetch(s));
+  if (rc != SQLITE_DONE) return fail("read DICOM fetches");
+  return out;
+}
+
+Result<std::vector<std::pair<std::string, std::int64_t>>> StateDb::dicom_fetch_counts() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_, "SELECT state, COUNT(*) FROM dicom_fetches GROUP BY state ORDER BY state");
+  if (!s.ok()) return fail("count DICOM fetches");
+  std::vector<std::pair<std::string, std::int64_t>> out;
+  int rc;
+  while ((rc = s.step()) == SQLITE_ROW) out.emplace_back(s.text(0), s.integer(1));
+  if (rc != SQLITE_DONE) return fail("count DICOM fetches");
+  return out;
+}
+
+Status StateDb::requeue_running_fetches() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stmt s(db_, "UPDATE dicom_fetches SET state='queued' WHERE state='running'");
+  if (!s.ok() || s.step() != SQLITE_DONE) return fail("requeue DICOM fetches");
+  return Status::ok();
 }
 
 Result<std::string> StateDb::meta(const std::string& key) {

@@ -1,8 +1,8 @@
 #pragma once
 // The daemon's durable state: one SQLite database (state_dir/state.db, WAL mode) with the
-// jobs (spec, state, progress, run folder), the indexed datasets and cases, and the queue
-// of DICOM results to send (dicom_sender.hpp). Everything the daemon needs after a crash is
-// here; the run folders hold the checkpoints.
+// jobs (spec, state, progress, run folder), the indexed datasets and cases, the queue
+// of DICOM results to send (dicom/sender.hpp) and of studies to fetch (dicom/fetcher.hpp). Everything the
+// daemon needs after a crash is here; the run folders hold the checkpoints.
 //
 // Threading: one connection guarded by a mutex; every method is thread-safe and each write
 // is its own transaction (replace_dataset is one transaction for the whole dataset).
@@ -86,6 +86,26 @@ struct DicomSendRecord {
   double updated = 0.0;          ///< unix seconds
 };
 
+/// One `segflow ctl dicom fetch`: a study (or one series of it) pulled from a DICOMweb
+/// destination into the DICOM node's dataset, kept until it is done or gives up.
+struct DicomFetchRecord {
+  std::int64_t id = 0;            ///< assigned by insert_dicom_fetch
+  std::string source;             ///< the dicom.destinations name it is pulled from
+  std::string study;              ///< StudyInstanceUID
+  std::string series;             ///< SeriesInstanceUID; "" = every series of the study
+  std::string state = "queued";   ///< queued | running | done | failed
+  std::int64_t attempts = 0;      ///< attempts made
+  double next_attempt = 0.0;      ///< unix seconds; not tried before
+  std::int64_t series_total = 0;  ///< series listed by QIDO-RS
+  nlohmann::json series_done = nlohmann::json::array();  ///< SeriesInstanceUIDs stored so far
+  std::int64_t instances = 0;                            ///< instances stored (all attempts)
+  std::int64_t skipped = 0;  ///< instances of SOP classes the dataset does not take
+  std::int64_t bytes = 0;    ///< bytes stored
+  std::string last_error;    ///< why the last attempt failed ("" = none)
+  double created = 0.0;      ///< unix seconds
+  double updated = 0.0;      ///< unix seconds
+};
+
 class StateDb {
  public:
   /// Opens (creating) the database in WAL mode and makes the tables.
@@ -120,6 +140,19 @@ class StateDb {
   Result<std::vector<DicomSendRecord>> dicom_sends(std::int64_t limit);
   /// (state, count) of every send state present.
   Result<std::vector<std::pair<std::string, std::int64_t>>> dicom_send_counts();
+
+  /// Queues a fetch; returns its id.
+  Result<std::int64_t> insert_dicom_fetch(const DicomFetchRecord& fetch);
+  /// Writes the progress fields of a fetch (by id): state, attempts, next_attempt, counts, error.
+  Status update_dicom_fetch(const DicomFetchRecord& fetch);
+  /// Queued fetches due at `at` (unix seconds), oldest first.
+  Result<std::vector<DicomFetchRecord>> due_dicom_fetches(double at, std::int64_t limit);
+  /// The newest `limit` fetches, newest first.
+  Result<std::vector<DicomFetchRecord>> dicom_fetches(std::int64_t limit);
+  /// (state, count) of every fetch state present.
+  Result<std::vector<std::pair<std::string, std::int64_t>>> dicom_fetch_counts();
+  /// Fetches left running by a daemon that stopped (or was killed) are queued again.
+  Status requeue_running_fetches();
 
   /// A value of the key-value table (auto_infer's series signatures); "" when absent.
   Result<std::string> meta(const std::string& key);

@@ -69,6 +69,17 @@ const char* to_string(WebAuth auth) {
   return "?";
 }
 
+bool is_valid_uid(const std::string& uid) {
+  if (uid.empty() || uid.size() > 64 || uid.front() == '.' || uid.back() == '.') return false;
+  char prev = '.';
+  for (char c : uid) {
+    if (c != '.' && (c < '0' || c > '9')) return false;
+    if (c == '.' && prev == '.') return false;
+    prev = c;
+  }
+  return true;
+}
+
 namespace {
 
 // clang-format off
@@ -277,6 +288,20 @@ Result<std::string> DicomSettings::resolve(const std::string& name) const {
       name + ": no such DICOM destination (expected " +
       (known.empty() ? std::string("a name of dicom.destinations; none is configured") : "one of " + known) +
       ")");
+}
+
+Result<const DicomDestination*> DicomSettings::web_source(const std::string& name) const {
+  auto it = destinations.find(name);
+  if (it != destinations.end() && it->second.kind == DestinationKind::dicomweb) return &it->second;
+  std::string known;
+  for (const auto& [n, d] : destinations)
+    if (d.kind == DestinationKind::dicomweb) known += (known.empty() ? "" : ", ") + n;
+  const std::string what =
+      it == destinations.end() ? "no such DICOM destination" : "not a DICOMweb destination";
+  return invalid_argument(name + ": " + what + " (expected " +
+                          (known.empty() ? std::string("a destination of kind dicomweb; none is configured")
+                                         : "one of " + known) +
+                          ")");
 }
 
 std::string destination_text(const DicomDestination& d) {

@@ -1,8 +1,9 @@
 #pragma once
 // The `dicom` section of segflowd's config: the DICOM storage node (C-ECHO / C-STORE SCP
 // feeding a dataset under data_root) and the destinations results are sent to: DICOM peers
-// by C-STORE and DICOMweb servers by STOW-RS. Port 0 (the default) or no section: no
-// listener. Every key is checked when the config is read; errors name the key
+// by C-STORE and DICOMweb servers by STOW-RS; a DICOMweb destination is also where `segflow
+// ctl dicom fetch` pulls studies from (QIDO-RS, WADO-RS). Port 0 (the default) or no section:
+// no listener. Every key is checked when the config is read; errors name the key
 // ("daemon.yaml: dicom.bind: ..."); files named by keys are checked when the config is
 // finalized (check_dicom_files).
 //
@@ -25,7 +26,7 @@
 //       max_attempts: 20           # then the send is marked failed
 //     destinations:                # named destinations (auto_infer's send_to names one)
 //       PACS_A: {ae_title: ORTHANC, host: 10.0.0.5, port: 4242}   # same keys as send_to
-//       CLOUD:                     # a DICOMweb server: STOW-RS
+//       CLOUD:                     # a DICOMweb server: STOW-RS out, QIDO-RS / WADO-RS in
 //         kind: dicomweb           # dimse (the default) | dicomweb
 //         url: https://pacs.example.org/dicom-web   # the DICOMweb base URL
 //         auth: bearer             # none | basic (username, password_file) | bearer (token_file)
@@ -49,7 +50,7 @@ namespace segflow::daemon::dicom {
 /// How a destination is reached.
 enum class DestinationKind : std::uint8_t {
   dimse,     ///< a DICOM peer: C-STORE over an association
-  dicomweb,  ///< a DICOMweb server: STOW-RS
+  dicomweb,  ///< a DICOMweb server: STOW-RS out, QIDO-RS and WADO-RS in (fetch)
 };
 /// "dimse", "dicomweb".
 const char* to_string(DestinationKind kind);
@@ -132,6 +133,9 @@ struct DicomSettings {
   /// What an auto_infer send_to NAME refers to: the target "NAME" when dicom.destinations has
   /// it, "" (send_to) when it is dicom.send_to's AE title; an error listing what may be named.
   Result<std::string> resolve(const std::string& name) const;
+  /// The DICOMweb destination `name` a fetch pulls from; an error listing the DICOMweb
+  /// destinations when `name` is not one.
+  Result<const DicomDestination*> web_source(const std::string& name) const;
 
  private:
   void bind_destinations(pipeline::OptionParser& p);
@@ -152,6 +156,9 @@ std::string destination_text(const DicomDestination& d);
 /// True for a valid AE title: 1-16 characters, printable ASCII without backslash, not only
 /// spaces (leading and trailing spaces are not significant).
 bool is_valid_ae_title(const std::string& ae);
+
+/// True for a valid UID: 1-64 characters of digits and dots, no empty component.
+bool is_valid_uid(const std::string& uid);
 
 /// True when `address` is an IPv4 loopback address (127.0.0.0/8).
 bool is_loopback_ipv4(const std::string& address);

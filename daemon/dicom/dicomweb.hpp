@@ -1,6 +1,7 @@
 #pragma once
 // The DICOMweb services segflowd uses (PS3.18), over a WebClient: STOW-RS to send a result
-// (one instance per request), with the multipart/related body it carries.
+// (one instance per request), QIDO-RS to list the series of a study and WADO-RS to retrieve a
+// series as stored (transfer-syntax=*), with the multipart/related bodies they carry.
 //
 // A STOW-RS answer is read as PS3.18 10.5.3 says: the HTTP status and, in the DICOM JSON
 // body, the FailedSOPSequence (0008,1198) with each instance's FailureReason (0008,1197).
@@ -14,8 +15,11 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "daemon/dicom/web_client.hpp"
 #include "messages/status.hpp"
@@ -40,8 +44,33 @@ struct StowOutcome {
 StowOutcome stow_instance(WebClient& client, const std::filesystem::path& file,
                           const std::string& sop_instance_uid);
 
+/// One series of a study, as QIDO-RS lists it.
+struct WebSeries {
+  std::string uid;              ///< SeriesInstanceUID
+  std::string modality;         ///< Modality ("" when not returned)
+  std::int64_t instances = -1;  ///< NumberOfSeriesRelatedInstances (-1 when not returned)
+};
+
+/// QIDO-RS: the series of `study` (GET <url>/studies/<study>/series), only `series` when
+/// given. An error's code says what to do: io_error (no answer, 5xx, 408, 429: retry),
+/// not_found (no such study or series), anything else (refused for good).
+Result<std::vector<WebSeries>> qido_series(WebClient& client, const std::string& study,
+                                           const std::string& series = "");
+
+/// WADO-RS: retrieves a series as stored (GET <url>/studies/<study>/series/<series>, Accept
+/// multipart/related; type="application/dicom"; transfer-syntax=*) into `body_file`, then
+/// hands each part's bytes to `on_part` in order; returns the number of parts. Errors as
+/// qido_series, and corrupt_data for a body that is not multipart.
+Result<std::int64_t> wado_series(WebClient& client, const std::string& study, const std::string& series,
+                                 const std::filesystem::path& body_file,
+                                 const std::function<Status(std::string_view part)>& on_part);
+
 /// A multipart/related body holding `part` as one part of type `type`; `boundary` gets the
 /// boundary chosen (one that does not occur in `part`).
 std::string multipart_body(std::string_view part, const std::string& type, std::string& boundary);
+
+/// The parts of a multipart body (their content, headers removed) of the given Content-Type
+/// (whose boundary parameter is read); an error names what is malformed.
+Result<std::vector<std::string_view>> multipart_parts(std::string_view body, const std::string& content_type);
 
 }  // namespace segflow::daemon::dicom

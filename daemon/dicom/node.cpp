@@ -44,10 +44,6 @@ namespace {
 constexpr Uint32 kMaxPdu = 65536;
 constexpr std::size_t kRecent = 20;
 
-/// The storage SOP classes the node accepts.
-const char* const kStorageClasses[] = {UID_CTImageStorage, UID_EnhancedCTImageStorage, UID_MRImageStorage,
-                                       UID_EnhancedMRImageStorage, UID_SegmentationStorage};
-
 /// Candidate transfer syntaxes in the order the node prefers them: lossless compressed
 /// (stored as received, fewer bytes on the wire), uncompressed, then lossy compressed
 /// (taken only when the peer offers nothing else). start() keeps those the reader decodes.
@@ -98,7 +94,7 @@ struct AssociationRecord {
 
 struct DicomNode::Impl {
   DicomSettings s;
-  DicomStore store;
+  DicomStore& store;
   DcmSharedSCPConfig shared;
   std::vector<std::string> syntaxes;  ///< accepted transfer syntax UIDs
   T_ASC_Network* net = nullptr;
@@ -121,8 +117,7 @@ struct DicomNode::Impl {
   std::string last_error;
   std::deque<AssociationRecord> recent;
 
-  Impl(DicomSettings settings, const fs::path& data_root)
-      : s(std::move(settings)), store(data_root, s.dataset) {}
+  Impl(DicomSettings settings, DicomStore& st) : s(std::move(settings)), store(st) {}
 
   void note_error(const std::string& e) {
     std::lock_guard<std::mutex> lock(mu);
@@ -506,8 +501,8 @@ void DicomNode::Impl::listen_loop() {
   }
 }
 
-DicomNode::DicomNode(DicomSettings settings, fs::path data_root)
-    : impl_(std::make_unique<Impl>(std::move(settings), data_root)) {}
+DicomNode::DicomNode(DicomSettings settings, DicomStore& store)
+    : impl_(std::make_unique<Impl>(std::move(settings), store)) {}
 
 DicomNode::~DicomNode() { stop(); }
 
@@ -518,7 +513,6 @@ Status DicomNode::start() {
   if (!std::getenv("SEGFLOW_DCMTK_LOG")) OFLog::getLogger("dcmtk").setLogLevel(OFLogger::FATAL_LOG_LEVEL);
   dcmDisableGethostbyaddr.set(OFTrue);
   pipeline::register_dicom_codecs();
-  SEGFLOW_RETURN_IF_ERROR(m.store.prepare());
 
   OFList<OFString> syntaxes;
   for (E_TransferSyntax x : kCandidateSyntaxes) {
@@ -542,8 +536,8 @@ Status DicomNode::start() {
   verification.push_back(UID_LittleEndianImplicitTransferSyntax);
   verification.push_back(UID_BigEndianExplicitTransferSyntax);
   OFCondition c = cfg.addPresentationContext(UID_VerificationSOPClass, verification);
-  for (const char* sop : kStorageClasses)
-    if (c.good()) c = cfg.addPresentationContext(sop, syntaxes);
+  for (const std::string& sop : stored_sop_classes())
+    if (c.good()) c = cfg.addPresentationContext(sop.c_str(), syntaxes);
   if (c.bad()) return internal_error(std::string("dicom: presentation contexts: ") + c.text());
   m.shared = DcmSharedSCPConfig(cfg);
 

@@ -29,16 +29,18 @@
 
 namespace segflow::daemon::dicom {
 
+class DicomStore;
+
 class DicomNode {
  public:
-  /// `data_root` absolute. Nothing runs before start().
-  DicomNode(DicomSettings settings, std::filesystem::path data_root);
+  /// `store` (prepared by the caller) outlives the node. Nothing runs before start().
+  DicomNode(DicomSettings settings, DicomStore& store);
   ~DicomNode();
   DicomNode(const DicomNode&) = delete;
   DicomNode& operator=(const DicomNode&) = delete;
 
-  /// Clears the staging folder, listens on dicom.bind:dicom.port and starts the listener
-  /// thread. Errors name the key ("dicom.port: cannot listen on 127.0.0.1:104: ...").
+  /// Listens on dicom.bind:dicom.port and starts the listener thread. Errors name the key
+  /// ("dicom.port: cannot listen on 127.0.0.1:104: ...").
   Status start();
   /// Stops listening, cuts the running associations (their instances are discarded) and
   /// joins every thread. Idempotent.

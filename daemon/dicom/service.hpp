@@ -1,16 +1,19 @@
 #pragma once
-// The daemon's DICOM side in one object: the storage node (node.hpp) when dicom.port is set
-// and the result sender (sender.hpp) when dicom.send_to or dicom.destinations is, plus the
-// `dicom` control command:
+// The daemon's DICOM side in one object: the store received series go through (store.hpp),
+// the storage node (node.hpp) when dicom.port is set, the result sender
+// (sender.hpp) when dicom.send_to or dicom.destinations is, the fetcher (fetcher.hpp) when a
+// destination is of kind dicomweb, plus the `dicom` control command:
 //
 //   dicom   send ([FILE, ...], optional: queue these files) to (NAME, optional: for
-//           dicom.destinations.NAME instead of dicom.send_to)
+//           dicom.destinations.NAME instead of dicom.send_to) | fetch (NAME: a DICOMweb
+//           destination) study (UID) series (UID, optional)
 //           -> node: {listening, address, ..., recent: [...]} (node.hpp),
 //              sender: {destination, destinations, queued, sent, failed, sends: [...]},
-//              queued: [send ids of the files just queued]
+//              fetcher: {queued, running, done, failed, fetches: [...]} (fetcher.hpp),
+//              queued: [send ids of the files just queued], fetch: the fetch id just queued
 //
 // Threading: start() and stop() from the daemon's main thread; command() from the control
-// thread (the node and the sender have their own threads).
+// thread (the node, the sender and the fetcher have their own threads).
 
 #include <nlohmann/json.hpp>
 
@@ -26,13 +29,17 @@
 
 namespace segflow::daemon::dicom {
 
+class DicomFetcher;
 class DicomNode;
 class DicomSender;
+class DicomStore;
 
 /// The fields of a `dicom` control request.
 struct DicomRequest {
   std::vector<std::string> send;  ///< files to queue
   std::string to;                 ///< with send: the dicom.destinations name; "" = dicom.send_to
+  std::string fetch;              ///< a DICOMweb destination to fetch from; "" = no fetch
+  std::string study, series;      ///< with fetch: the study, and optionally one of its series
 };
 
 class DicomService {
@@ -44,13 +51,15 @@ class DicomService {
   DicomService(const DicomService&) = delete;
   DicomService& operator=(const DicomService&) = delete;
 
-  /// Starts the node (dicom.port > 0) and the sender (dicom.send_to); errors name the key.
+  /// Clears the staging folder and starts the node, the sender and the fetcher (those
+  /// configured); errors name the key.
   Status start();
-  /// Stops both (received series in flight are discarded; queued sends stay queued).
+  /// Stops them (received series and fetched series in flight are discarded; queued sends
+  /// and fetches stay queued).
   void stop();
 
-  /// The `dicom` control command: queues every file of `send` (all or none: each is
-  /// checked first) and reports the node and the send queue.
+  /// The `dicom` control command: queues every file of `send` (all or none: each is checked
+  /// first) or the fetch, and reports the node, the send queue and the fetches.
   Result<nlohmann::json> command(const DicomRequest& request);
 
   /// Queues one file for dicom.send_to (target "") or dicom.destinations[target]
@@ -62,8 +71,10 @@ class DicomService {
 
  private:
   DicomSettings settings_;
+  std::unique_ptr<DicomStore> store_;
   std::unique_ptr<DicomNode> node_;
   std::unique_ptr<DicomSender> sender_;
+  std::unique_ptr<DicomFetcher> fetcher_;
 };
 
 }  // namespace segflow::daemon::dicom

@@ -62,6 +62,13 @@ void remove_tree(const fs::path& p) {
 
 }  // namespace
 
+const std::vector<std::string>& stored_sop_classes() {
+  static const std::vector<std::string> classes = {UID_CTImageStorage, UID_EnhancedCTImageStorage,
+                                                   UID_MRImageStorage, UID_EnhancedMRImageStorage,
+                                                   UID_SegmentationStorage};
+  return classes;
+}
+
 std::string safe_component(const std::string& text) {
   std::string s;
   for (char c : text) {

@@ -1,6 +1,6 @@
 #pragma once
-// Where the DICOM node puts received instances, so that the dataset watcher only ever sees
-// whole series. Each association stages its instances under
+// Where the DICOM node (and a DICOMweb fetch) puts received instances, so that the dataset
+// watcher only ever sees whole series. Each association stages its instances under
 //   data_root/.segflow-dicom/<association>.partial/<case>/<file>
 // (hidden: neither the watcher nor the dataset layouts look there). A case is
 //   <StudyInstanceUID, else PatientID>_<SeriesInstanceUID>
@@ -15,8 +15,9 @@
 // SEG replaces the old SEG files) and swapping it in with one renameat2(RENAME_EXCHANGE).
 // An aborted or timed-out association is discarded: nothing of it reaches the dataset.
 //
-// Threading: a Batch belongs to one association thread; commits of all batches of a store
-// are serialised (two associations may carry instances of one series).
+// Threading: a Batch belongs to one association (or fetch) thread; commits of all batches of
+// a store are serialised (two associations may carry instances of one series), so the node
+// and the fetcher share one store.
 
 #include <cstdint>
 #include <filesystem>
@@ -24,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "messages/status.hpp"
 
@@ -94,6 +96,10 @@ class DicomStore {
   std::filesystem::path staging_;
   std::mutex commit_mu_;
 };
+
+/// The storage SOP classes the dataset takes (the node negotiates them, a fetch keeps them):
+/// CT, Enhanced CT, MR, Enhanced MR and Segmentation Storage.
+const std::vector<std::string>& stored_sop_classes();
 
 /// A name safe as one path component: [A-Za-z0-9._-] kept, others '_', at most 64
 /// characters, never empty or starting with '.'.

@@ -1,6 +1,7 @@
 // DICOMweb on segflowd, against a real server: Orthanc with Debian's DICOMweb plugin
 // (orthanc-dicomweb), started by the test on its own loopback ports and storage. SEGs go out
-// by STOW-RS through the persistent, retried send queue. Orthanc's Lua filters make it check an Authorization
+// by STOW-RS through the persistent, retried send queue; studies come in by QIDO-RS and
+// WADO-RS (`segflow ctl dicom fetch`). Orthanc's Lua filters make it check an Authorization
 // header on /dicom-web (bearer token or basic) and refuse instances described "refuse me".
 #include <doctest/doctest.h>
 
@@ -59,6 +60,37 @@ bool skip_without_orthanc_dicomweb() {
 /// A DICOMweb destination of the daemon config on `url` with `extra` keys.
 std::string web_destination(const std::string& url, const std::string& extra) {
   return "{kind: dicomweb, url: '" + url + "', retry_initial_s: 0.3, retry_max_s: 1, " + extra + "}";
+}
+
+/// Fetch `id` as `segflow ctl dicom` lists it.
+json fetch_entry(const std::string& control, std::int64_t id) {
+  const json reply = dicom_reply(control);
+  for (const auto& f : reply["fetcher"]["fetches"])
+    if (f["id"] == id) return f;
+  return json();
+}
+
+json wait_fetch(ChildProcess& d, const std::string& control, std::int64_t id,
+                const std::function<bool(const json&)>& pred, const std::string& what,
+                double timeout_s = 60) {
+  return wait_daemon_value(
+      d, [&] { return fetch_entry(control, id); }, [&](const json& f) { return !f.is_null() && pred(f); },
+      what, "fetch", timeout_s);
+}
+
+/// `segflow ctl dicom fetch --from NAME --study UID [ARGS]`: the command's result.
+CommandResult ctl_fetch(const std::string& control, const std::string& from, const std::string& study,
+                        const std::string& args = "") {
+  return run_segflow("ctl --endpoint " + shell_quote(control) + " dicom fetch --from " + from + " --study " +
+                     study + " " + args);
+}
+
+/// The fetch id of `queued as fetch N` in ctl's output.
+std::int64_t fetch_id(const CommandResult& r) {
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  const auto at = r.out.find("queued as fetch ");
+  REQUIRE_MESSAGE(at != std::string::npos, r.out);
+  return std::stoll(r.out.substr(at + 16));
 }
 
 }  // namespace
@@ -175,6 +207,114 @@ TEST_CASE(
   CHECK_MESSAGE(
       ctl.out.find(" -> WEB (" + url + "): failed, 1 attempts; last error: refused by") != std::string::npos,
       ctl.out);
+  ok(s.control, {{"cmd", "shutdown"}});
+  CHECK(d->wait_exit(60) == 0);
+}
+
+TEST_CASE(
+    "a study fetched from Orthanc by QIDO-RS and WADO-RS lands in the dataset byte for byte, auto_infer "
+    "sends its SEG back by STOW-RS, and a fetch waits out Orthanc being down") {
+  if (skip_without_orthanc_dicomweb()) return;
+  Setup s;
+  const fs::path checkpoint = train_checkpoint(s, 0, segmenting_job(s.data / "tiny"));
+  const std::vector<std::string> names = trained_class_names(s.data / "tiny");
+  const fs::path syn = synth_dicom(s.dir / "synth", 2, 95);
+  TestOrthanc orthanc(s.dir / "orthanc", free_port(), "--dicomweb");
+  const std::string url = orthanc.dicomweb();
+  const std::vector<fs::path> first = series_files(syn / "case_000"), second = series_files(syn / "case_001");
+  json up = json::parse(pacs_tool("upload " + orthanc.url() + quoted_files(first)));
+  REQUIRE(up["series"].size() == 1);
+  const json mine = instances(first);
+  const std::string study = mine.begin().value()["study"].get<std::string>();
+  const std::string series = mine.begin().value()["series"].get<std::string>();
+  s.write_config(
+      "dicom:\n  dataset: incoming\n  destinations:\n    WEB: " + web_destination(url, "max_attempts: 1000") +
+      "\n    PACS: {ae_title: PACS, host: 127.0.0.1, port: " + std::to_string(free_port()) +
+      "}\nauto_infer:\n  - {dataset: incoming, checkpoint: " + checkpoint.string() +
+      ", send_to: WEB, quiet_seconds: 1}\n");
+  auto d = s.start();
+  Events events(s.events, "auto_infer");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+  // 1. The study by QIDO-RS and WADO-RS: every instance as Orthanc holds it, byte for byte.
+  const std::int64_t id = fetch_id(ctl_fetch(s.control, "WEB", study));
+  json f = wait_fetch(
+      *d, s.control, id, [](const json& x) { return x["state"] != "queued" && x["state"] != "running"; },
+      "the fetch ends");
+  REQUIRE_MESSAGE(f["state"] == "done", f.dump());
+  CHECK(f["series_total"] == 1);
+  CHECK(f["series_done"] == 1);
+  CHECK(f["instances"] == static_cast<std::int64_t>(first.size()));
+  const fs::path case_dir = s.data / "incoming" / (study + "_" + series);
+  REQUIRE(fs::is_directory(case_dir));
+  for (const auto& [uid, info] : mine.items()) {
+    const fs::path stored = case_dir / (uid + ".dcm");
+    REQUIRE_MESSAGE(fs::exists(stored), stored.string());
+    CHECK_MESSAGE(read_file(stored) == read_file(info["file"].get<std::string>()), stored.string());
+  }
+
+  // 2. auto_infer takes it as a pushed series: its SEG goes back into Orthanc by STOW-RS.
+  auto sent = events.wait_for(
+      [](const std::string&, const json& b) { return b["event"] == "sent" || b["event"] == "failed"; }, 120);
+  REQUIRE_MESSAGE(sent.has_value(), d->log_tail());
+  REQUIRE_MESSAGE((*sent)["event"] == "sent", sent->dump());
+  CHECK((*sent)["destination"] == url);
+  const fs::path got = s.dir / "from_orthanc";
+  REQUIRE(orthanc_segs(orthanc.url(), got) == 1);
+  check_seg_on_source(seg_references(got, syn / "case_000"), names);
+
+  // 3. The same study again: stored as it was, no second SEG.
+  const std::int64_t again = fetch_id(ctl_fetch(s.control, "WEB", study));
+  wait_fetch(
+      *d, s.control, again, [](const json& x) { return x["state"] == "done"; }, "the second fetch");
+  CHECK(eventually(
+      [&] {
+        return read_file(s.dir / "segflowd.log").find("the same instances as before") != std::string::npos;
+      },
+      30));
+
+  // 4. Bad requests name the field; a study Orthanc does not have fails the fetch at once.
+  auto bad = ctl_fetch(s.control, "PACS", study);
+  CHECK(bad.exit_code != 0);
+  CHECK_MESSAGE(
+      bad.out.find("from: PACS: not a DICOMweb destination (expected one of WEB)") != std::string::npos,
+      bad.out);
+  bad = ctl_fetch(s.control, "WEB", "1.2.x");
+  CHECK(bad.exit_code != 0);
+  CHECK_MESSAGE(bad.out.find("study: expected a StudyInstanceUID") != std::string::npos, bad.out);
+  bad = run_segflow("ctl --endpoint " + shell_quote(s.control) + " dicom fetch --study " + study);
+  CHECK(bad.exit_code != 0);
+  CHECK_MESSAGE(bad.out.find("--from: missing") != std::string::npos, bad.out);
+  const std::int64_t none = fetch_id(ctl_fetch(s.control, "WEB", "1.2.3.4.5.6.7"));
+  f = wait_fetch(
+      *d, s.control, none, [](const json& x) { return x["state"] == "failed"; }, "the unknown study fails");
+  CHECK(f["attempts"] == 1);
+  CHECK_MESSAGE(
+      f["last_error"].get<std::string>().find("has no series of study 1.2.3.4.5.6.7") != std::string::npos,
+      f.dump());
+
+  // 5. One series of another study, asked for while Orthanc is down: retried until it is back.
+  up = json::parse(pacs_tool("upload " + orthanc.url() + quoted_files(second)));
+  const json theirs = instances(second);
+  const std::string study2 = theirs.begin().value()["study"].get<std::string>();
+  const std::string series2 = theirs.begin().value()["series"].get<std::string>();
+  orthanc.stop();
+  const std::int64_t late = fetch_id(ctl_fetch(s.control, "WEB", study2, "--series " + series2));
+  f = wait_fetch(
+      *d, s.control, late, [](const json& x) { return x["attempts"].get<int>() >= 2; },
+      "fetch retries while Orthanc is down");
+  CHECK(f["state"] == "queued");
+  CHECK_MESSAGE(f["last_error"].get<std::string>().find(url + "/studies/" + study2) != std::string::npos,
+                f.dump());
+  orthanc.start();
+  f = wait_fetch(
+      *d, s.control, late, [](const json& x) { return x["state"] == "done"; }, "the late fetch", 60);
+  CHECK(f["instances"] == static_cast<std::int64_t>(second.size()));
+  CHECK(fs::is_directory(s.data / "incoming" / (study2 + "_" + series2)));
+  REQUIRE_MESSAGE(eventually([&] { return orthanc_segs(orthanc.url(), got) == 2; }, 120), d->log_tail());
+  auto ctl = run_segflow("ctl --endpoint " + shell_quote(s.control) + " dicom");
+  REQUIRE_MESSAGE(ctl.exit_code == 0, ctl.out);
+  CHECK_MESSAGE(ctl.out.find("fetches: 0 queued, 0 running, 3 done, 1 failed") != std::string::npos, ctl.out);
   ok(s.control, {{"cmd", "shutdown"}});
   CHECK(d->wait_exit(60) == 0);
 }
