@@ -204,9 +204,13 @@ bool has_text(const json& v) { return v.is_string() && !v.get<std::string>().emp
 void print_dicom(const json& r) {
   const json node = field(r, "node");
   if (node.value("listening", false)) {
+    std::string where = has_text(field(node, "address")) ? str(field(node, "address")) : "";
+    if (has_text(field(node, "tls_address")))
+      where += (where.empty() ? "" : " and ") + str(field(node, "tls_address")) + " (TLS)";
     std::printf("DICOM node %s at %s, dataset %s: %s active\n", str(field(node, "ae_title")).c_str(),
-                str(field(node, "address")).c_str(), str(field(node, "dataset")).c_str(),
-                str(field(node, "active")).c_str());
+                where.c_str(), str(field(node, "dataset")).c_str(), str(field(node, "active")).c_str());
+    if (has_text(field(node, "tls_address")))
+      std::printf("  TLS handshakes refused: %s\n", str(field(node, "tls_handshakes_refused")).c_str());
     std::printf(
         "  associations: %s received, %s completed, %s refused, %s aborted, %s failed; %s bad connections\n",
         str(field(node, "associations_received")).c_str(), str(field(node, "associations_completed")).c_str(),
@@ -225,7 +229,7 @@ void print_dicom(const json& r) {
                   !has_text(field(a, "reason")) ? "" : (" (" + str(field(a, "reason")) + ")").c_str(),
                   str(field(a, "instances")).c_str());
   } else {
-    std::printf("DICOM node: off (dicom.port is 0)\n");
+    std::printf("DICOM node: off (dicom.port and dicom.tls.port are 0)\n");
   }
   const json sender = field(r, "sender");
   std::printf("send queue to %s: %s queued, %s sent, %s failed\n",

@@ -38,6 +38,11 @@ find_package(DCMTK REQUIRED CONFIG)
 if(NOT TARGET DCMTK::dcmnet)  # segflowd's DICOM node and sender (daemon/dicom/)
   message(FATAL_ERROR "DCMTK without dcmnet: install libdcmtk-dev (Debian) or build DCMTK with dcmnet")
 endif()
+# DICOM TLS of the node and the sender (daemon/dicom/tls.cpp): DCMTK's dcmtls on OpenSSL.
+if(NOT TARGET DCMTK::dcmtls OR NOT DCMTK_WITH_OPENSSL)
+  message(FATAL_ERROR "DCMTK without dcmtls/OpenSSL: install libdcmtk-dev (Debian) or build DCMTK with OpenSSL")
+endif()
+find_package(OpenSSL REQUIRED)
 # DICOMweb (STOW-RS, QIDO-RS, WADO-RS; daemon/dicom/web_client.cpp): Debian's libcurl4-openssl-dev.
 find_package(CURL REQUIRED)
 find_package(spdlog REQUIRED CONFIG)

@@ -146,7 +146,7 @@ Result<DaemonConfig> load_daemon_config(const std::filesystem::path& file);
 Result<DaemonConfig> parse_daemon_config(const std::string& yaml_text, const std::string& file);
 
 /// Makes paths absolute, checks the files of the dicom section (dicom::check_dicom_files:
-/// password and token files), fills the default endpoints and
+/// TLS certificates and keys, password and token files), fills the default endpoints and
 /// checks them: ipc or tcp only; a
 /// tcp endpoint on an address other than loopback needs CURVE keys. Each auto_infer
 /// checkpoint must be an existing file; a missing output becomes <state_dir>/inferred/<dataset>;

@@ -21,6 +21,7 @@ debs=(
   orthanc  # the PACS of the hospital loop tests (tests/daemon/test_hospital_loop.cpp); the test runs its own instance
   orthanc-dicomweb  # Orthanc's DICOMweb plugin: the STOW-RS / QIDO-RS / WADO-RS peer of tests/daemon/test_dicomweb.cpp
   libcurl4-openssl-dev  # segflowd's DICOMweb client (daemon/dicom/web_client.cpp)
+  openssl  # test certificates for the DICOM TLS tests, made at test time (tests/daemon/dicom_fixtures.hpp)
   clang-tidy                # scripts/tidy.sh (CI runs it on the sources)
   libonnx-dev libprotobuf-dev  # segflow export --to onnx: the ONNX project's protobuf types and checker (models/interop/onnx/)
 )

@@ -2,11 +2,15 @@
 
 #include <arpa/inet.h>
 
+#include <dcmtk/config/osconfig.h>
+#include <dcmtk/dcmtls/tlslayer.h>
+
 #include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "daemon/dicom/tls.hpp"
 #include "messages/log.hpp"
 #include "pipeline/options.hpp"
 
@@ -90,10 +94,13 @@ const char* const kWebKeys[] = {"url", "auth", "username", "password_file", "tok
 
 /// The TLS files of a section: certificate and private_key go together; trusted_cas is a
 /// list of paths.
-void bind_tls_files(OptionParser& p, TlsFiles& t) {
+void bind_tls_files(OptionParser& p, TlsFiles& t, bool with_profile) {
   p.string("certificate", t.certificate, "PEM certificate of this side");
   p.string("private_key", t.private_key, "its PEM private key (unencrypted)");
-  p.string_list("trusted_cas", t.trusted_cas, false, "PEM CA files");
+  p.string_list("trusted_cas", t.trusted_cas, false, "PEM CA files, or folders of hashed CA files");
+  if (with_profile)
+    p.choice("profile", t.profile, {"bcp195-nd", "bcp195", "bcp195-extended"},
+             "the DICOM TLS profile (BCP 195 cipher suites and TLS versions)");
   if (!p.ok()) return;
   if (t.certificate.empty() != t.private_key.empty())
     p.fail(t.certificate.empty() ? "certificate" : "private_key",
@@ -104,6 +111,18 @@ void bind_tls_files(OptionParser& p, TlsFiles& t) {
 }
 
 }  // namespace
+
+void NodeTls::bind(OptionParser& p) {
+  p.integer("port", port, Range::closed(0, 65535), "", "TCP port of the DICOM TLS listener; 0 = off");
+  bind_tls_files(p, *this, true);
+  p.boolean("require_client_certificate", require_client_certificate,
+            "refuse clients that present no certificate signed by trusted_cas");
+  if (!p.ok() || !enabled()) return;
+  if (certificate.empty()) return p.fail("certificate", "missing (the TLS listener needs a certificate)");
+  if (trusted_cas.empty())
+    return p.fail("trusted_cas",
+                  "missing (expected the CA files client certificates are checked against, e.g. [ca.pem])");
+}
 
 void DicomDestination::bind_dimse(OptionParser& p) {
   for (const char* k : kDimseKeys)
@@ -159,10 +178,17 @@ void DicomDestination::bind_tls(OptionParser& p) {
                              pipeline::format_value(section));
   OptionParser nested(section, p.path_of("tls"));
   nested.name_keys("key");
-  bind_tls_files(nested, tls);
+  const bool web = kind == DestinationKind::dicomweb;
+  bind_tls_files(nested, tls, !web);
+  if (!web)
+    nested.boolean("verify_peer_name", tls.verify_peer_name,
+                   "the peer's certificate must name host (subjectAltName or common name)");
+  if (nested.ok() && !web && tls.trusted_cas.empty())
+    nested.fail("trusted_cas", "missing (expected the CA files the peer's certificate is checked against)");
   p.add_error(nested.finish());
   tls.enabled = p.ok();
-  if (p.ok() && url.rfind("http://", 0) == 0) p.fail("tls", "used only with an https:// url, got " + url);
+  if (p.ok() && web && url.rfind("http://", 0) == 0)
+    p.fail("tls", "used only with an https:// url, got " + url);
 }
 
 void DicomDestination::bind(OptionParser& p) {
@@ -181,7 +207,7 @@ void DicomDestination::bind(OptionParser& p) {
   else
     bind_dimse(p);
   if (!p.ok()) return;
-  if (web) bind_tls(p);  // https trust; DICOM TLS comes with the node's TLS
+  bind_tls(p);
   p.number("retry_initial_s", retry_initial_s, Range::closed(0.01, 86400), "s",
            "delay before the first retry; doubles with each failed attempt");
   p.number("retry_max_s", retry_max_s, Range::closed(0.01, 86400), "s", "the longest delay between attempts");
@@ -232,6 +258,9 @@ void DicomSettings::bind(OptionParser& p) {
             "data set bytes one association may send; past it the association is aborted");
   p.integer("idle_timeout_s", idle_timeout_s, Range::closed(1, 3600), "s",
             "ACSE and DIMSE timeout: a peer silent this long is cut off");
+  p.section("tls", tls, "the DICOM TLS listener: port, certificate, private_key, trusted_cas, ...", "key");
+  if (p.ok() && tls.enabled() && tls.port == port)
+    p.fail("tls.port", "expected a port other than dicom.port (" + std::to_string(port) + ")");
   if (p.given("send_to"))
     p.section("send_to", send_to, "where `segflow ctl dicom send` delivers results (C-STORE or STOW-RS)",
               "key");
@@ -306,7 +335,7 @@ Result<const DicomDestination*> DicomSettings::web_source(const std::string& nam
 
 std::string destination_text(const DicomDestination& d) {
   if (d.kind == DestinationKind::dicomweb) return d.url;
-  return d.ae_title + "@" + d.host + ":" + std::to_string(d.port);
+  return d.ae_title + "@" + d.host + ":" + std::to_string(d.port) + (d.tls.enabled ? " (TLS)" : "");
 }
 
 namespace {
@@ -343,9 +372,11 @@ Status check_destination(DicomDestination& d, const std::string& key) {
     for (std::size_t i = 0; i < d.tls.trusted_cas.size(); ++i)
       if (std::filesystem::is_directory(d.tls.trusted_cas[i], ec))
         return invalid_config(key + ".tls.trusted_cas[" + std::to_string(i) + "]: " + d.tls.trusted_cas[i] +
-                              ": expected a PEM file, got a folder");
+                              ": expected a PEM file (folders of hashed CAs are taken for DIMSE TLS only)");
   }
-  return Status::ok();
+  if (!d.tls.enabled) return Status::ok();
+  // The files are loaded as a requestor's layer would load them: errors name the key.
+  return make_tls_layer(d.tls, TlsRole::requestor, {}, key + ".tls").status();
 }
 
 }  // namespace
@@ -365,6 +396,12 @@ Result<std::string> read_secret_file(const std::string& path) {
 
 Status check_dicom_files(DicomSettings& s, const std::string& where) {
   const std::string at = where + "dicom.";
+  make_absolute(s.tls);
+  if (s.tls.enabled()) {
+    TlsPeer peer;
+    peer.require_certificate = s.tls.require_client_certificate;
+    SEGFLOW_RETURN_IF_ERROR(make_tls_layer(s.tls, TlsRole::acceptor, peer, at + "tls").status());
+  }
   if (s.send_to.enabled()) SEGFLOW_RETURN_IF_ERROR(check_destination(s.send_to, at + "send_to"));
   for (auto& [name, d] : s.destinations)
     SEGFLOW_RETURN_IF_ERROR(check_destination(d, at + "destinations." + name));

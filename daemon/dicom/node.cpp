@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <dcmtk/config/osconfig.h>
@@ -17,6 +18,7 @@
 #include <dcmtk/dcmnet/dul.h>
 #include <dcmtk/dcmnet/dulstruc.h>
 #include <dcmtk/dcmnet/scpthrd.h>
+#include <dcmtk/dcmtls/tlslayer.h>
 #include <dcmtk/oflog/oflog.h>
 
 #include <atomic>
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "daemon/dicom/store.hpp"
+#include "daemon/dicom/tls.hpp"
 #include "daemon/state_db.hpp"
 #include "messages/log.hpp"
 #include "pipeline/io/dicom.hpp"
@@ -86,6 +89,7 @@ void drop(T_ASC_Association*& assoc) {
 struct AssociationRecord {
   std::uint64_t id = 0;
   std::string calling_ae, called_ae, peer;
+  bool tls = false;                 ///< came in on the TLS port
   std::string outcome = "running";  ///< running | refused | completed | aborted | failed
   std::string reason;
   std::int64_t instances = 0, refused_instances = 0, bytes = 0, cases = 0;
@@ -93,14 +97,23 @@ struct AssociationRecord {
 };
 
 struct DicomNode::Impl {
+  /// One listening port: plain (dicom.port) or TLS (dicom.tls.port), with its thread.
+  struct Listener {
+    explicit Listener(const char* key) : name(key) {}
+    const char* name;  ///< "dicom.port" | "dicom.tls.port": the key its errors name
+    std::int64_t port = 0;
+    std::unique_ptr<DcmTLSTransportLayer> tls;  ///< the TLS listener's layer; null for plain
+    T_ASC_Network* net = nullptr;
+    int bound_port = 0;
+    std::thread thread;
+  };
+
   DicomSettings s;
   DicomStore& store;
   DcmSharedSCPConfig shared;
   std::vector<std::string> syntaxes;  ///< accepted transfer syntax UIDs
-  T_ASC_Network* net = nullptr;
-  int bound_port = 0;
+  Listener plain{"dicom.port"}, secure{"dicom.tls.port"};
   std::atomic<bool> stopping{false};
-  std::thread listener;
 
   /// One running association: its thread and its socket (cut by stop()).
   struct Active {
@@ -113,6 +126,7 @@ struct DicomNode::Impl {
   std::list<std::unique_ptr<Active>> active;
   std::uint64_t next_id = 1;
   std::int64_t received = 0, refused = 0, completed = 0, aborted = 0, failed = 0, bad_connections = 0;
+  std::int64_t tls_refused = 0;  ///< TLS handshakes that failed (nothing was read or stored)
   std::int64_t echoes = 0, instances_stored = 0, instances_refused = 0, bytes_stored = 0, cases_written = 0;
   std::string last_error;
   std::deque<AssociationRecord> recent;
@@ -159,9 +173,10 @@ struct DicomNode::Impl {
     while (recent.size() > kRecent) recent.pop_front();
   }
 
-  Status open_listener();
-  void listen_loop();
-  void run_association(Active* slot, T_ASC_Association* assoc, std::uint64_t id);
+  Status open_listener(Listener& l);
+  void listen_loop(Listener& l);
+  void connection_failed(const Listener& l, T_ASC_Association*& assoc, const OFCondition& c);
+  void run_association(Active* slot, T_ASC_Association* assoc, std::uint64_t id, bool tls);
   void reap();
 };
 
@@ -171,9 +186,10 @@ namespace {
 /// decides who is admitted and what becomes of C-STORE data sets).
 class AssociationWorker : public DcmThreadSCP {
  public:
-  AssociationWorker(DicomNode::Impl& node, T_ASC_Association* assoc, std::uint64_t id)
+  AssociationWorker(DicomNode::Impl& node, T_ASC_Association* assoc, std::uint64_t id, bool tls)
       : node_(node), assoc_(assoc) {
     rec_.id = id;
+    rec_.tls = tls;
     rec_.started = StateDb::now();
   }
 
@@ -372,15 +388,16 @@ class AssociationWorker : public DcmThreadSCP {
 
 }  // namespace
 
-Status DicomNode::Impl::open_listener() {
-  const std::string where = "dicom.port: cannot listen on " + s.bind_address + ":" + std::to_string(s.port);
+Status DicomNode::Impl::open_listener(Listener& l) {
+  const std::string where =
+      std::string(l.name) + ": cannot listen on " + s.bind_address + ":" + std::to_string(l.port);
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return io_error(where + ": " + std::strerror(errno));
   const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(s.port));
+  a.sin_port = htons(static_cast<std::uint16_t>(l.port));
   ::inet_pton(AF_INET, s.bind_address.c_str(), &a.sin_addr);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, 32) != 0) {
     const std::string e = std::strerror(errno);
@@ -389,19 +406,21 @@ Status DicomNode::Impl::open_listener() {
   }
   socklen_t n = sizeof a;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  bound_port = ntohs(a.sin_port);
+  l.bound_port = ntohs(a.sin_port);
   // DCMTK 3.6.7 binds its listener to every address. Handing it an external socket handle
   // while the network is made (its inetd mode) keeps it from opening one; the network then
   // accepts on ours, bound to dicom.bind.
   dcmExternalSocketHandle.set(fd);
-  OFCondition c =
-      ASC_initializeNetwork(NET_ACCEPTOR, static_cast<int>(s.port), static_cast<int>(s.idle_timeout_s), &net);
+  OFCondition c = ASC_initializeNetwork(NET_ACCEPTOR, static_cast<int>(l.port),
+                                        static_cast<int>(s.idle_timeout_s), &l.net);
   dcmExternalSocketHandle.set(DCMNET_INVALID_SOCKET);
+  if (c.good() && l.tls) c = ASC_setTransportLayer(l.net, l.tls.get(), 0);
   if (c.bad()) {
+    if (l.net) ASC_dropNetwork(&l.net);
     ::close(fd);
     return io_error(where + ": " + c.text());
   }
-  static_cast<PRIVATE_NETWORKKEY*>(net->network)->networkSpecific.TCP.listenSocket = fd;
+  static_cast<PRIVATE_NETWORKKEY*>(l.net->network)->networkSpecific.TCP.listenSocket = fd;
   return Status::ok();
 }
 
@@ -422,16 +441,17 @@ void DicomNode::Impl::reap() {
     if (a->thread.joinable()) a->thread.join();
 }
 
-void DicomNode::Impl::run_association(Active* slot, T_ASC_Association* assoc, std::uint64_t id) {
+void DicomNode::Impl::run_association(Active* slot, T_ASC_Association* assoc, std::uint64_t id, bool tls) {
   AssociationRecord rec;
   try {
-    AssociationWorker w(*this, assoc, id);
+    AssociationWorker w(*this, assoc, id, tls);
     w.setSharedConfig(shared);
     rec = w.serve();
     std::lock_guard<std::mutex> lock(mu);
     slot->socket = -1;  // the worker's destructor closes it
   } catch (const std::exception& e) {
     rec.id = id;
+    rec.tls = tls;
     rec.outcome = "failed";
     rec.reason = std::string("internal error: ") + e.what();
     std::lock_guard<std::mutex> lock(mu);
@@ -441,11 +461,32 @@ void DicomNode::Impl::run_association(Active* slot, T_ASC_Association* assoc, st
   slot->finished.store(true);
 }
 
-void DicomNode::Impl::listen_loop() {
+void DicomNode::Impl::connection_failed(const Listener& l, T_ASC_Association*& assoc, const OFCondition& c) {
+  // A refused TLS handshake (a plain client, an untrusted or missing client certificate),
+  // garbage instead of an A-ASSOCIATE-RQ, a peer that said nothing, a dropped connection.
+  // DUL has the peer's address before the handshake.
+  const std::string peer = assoc && assoc->params ? assoc->params->DULparams.callingPresentationAddress : "";
+  drop(assoc);
+  const bool handshake = l.tls && c.module() == OFM_dcmtls;
+  std::lock_guard<std::mutex> lock(mu);
+  if (handshake) {
+    ++tls_refused;
+    last_error = "TLS handshake with " + (peer.empty() ? std::string("a client") : peer) + " on port " +
+                 std::to_string(l.bound_port) + " refused: " + c.text() + " (nothing read or stored)";
+  } else {
+    ++bad_connections;
+    last_error = "connection" + (peer.empty() ? std::string() : " from " + peer) +
+                 " without a valid association request: " + c.text();
+  }
+  log::warn("dicom: " + last_error);
+}
+
+void DicomNode::Impl::listen_loop(Listener& l) {
   while (!stopping.load()) {
     try {
       T_ASC_Association* assoc = nullptr;
-      OFCondition c = ASC_receiveAssociation(net, &assoc, kMaxPdu, nullptr, nullptr, OFFalse, DUL_NOBLOCK, 1);
+      OFCondition c = ASC_receiveAssociation(l.net, &assoc, kMaxPdu, nullptr, nullptr,
+                                             l.tls ? OFTrue : OFFalse, DUL_NOBLOCK, 1);
       reap();
       if (c == DUL_NOASSOCIATIONREQUEST) {
         ASC_destroyAssociation(&assoc);
@@ -455,15 +496,7 @@ void DicomNode::Impl::listen_loop() {
       if (c.good() && (!assoc->params || assoc->params->DULparams.applicationContextName[0] == '\0'))
         c = makeDcmnetCondition(DULC_NETWORKCLOSED, OF_error, "closed before sending an association request");
       if (c.bad()) {
-        // Garbage instead of an A-ASSOCIATE-RQ, a peer that said nothing, a dropped connection.
-        const std::string peer =
-            assoc && assoc->params ? assoc->params->DULparams.callingPresentationAddress : "";
-        drop(assoc);
-        std::lock_guard<std::mutex> lock(mu);
-        ++bad_connections;
-        last_error = "connection" + (peer.empty() ? std::string() : " from " + peer) +
-                     " without a valid association request: " + c.text();
-        log::warn("dicom: " + last_error);
+        connection_failed(l, assoc, c);
         continue;
       }
       std::unique_lock<std::mutex> lock(mu);
@@ -477,6 +510,7 @@ void DicomNode::Impl::listen_loop() {
         rej.reason = ASC_REASON_SP_PRES_LOCALLIMITEXCEEDED;
         AssociationRecord rec;
         rec.id = id;
+        rec.tls = l.tls != nullptr;
         rec.calling_ae = trimmed(assoc->params->DULparams.callingAPTitle);
         rec.called_ae = trimmed(assoc->params->DULparams.calledAPTitle);
         rec.peer = assoc->params->DULparams.callingPresentationAddress;
@@ -492,7 +526,8 @@ void DicomNode::Impl::listen_loop() {
       Active* raw = slot.get();
       raw->socket = socket_of(assoc);
       active.push_back(std::move(slot));
-      raw->thread = std::thread([this, raw, assoc, id] { run_association(raw, assoc, id); });
+      const bool tls = l.tls != nullptr;
+      raw->thread = std::thread([this, raw, assoc, id, tls] { run_association(raw, assoc, id, tls); });
     } catch (const std::exception& e) {
       note_error(std::string("listener: ") + e.what());
       log::error(std::string("dicom: listener: ") + e.what());
@@ -512,6 +547,9 @@ Status DicomNode::start() {
   // DCMTK logs to stderr by itself; segflow reports through its own log.
   if (!std::getenv("SEGFLOW_DCMTK_LOG")) OFLog::getLogger("dcmtk").setLogLevel(OFLogger::FATAL_LOG_LEVEL);
   dcmDisableGethostbyaddr.set(OFTrue);
+  // Every connection's socket gets this receive timeout: the TLS handshake, which DCMTK runs
+  // in the listener thread with blocking reads, waits for a silent client this long at most.
+  dcmSocketReceiveTimeout.set(static_cast<Sint32>(m.s.idle_timeout_s));
   pipeline::register_dicom_codecs();
 
   OFList<OFString> syntaxes;
@@ -541,12 +579,26 @@ Status DicomNode::start() {
   if (c.bad()) return internal_error(std::string("dicom: presentation contexts: ") + c.text());
   m.shared = DcmSharedSCPConfig(cfg);
 
-  SEGFLOW_RETURN_IF_ERROR(m.open_listener());
+  m.plain.port = m.s.port;
+  m.secure.port = m.s.tls.port;
+  if (m.s.tls.enabled()) {
+    TlsPeer peer;
+    peer.require_certificate = m.s.tls.require_client_certificate;
+    SEGFLOW_ASSIGN_OR_RETURN(m.secure.tls, make_tls_layer(m.s.tls, TlsRole::acceptor, peer, "dicom.tls"));
+  }
+  for (Impl::Listener* l : {&m.plain, &m.secure})
+    if (l->port > 0) SEGFLOW_RETURN_IF_ERROR(m.open_listener(*l));
   m.stopping.store(false);
-  m.listener = std::thread([&m] { m.listen_loop(); });
-  log::info("dicom: listening on " + m.s.bind_address + ":" + std::to_string(m.bound_port) + " as " +
-            m.s.ae_title + " (dataset " + m.s.dataset + ", " + std::to_string(m.syntaxes.size()) +
-            " transfer syntaxes, calling AEs " +
+  for (Impl::Listener* l : {&m.plain, &m.secure})
+    if (l->net) l->thread = std::thread([&m, l] { m.listen_loop(*l); });
+  std::string where;
+  if (m.plain.net) where = m.s.bind_address + ":" + std::to_string(m.plain.bound_port);
+  if (m.secure.net)
+    where += (where.empty() ? "" : " and ") + m.s.bind_address + ":" + std::to_string(m.secure.bound_port) +
+             " (TLS, " + m.s.tls.profile +
+             (m.s.tls.require_client_certificate ? ", client certificate required)" : ")");
+  log::info("dicom: listening on " + where + " as " + m.s.ae_title + " (dataset " + m.s.dataset + ", " +
+            std::to_string(m.syntaxes.size()) + " transfer syntaxes, calling AEs " +
             (m.s.allowed_calling_aes.empty() ? std::string("any")
                                              : std::to_string(m.s.allowed_calling_aes.size()) + " allowed") +
             ")");
@@ -556,7 +608,8 @@ Status DicomNode::start() {
 void DicomNode::stop() {
   Impl& m = *impl_;
   m.stopping.store(true);
-  if (m.listener.joinable()) m.listener.join();
+  for (Impl::Listener* l : {&m.plain, &m.secure})
+    if (l->thread.joinable()) l->thread.join();
   {
     std::lock_guard<std::mutex> lock(m.mu);
     for (auto& a : m.active)
@@ -572,10 +625,14 @@ void DicomNode::stop() {
     }
     if (a->thread.joinable()) a->thread.join();
   }
-  if (m.net) ASC_dropNetwork(&m.net);
+  // The associations are gone: the networks (and the TLS layer they use) may go now.
+  for (Impl::Listener* l : {&m.plain, &m.secure})
+    if (l->net) ASC_dropNetwork(&l->net);
 }
 
-int DicomNode::port() const { return impl_->bound_port; }
+int DicomNode::port() const { return impl_->plain.bound_port; }
+
+int DicomNode::tls_port() const { return impl_->secure.bound_port; }
 
 json DicomNode::stats() const {
   const Impl& m = *impl_;
@@ -586,6 +643,7 @@ json DicomNode::stats() const {
                       {"calling_ae", it->calling_ae},
                       {"called_ae", it->called_ae},
                       {"peer", it->peer},
+                      {"tls", it->tls},
                       {"outcome", it->outcome},
                       {"reason", it->reason},
                       {"instances", it->instances},
@@ -597,8 +655,13 @@ json DicomNode::stats() const {
   std::int64_t running = 0;
   for (const auto& a : m.active)
     if (!a->finished.load()) ++running;
-  return {{"listening", m.net != nullptr},
-          {"address", m.s.bind_address + ":" + std::to_string(m.bound_port)},
+  auto address = [&](const Impl::Listener& l) {
+    return l.net ? json(m.s.bind_address + ":" + std::to_string(l.bound_port)) : json();
+  };
+  return {{"listening", m.plain.net != nullptr || m.secure.net != nullptr},
+          {"address", address(m.plain)},
+          {"tls_address", address(m.secure)},
+          {"tls_handshakes_refused", m.tls_refused},
           {"ae_title", m.s.ae_title},
           {"dataset", m.s.dataset},
           {"transfer_syntaxes", m.syntaxes},

@@ -7,8 +7,10 @@
 #include <dcmtk/dcmdata/dcmetinf.h>
 #include <dcmtk/dcmdata/dcuid.h>
 #include <dcmtk/dcmdata/dcxfer.h>
+#include <dcmtk/dcmnet/dcmtrans.h>
 #include <dcmtk/dcmnet/diutil.h>
 #include <dcmtk/dcmnet/scu.h>
+#include <dcmtk/dcmtls/tlslayer.h>
 #include <dcmtk/oflog/oflog.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 
 #include "daemon/dicom/dicomweb.hpp"
 #include "daemon/dicom/tags.hpp"
+#include "daemon/dicom/tls.hpp"
 #include "messages/log.hpp"
 #include "pipeline/io/dicom.hpp"
 
@@ -79,6 +82,13 @@ Result<FileHeader> read_header(const fs::path& file) {
         ": TransferSyntaxUID (0002,0010): missing (expected a DICOM Part 10 file with a meta header)");
   return h;
 }
+
+/// DcmSCU with its TLS switch reachable (DCMTK keeps useSecureConnection protected for
+/// DcmTLSSCU, which would build its own layer without the peer-name check).
+class Scu : public DcmSCU {
+ public:
+  using DcmSCU::useSecureConnection;
+};
 
 /// The config key of a send's target: dicom.send_to for "", else dicom.destinations.NAME.
 std::string target_key(const std::string& target) {
@@ -168,11 +178,22 @@ struct DicomSender::Impl {
     done(r);
   }
 
-  /// Sends a batch of due records for `d` over one association.
-  void send(std::vector<DicomSendRecord>& batch, const DicomDestination& d) {
+  /// Sends a batch of due records for `d` over one association (TLS with d.tls).
+  void send(std::vector<DicomSendRecord>& batch, const DicomDestination& d, const std::string& target) {
     std::vector<FileHeader> headers(batch.size());
     std::vector<bool> ready(batch.size(), false);
-    DcmSCU scu;
+    std::unique_ptr<DcmTLSTransportLayer> tls;  // outlives the SCU that uses it
+    if (d.tls.enabled) {
+      TlsPeer peer;
+      peer.name = d.tls.verify_peer_name ? d.host : "";
+      auto layer = make_tls_layer(d.tls, TlsRole::requestor, peer, target_key(target) + ".tls");
+      if (!layer.is_ok()) {
+        for (auto& r : batch) failed(r, layer.status().message(), d);
+        return;
+      }
+      tls = std::move(layer).value();
+    }
+    Scu scu;
     scu.setAETitle(s.ae_title.c_str());
     scu.setPeerHostName(d.host.c_str());
     scu.setPeerPort(static_cast<Uint16>(d.port));
@@ -201,6 +222,7 @@ struct DicomSender::Impl {
     }
     if (contexts.empty()) return;
     OFCondition c = scu.initNetwork();
+    if (c.good() && tls) c = scu.useSecureConnection(tls.get());
     if (c.good()) c = scu.negotiateAssociation();
     if (c.bad()) {
       // A peer that accepts none of the SOP classes offered (a PACS not set up for DICOM SEG)
@@ -286,7 +308,7 @@ struct DicomSender::Impl {
       if (d->kind == DestinationKind::dicomweb)
         send_web(batch, *d);
       else
-        send(batch, *d);
+        send(batch, *d, target);
     }
   }
 
@@ -321,6 +343,8 @@ Status DicomSender::start() {
   if (!m.s.sends()) return Status::ok();
   if (!std::getenv("SEGFLOW_DCMTK_LOG")) OFLog::getLogger("dcmtk").setLogLevel(OFLogger::FATAL_LOG_LEVEL);
   pipeline::register_dicom_codecs();  // a peer that only takes another transfer syntax gets a transcoded copy
+  // A peer that stops answering (a TLS handshake included) fails the attempt after this long.
+  dcmSocketReceiveTimeout.set(static_cast<Sint32>(m.s.idle_timeout_s));
   std::error_code ec;
   fs::create_directories(m.outbox, ec);
   if (!fs::is_directory(m.outbox, ec))

@@ -1,10 +1,11 @@
 #pragma once
 // Results back to the hospital: a persistent queue of sends to dicom.send_to or a named
 // destination of dicom.destinations, kept in the state database so that a restart loses
-// nothing. A DICOM destination gets C-STOREs (DCMTK's DcmSCU), a DICOMweb one STOW-RS requests (dicomweb.hpp:
-// one instance per request, the HTTP status and the FailedSOPSequence read). Each send records its target
-// (the destination's name; "" = dicom.send_to); due sends go out one association (or one kept-alive HTTP
-// connection) per destination.
+// nothing. A DICOM destination gets C-STOREs (DCMTK's DcmSCU; over DICOM TLS when it has a
+// `tls` section), a DICOMweb one STOW-RS requests (dicomweb.hpp: one instance per request, the
+// HTTP status and the FailedSOPSequence read). Each send records its target (the
+// destination's name; "" = dicom.send_to); due sends go out one association (or one kept-alive
+// HTTP connection) per destination.
 //
 // enqueue() copies the file into state_dir/dicom-outbox/ (the caller may delete its own)
 // and records it as queued. The sender thread sends what is due, several files per

@@ -1,13 +1,13 @@
 #pragma once
 // The daemon's DICOM side in one object: the store received series go through (store.hpp),
-// the storage node (node.hpp) when dicom.port is set, the result sender
+// the storage node (node.hpp) when dicom.port or dicom.tls.port is set, the result sender
 // (sender.hpp) when dicom.send_to or dicom.destinations is, the fetcher (fetcher.hpp) when a
 // destination is of kind dicomweb, plus the `dicom` control command:
 //
 //   dicom   send ([FILE, ...], optional: queue these files) to (NAME, optional: for
 //           dicom.destinations.NAME instead of dicom.send_to) | fetch (NAME: a DICOMweb
 //           destination) study (UID) series (UID, optional)
-//           -> node: {listening, address, ..., recent: [...]} (node.hpp),
+//           -> node: {listening, address, tls_address, ..., recent: [...]} (node.hpp),
 //              sender: {destination, destinations, queued, sent, failed, sends: [...]},
 //              fetcher: {queued, running, done, failed, fetches: [...]} (fetcher.hpp),
 //              queued: [send ids of the files just queued], fetch: the fetch id just queued

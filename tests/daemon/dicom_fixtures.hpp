@@ -1,9 +1,9 @@
 #pragma once
-// Fixtures of the DICOM tests (test_dicom_node.cpp, test_hospital_loop.cpp, test_dicomweb.cpp):
-// DCMTK's command line peers, synthetic DICOM series, pydicom's view of instances and SEGs
-// (tests/tools/dicom_instances.py, seg_references.py), the node's state through the control
-// socket, Orthanc of the test's own (tests/tools/orthanc_pacs.py) and a checkpoint that
-// segments the phantoms.
+// Fixtures of the DICOM tests (test_dicom_node.cpp, test_hospital_loop.cpp, test_dicomweb.cpp,
+// test_dicom_tls.cpp): DCMTK's command line peers, synthetic DICOM series, pydicom's view of
+// instances and SEGs (tests/tools/dicom_instances.py, seg_references.py), the node's state
+// through the control socket, Orthanc of the test's own (tests/tools/orthanc_pacs.py), a
+// checkpoint that segments the phantoms, and test certificates made with openssl.
 
 #include <algorithm>
 #include <cstdint>
@@ -248,7 +248,7 @@ inline bool have_orthanc() { return run_command("command -v Orthanc >/dev/null 2
 
 /// Orthanc on free loopback ports with its storage under `dir`: AE title ORTHANC, the modality
 /// "segflow" = SEGFLOW@127.0.0.1:`segflow_port`; `options` are orthanc_pacs.py config's
-/// (--dicomweb, --lua FILE). Stopped when destroyed; start() again after
+/// (--dicomweb, --lua FILE, --tls CERT KEY CA). Stopped when destroyed; start() again after
 /// stop() brings it back on the same ports and storage.
 class TestOrthanc {
  public:
@@ -284,5 +284,48 @@ class TestOrthanc {
   int runs_ = 0;
   std::unique_ptr<ChildProcess> proc_;
 };
+
+// ---- Test certificates (openssl at test time; never committed) ----
+
+/// A CA and certificates signed by it: the node's and Orthanc's (server.pem, for 127.0.0.1
+/// and localhost), a client's; a second CA nobody trusts (rogue_ca.pem) with a client
+/// certificate of its own; and a certificate of the trusted CA for another host name
+/// (other_host.pem). Keys are unencrypted PEM, RSA 2048.
+struct TestPki {
+  fs::path dir;
+  fs::path file(const std::string& name) const { return dir / name; }
+};
+
+inline TestPki make_test_pki(const fs::path& dir) {
+  fs::create_directories(dir);
+  auto sh = [&](const std::string& cmd) {
+    auto r = run_command("cd " + shell_quote(dir.string()) + " && " + cmd + " 2>&1");
+    REQUIRE_MESSAGE(r.exit_code == 0, (cmd + ": " + r.out));
+  };
+  auto ca = [&](const std::string& name, const std::string& cn) {
+    sh("openssl req -x509 -newkey rsa:2048 -nodes -keyout " + name + ".key -out " + name +
+       ".pem -days 2 -subj '/CN=" + cn +
+       "' -addext 'basicConstraints=critical,CA:TRUE' -addext "
+       "'keyUsage=critical,keyCertSign,cRLSign'");
+  };
+  auto leaf = [&](const std::string& name, const std::string& signer, const std::string& cn,
+                  const std::string& san) {
+    write_file(dir / (name + ".ext"),
+               "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+               "extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=" +
+                   san + "\n");
+    sh("openssl req -newkey rsa:2048 -nodes -keyout " + name + ".key -out " + name + ".csr -subj '/CN=" + cn +
+       "'");
+    sh("openssl x509 -req -in " + name + ".csr -CA " + signer + ".pem -CAkey " + signer +
+       ".key -CAcreateserial -out " + name + ".pem -days 2 -extfile " + name + ".ext");
+  };
+  ca("ca", "segflow test CA");
+  ca("rogue_ca", "another hospital CA");
+  leaf("server", "ca", "localhost", "IP:127.0.0.1,DNS:localhost");
+  leaf("client", "ca", "MODALITY", "DNS:modality.test");
+  leaf("rogue_client", "rogue_ca", "MODALITY", "DNS:modality.test");
+  leaf("other_host", "ca", "pacs.elsewhere.test", "DNS:pacs.elsewhere.test");
+  return TestPki{dir};
+}
 
 }  // namespace segflow::testing::daemon

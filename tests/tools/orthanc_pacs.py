@@ -5,7 +5,8 @@ usage: orthanc_pacs.py config OUT.json DIR HTTP_PORT DICOM_PORT SEGFLOW_PORT [OP
            Writes an Orthanc configuration: storage and index under DIR, loopback only, AE
            title ORTHANC, no plugins, modality "segflow" = SEGFLOW@127.0.0.1:SEGFLOW_PORT.
            OPTIONS: --dicomweb (Debian's orthanc-dicomweb plugin, root /dicom-web/),
-           --lua FILE (a Lua script: filters).
+           --lua FILE (a Lua script: filters), --tls CERT KEY CA (its DICOM port speaks DICOM
+           TLS only; --require-client-cert: clients must present a certificate CA signed).
        orthanc_pacs.py upload URL FILE...
            POSTs the files to /instances; prints {"series": [Orthanc series ids]}.
        orthanc_pacs.py store URL MODALITY SERIES_ID
@@ -63,6 +64,12 @@ def config(out, folder, http_port, dicom_port, segflow_port, options=()):
                                "Host": "127.0.0.1", "Ssl": False}
         elif o == "--lua":
             cfg["LuaScripts"] = [opts.pop(0)]
+        elif o == "--tls":
+            cert, key, ca = opts.pop(0), opts.pop(0), opts.pop(0)
+            cfg.update({"DicomTlsEnabled": True, "DicomTlsCertificate": cert, "DicomTlsPrivateKey": key,
+                        "DicomTlsTrustedCertificates": ca, "DicomTlsRemoteCertificateRequired": False})
+        elif o == "--require-client-cert":
+            cfg["DicomTlsRemoteCertificateRequired"] = True
         else:
             sys.exit("config: unknown option " + o)
     with open(out, "w") as f:
