@@ -339,32 +339,30 @@ void AutoInfer::submit_series(std::size_t index, const pipeline::CaseEntry& c, c
                      .hex();
   }
   t.record = read_record(db_, key);
-  if (t.record.value("signature", "") == signature) {
+  const bool seen = t.record.value("signature", "") == signature;
+  const std::string state = seen ? t.record.value("state", "") : "";
+  if (seen && state != "submitting") {
     // Seen before with these very instances: follow what is left of it (after a restart).
-    const std::string state = t.record.value("state", "");
     t.last_instance = t.record.value("last_instance", t.last_instance);
     if (state == "submitted") active_[rule.dataset + "/" + c.id] = t;
-    if (state == "queued") {
-      std::lock_guard<std::mutex> lock(mu_);
-      sends_[t.record.value("send", std::int64_t{0})] = t;
-    }
+    if (state == "queued") follow_send(t);
     log::info("auto_infer: " + rule.dataset + "/" + c.id + ": the same instances as before (" + signature +
               "): no new SEG");
     return;
   }
-  t.record = {{"signature", signature},
-              {"jobs", json::array()},
-              {"state", "submitted"},
-              {"last_instance", t.last_instance},
-              {"outputs", json::array()}};
-  for (const auto& format : formats_of(rule, true)) {
-    const fs::path out = rule.output / (c.id + (format == "seg" ? ".dcm" : ".nii.gz"));
-    auto job = submit(rule, c, out, prompt);
-    if (!job.is_ok()) continue;
-    t.record["jobs"].push_back(*job);
-    t.record["outputs"].push_back(out.string());
+  if (!seen) {
+    // Stored before the jobs are submitted: a daemon stopped in between finds them by it.
+    t.record = {{"signature", signature},   {"jobs", json::array()},
+                {"state", "submitting"},    {"last_instance", t.last_instance},
+                {"outputs", json::array()}, {"submitted_at", StateDb::now()}};
+    store(t);
+  } else {
+    t.last_instance = t.record.value("last_instance", t.last_instance);
+    log::info("auto_infer: " + rule.dataset + "/" + c.id +
+              ": resuming the submission a previous segflowd began");
   }
-  if (t.record["jobs"].empty()) t.record["state"] = "failed";
+  submit_jobs(t, c, prompt);
+  t.record["state"] = t.record["jobs"].empty() ? "failed" : "submitted";
   store(t);
   if (t.record["jobs"].empty()) return;
   json body = {{"input", c.images.front().string()},
@@ -374,6 +372,25 @@ void AutoInfer::submit_series(std::size_t index, const pipeline::CaseEntry& c, c
   if (!prompt.empty()) body["prompt_file"] = prompt.string();
   publish("received", rule.dataset, c.id, body);
   active_[rule.dataset + "/" + c.id] = std::move(t);
+}
+
+void AutoInfer::submit_jobs(Tracked& t, const pipeline::CaseEntry& c, const fs::path& prompt) {
+  const AutoInferRule& rule = rules_[t.rule];
+  const double since = t.record.value("submitted_at", 0.0);
+  t.record["jobs"] = json::array();
+  t.record["outputs"] = json::array();
+  for (const auto& format : formats_of(rule, true)) {
+    const fs::path out = rule.output / (c.id + (format == "seg" ? ".dcm" : ".nii.gz"));
+    // A job this record's submission made before a restart is the job: not submitted twice.
+    std::int64_t job = jobs_.infer_job_since(out.string(), since);
+    if (job == 0) {
+      auto r = submit(rule, c, out, prompt);
+      if (!r.is_ok()) continue;
+      job = *r;
+    }
+    t.record["jobs"].push_back(job);
+    t.record["outputs"].push_back(out.string());
+  }
 }
 
 void AutoInfer::follow_jobs() {
@@ -448,7 +465,8 @@ void AutoInfer::queue_seg(Tracked& t, const std::string& seg) {
     publish("failed", t.dataset, t.case_id, {{"stage", "send"}, {"error", "segflowd has no DICOM sender"}});
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);  // on_send_done must find the send once it exists
+  // The sender finds a SEG it has queued or sent already (a daemon stopped between queueing
+  // it and recording the send below): it is queued once.
   auto r = dicom_->enqueue(seg, rules_[t.rule].send_target);
   if (!r.is_ok()) {
     t.record["state"] = "failed";
@@ -460,7 +478,20 @@ void AutoInfer::queue_seg(Tracked& t, const std::string& seg) {
   t.record["state"] = "queued";
   t.record["send"] = r->id;
   store(t);
-  sends_[r->id] = t;
+  follow_send(t);
+}
+
+void AutoInfer::follow_send(const Tracked& t) {
+  const std::int64_t id = t.record.value("send", std::int64_t{0});
+  std::lock_guard<std::mutex> lock(mu_);  // on_send_done waits: the send is found once registered
+  // The send may have ended already: before a restart, or at the start of this daemon, whose
+  // sender runs before auto_infer is there to hear of it.
+  auto now = db_.dicom_send(id);
+  if (now.is_ok() && now->id == id && (now->state == "sent" || now->state == "failed")) {
+    send_ended_locked(Tracked(t), *now);
+    return;
+  }
+  sends_[id] = t;
 }
 
 void AutoInfer::on_send_done(const DicomSendRecord& send) {
@@ -480,6 +511,10 @@ void AutoInfer::on_send_done(const DicomSendRecord& send) {
   }
   Tracked t = std::move(it->second);
   sends_.erase(it);
+  send_ended_locked(std::move(t), send);
+}
+
+void AutoInfer::send_ended_locked(Tracked t, const DicomSendRecord& send) {
   const json common = {{"send", send.id},
                        {"destination", send.destination},
                        {"sop_instance_uid", send.sop_instance_uid},

@@ -21,9 +21,13 @@
 // SOP instance file names, sizes and mtimes) is kept in the state database under
 // "auto_infer:<dataset>/<case>" with the jobs and the send: the same series received again
 // (the node keeps a byte-identical instance as it was) makes no second SEG; changed or added
-// instances do. With send_to, each SEG written is queued for dicom.send_to (the persistent,
-// retried queue of `segflow ctl dicom send`). Progress survives a restart: recorded jobs are
-// followed again and recorded sends reported.
+// instances do. With send_to, each SEG written is queued for its destination (the
+// persistent, retried queue of `segflow ctl dicom send`). Progress survives a restart, a
+// SIGKILL included: the record is stored (state submitting) before its jobs are submitted and
+// a restarted daemon takes the jobs submitted since then as its own instead of submitting
+// again; the sender queues a SEG once however often it is handed over; recorded jobs are
+// followed again and recorded sends reported (also one that ended before auto_infer was
+// listening).
 //
 // Box-prompted (sam) checkpoints (rule.prompts): each case's job takes its prompts from the
 // box file <case id>.json or .csv in rule.boxes_dir (found as `segflow infer --boxes DIR`
@@ -110,7 +114,13 @@ class AutoInfer {
                      const std::filesystem::path& prompt);
   void follow_jobs();
   bool follow(Tracked& t);
+  /// Submits the jobs of a series' record (or finds those submitted for it before a restart).
+  void submit_jobs(Tracked& t, const pipeline::CaseEntry& c, const std::filesystem::path& prompt);
   void queue_seg(Tracked& t, const std::string& seg);
+  /// Follows the send of a record in state queued (ended already: published at once).
+  void follow_send(const Tracked& t);
+  /// A send of `t` ended (sent or failed for good): the record stored, the event published.
+  void send_ended_locked(Tracked t, const DicomSendRecord& send);
   /// One job writing `out`; `prompt` is the case's box file or label map (box rules).
   Result<std::int64_t> submit(const AutoInferRule& rule, const pipeline::CaseEntry& c,
                               const std::filesystem::path& out, const std::filesystem::path& prompt);

@@ -157,6 +157,14 @@ bool JobManager::infer_submitted(const std::string& output, double since) const 
   return false;
 }
 
+std::int64_t JobManager::infer_job_since(const std::string& output, double since) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::int64_t newest = 0;
+  for (const auto& [id, j] : jobs_)
+    if (j->is_infer() && j->infer.output == output && j->rec.created >= since) newest = std::max(newest, id);
+  return newest;
+}
+
 std::string JobManager::wanted_device_locked(const Job& j) const {
   return device_key(j.is_infer() ? j.infer.device : j.is_plan() ? j.plan.device : j.cfg.train.device);
 }

@@ -150,6 +150,10 @@ class JobManager {
   /// True when an inference job writing `output` (absolute) is queued, paused or running,
   /// or was submitted at or after `since` (unix seconds), whatever became of it.
   bool infer_submitted(const std::string& output, double since) const;
+  /// The newest inference job writing `output` (absolute) that was submitted at or after
+  /// `since` (unix seconds), whatever became of it; 0 when there is none. auto_infer finds
+  /// the jobs it submitted before a crash by it.
+  std::int64_t infer_job_since(const std::string& output, double since) const;
   /// Stops a job for good (a running one writes a checkpoint first).
   Result<nlohmann::json> stop(std::int64_t id);
   /// Pauses a queued or running job. A running one goes on to the end of its epoch (or,

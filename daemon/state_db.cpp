@@ -68,6 +68,7 @@ CREATE TABLE IF NOT EXISTS dicom_sends (
   updated REAL NOT NULL,
   target TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS dicom_sends_due ON dicom_sends (state, next_attempt);
+CREATE INDEX IF NOT EXISTS dicom_sends_instance ON dicom_sends (sop_instance_uid);
 CREATE TABLE IF NOT EXISTS dicom_fetches (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   source TEXT NOT NULL,
@@ -466,6 +467,18 @@ Result<std::vector<DicomSendRecord>> StateDb::due_dicom_sends(double at, std::in
   return out;
 }
 
+Result<DicomSendRecord> StateDb::dicom_send(std::int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string sql = std::string("SELECT ") + kSendColumns + " FROM dicom_sends WHERE id=?";
+  Stmt s(db_, sql.c_str());
+  if (!s.ok()) return fail("read DICOM send");
+  s.bind(1, id);
+  const int rc = s.step();
+  if (rc == SQLITE_ROW) return read_send(s);
+  if (rc != SQLITE_DONE) return fail("read DICOM send " + std::to_string(id));
+  return DicomSendRecord{};
+}
+
 Result<std::vector<DicomSendRecord>> StateDb::dicom_sends(std::int64_t limit) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string sql =
@@ -489,6 +502,22 @@ Result<std::vector<std::pair<std::string, std::int64_t>>> StateDb::dicom_send_co
   while ((rc = s.step()) == SQLITE_ROW) out.emplace_back(s.text(0), s.integer(1));
   if (rc != SQLITE_DONE) return fail("count DICOM sends");
   return out;
+}
+
+Result<DicomSendRecord> StateDb::find_dicom_send(const std::string& sop_instance_uid,
+                                                 const std::string& target) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string sql =
+      std::string("SELECT ") + kSendColumns +
+      " FROM dicom_sends WHERE sop_instance_uid=? AND target=? AND state IN ('queued', 'sent') "
+      "ORDER BY id DESC LIMIT 1";
+  Stmt s(db_, sql.c_str());
+  if (!s.ok()) return fail("read DICOM sends");
+  s.bind(1, sop_instance_uid).bind(2, target);
+  const int rc = s.step();
+  if (rc == SQLITE_ROW) return read_send(s);
+  if (rc != SQLITE_DONE) return fail("read DICOM sends");
+  return DicomSendRecord{};
 }
 
 namespace {

@@ -136,10 +136,16 @@ class StateDb {
   Status update_dicom_send(const DicomSendRecord& send);
   /// Queued sends whose next attempt is due at `at` (unix seconds), oldest first.
   Result<std::vector<DicomSendRecord>> due_dicom_sends(double at, std::int64_t limit);
+  /// Send `id` (id 0 when there is none).
+  Result<DicomSendRecord> dicom_send(std::int64_t id);
   /// The newest `limit` sends, newest first.
   Result<std::vector<DicomSendRecord>> dicom_sends(std::int64_t limit);
   /// (state, count) of every send state present.
   Result<std::vector<std::pair<std::string, std::int64_t>>> dicom_send_counts();
+
+  /// The newest send of instance `sop_instance_uid` to `target` that is queued or sent (id 0
+  /// when there is none): queueing the same SEG twice finds it.
+  Result<DicomSendRecord> find_dicom_send(const std::string& sop_instance_uid, const std::string& target);
 
   /// Queues a fetch; returns its id.
   Result<std::int64_t> insert_dicom_fetch(const DicomFetchRecord& fetch);

@@ -376,11 +376,21 @@ Status DicomSender::check(const fs::path& file, const std::string& target) const
   return read_header(file).status();
 }
 
-Result<DicomSendRecord> DicomSender::enqueue(const fs::path& file, const std::string& target) {
+Result<DicomSendRecord> DicomSender::enqueue(const fs::path& file, const std::string& target, bool once) {
   Impl& m = *impl_;
   SEGFLOW_RETURN_IF_ERROR(check(file, target));
   std::error_code ec;
   SEGFLOW_ASSIGN_OR_RETURN(FileHeader h, read_header(file));
+  if (once) {
+    // The same instance queued again for the same target (a caller that stopped between
+    // queueing and recording it): the existing send is it.
+    SEGFLOW_ASSIGN_OR_RETURN(DicomSendRecord existing, m.db.find_dicom_send(h.sop_instance, target));
+    if (existing.id != 0) {
+      log::info("dicom: " + h.sop_instance + " is already send " + std::to_string(existing.id) + " (" +
+                existing.state + ") for " + target_key(target));
+      return existing;
+    }
+  }
   std::string name;
   {
     std::lock_guard<std::mutex> lock(m.mu);

@@ -59,7 +59,10 @@ class DicomSender {
   Status check(const std::filesystem::path& file, const std::string& target = "") const;
   /// Queues a DICOM file (a SEG written by `segflow infer`, or any stored instance with a
   /// SOP class and instance UID) for `target`. Errors name the file and what is wrong with it.
-  Result<DicomSendRecord> enqueue(const std::filesystem::path& file, const std::string& target = "");
+  /// With `once`, an instance already queued or sent to `target` (the same SOP instance UID)
+  /// is not queued again: its existing send is returned.
+  Result<DicomSendRecord> enqueue(const std::filesystem::path& file, const std::string& target = "",
+                                  bool once = false);
 
   /// {destination (dicom.send_to), destinations: {NAME: AE@host:port}, queued, sent, failed,
   /// sends: [{id, source, sop_class_uid, sop_instance_uid, state, attempts, next_attempt,

@@ -74,7 +74,7 @@ Result<json> DicomService::command(const DicomRequest& req) {
 }
 
 Result<DicomSendRecord> DicomService::enqueue(const fs::path& file, const std::string& target) {
-  return sender_->enqueue(file, target);
+  return sender_->enqueue(file, target, true);
 }
 
 void DicomService::set_on_send_done(std::function<void(const DicomSendRecord&)> fn) {

@@ -63,7 +63,8 @@ class DicomService {
   Result<nlohmann::json> command(const DicomRequest& request);
 
   /// Queues one file for dicom.send_to (target "") or dicom.destinations[target]
-  /// (auto_infer's SEGs); errors name the file.
+  /// (auto_infer's SEGs: an instance queued or sent there before is not queued again);
+  /// errors name the file.
   Result<DicomSendRecord> enqueue(const std::filesystem::path& file, const std::string& target = "");
   /// Called on the sender thread after an attempt: the send ended (sent or failed for good) or
   /// waits for a retry (state queued); set before start().

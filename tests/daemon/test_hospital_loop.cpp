@@ -653,3 +653,96 @@ TEST_CASE(
   ok(s.control, {{"cmd", "shutdown"}});
   CHECK(d->wait_exit(60) == 0);
 }
+
+namespace {
+
+/// Rewrites the auto_infer record of the one case of `incoming` in state.db (segflowd stopped):
+/// its state, and without its jobs or its send when asked, as a segflowd killed between two
+/// steps of auto_infer left it.
+void rewind_record(const fs::path& state, const std::string& new_state, bool drop_jobs, bool drop_send) {
+  auto r = run_command(
+      shell_quote(python()) + " -c " +
+      shell_quote("import json,sqlite3,sys\n"
+                  "c=sqlite3.connect(sys.argv[1])\n"
+                  "(k,v),=c.execute(\"SELECT key,value FROM meta WHERE key LIKE "
+                  "'auto_infer:incoming/%'\").fetchall()\n"
+                  "r=json.loads(v); r['state']=sys.argv[2]\n"
+                  "if sys.argv[3]=='1': r['jobs']=[]; r['outputs']=[]\n"
+                  "if sys.argv[4]=='1': r.pop('send',None)\n"
+                  "c.execute('UPDATE meta SET value=? WHERE key=?',(json.dumps(r),k)); c.commit()\n") +
+      " " + shell_quote((state / "state.db").string()) + " " + new_state + " " + (drop_jobs ? "1" : "0") +
+      " " + (drop_send ? "1" : "0") + " 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+}
+
+/// The auto_infer inference jobs the daemon knows of.
+std::size_t auto_infer_jobs(const std::string& control) {
+  std::size_t n = 0;
+  for (const auto& j : ok(control, {{"cmd", "status"}})["jobs"]) n += j.value("trigger", "") == "auto_infer";
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "segflowd killed between auto_infer's steps (jobs submitted but not recorded, a SEG queued but not "
+    "recorded) makes no second job and sends no second SEG after its restart") {
+  require_dcmtk_tools();
+  Setup s;
+  const fs::path checkpoint = train_checkpoint(s, 0, segmenting_job(s.data / "tiny"));
+  const fs::path syn = synth_dicom(s.dir / "synth", 1, 111);
+  const int port = free_port(), dest = free_port();
+  const fs::path received = s.dir / "received";
+  fs::create_directories(received);
+  ChildProcess scp({"storescp", "-aet", "RECEIVER", "-od", received.string(), std::to_string(dest)}, {},
+                   s.dir / "storescp.log");
+  s.write_config(dicom_section(port, "  send_to: {ae_title: RECEIVER, host: 127.0.0.1, port: " +
+                                         std::to_string(dest) + ", retry_initial_s: 0.5}\n") +
+                 "auto_infer:\n  - {dataset: incoming, checkpoint: " + checkpoint.string() +
+                 ", send_to: RECEIVER, quiet_seconds: 1}\n");
+  auto d = s.start();
+  Events events(s.events, "auto_infer");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto r = storescu(port, series_files(syn / "case_000"));
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  auto sent = events.wait_for([](const std::string&, const json& b) { return b["event"] == "sent"; }, 120);
+  REQUIRE_MESSAGE(sent.has_value(), d->log_tail());
+  CHECK(auto_infer_jobs(s.control) == 1);
+  CHECK(files_in(received).size() == 1);
+  const std::string case_id = (*sent)["case"].get<std::string>();
+
+  // 1. As if killed after the jobs were submitted, before the record listed them: the job
+  // submitted since the record was written is taken as its own; nothing runs twice.
+  d->kill();
+  rewind_record(s.state, "submitting", true, true);
+  d = s.start("segflowd2.log");
+  Events events2(s.events, "auto_infer");
+  CHECK_MESSAGE(eventually(
+                    [&] {
+                      return read_file(s.dir / "segflowd2.log").find(case_id + ": resuming the submission") !=
+                             std::string::npos;
+                    },
+                    30),
+                d->log_tail());
+  auto again = events2.wait_for([](const std::string&, const json& b) { return b["event"] == "sent"; }, 60);
+  REQUIRE_MESSAGE(again.has_value(), d->log_tail());
+  CHECK((*again)["send"] == (*sent)["send"]);  // the SEG's send found again, not queued twice
+  CHECK(auto_infer_jobs(s.control) == 1);
+  CHECK(read_file(s.dir / "segflowd2.log").find("is already send " + (*sent)["send"].dump()) !=
+        std::string::npos);
+
+  // 2. As if killed after the SEG was queued, before the record named the send.
+  d->kill();
+  rewind_record(s.state, "submitted", false, true);
+  d = s.start("segflowd3.log");
+  Events events3(s.events, "auto_infer");
+  again = events3.wait_for([](const std::string&, const json& b) { return b["event"] == "sent"; }, 60);
+  REQUIRE_MESSAGE(again.has_value(), d->log_tail());
+  CHECK((*again)["send"] == (*sent)["send"]);
+  CHECK(auto_infer_jobs(s.control) == 1);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  CHECK(files_in(received).size() == 1);
+  CHECK(dicom_reply(s.control)["sender"]["sent"] == 1);
+  ok(s.control, {{"cmd", "shutdown"}});
+  CHECK(d->wait_exit(60) == 0);
+}
