@@ -30,14 +30,11 @@ import queue
 import random
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
@@ -47,26 +44,11 @@ CT_IMAGE_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
 EXPLICIT_LE = "1.2.840.10008.1.2.1"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port, http_json = orthanc_pacs.free_port, orthanc_pacs.http_json
 
 
 def wait_for(pred, timeout, what):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if pred():
-            return
-        time.sleep(0.2)
-    sys.exit(f"dicom-load: timed out waiting for {what}")
-
-
-def http_json(url, data=None):
-    req = urllib.request.Request(url, data=None if data is None else json.dumps(data).encode(),
-                                 method="GET" if data is None else "POST")
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
+    orthanc_pacs.wait_for(pred, timeout, what, "dicom-load", 0.2)
 
 
 def run(cmd, env=None):

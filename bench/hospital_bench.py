@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "tools"))
@@ -39,26 +38,11 @@ import orthanc_pacs  # noqa: E402  (the tests' Orthanc helper: config, upload)
 REAL_CT = os.path.expanduser("~/.cache/segflow-testdata/totalsegmentator/example_ct_dicom")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port, http_json = orthanc_pacs.free_port, orthanc_pacs.http_json
 
 
 def wait_for(pred, timeout, what):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if pred():
-            return
-        time.sleep(0.1)
-    sys.exit(f"hospital_bench: timed out waiting for {what}")
-
-
-def http_json(url, data=None):
-    req = urllib.request.Request(url, data=None if data is None else json.dumps(data).encode(),
-                                 method="GET" if data is None else "POST")
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
+    orthanc_pacs.wait_for(pred, timeout, what, "hospital_bench", 0.1)
 
 
 def seg_count(url):

@@ -425,6 +425,14 @@ DicomSendRecord read_send(const Stmt& s) {
   return r;
 }
 
+/// Every row of `s`, each read by `read`, appended to `out`; false when a step fails.
+template <class T, class Read>
+bool read_rows(Stmt& s, std::vector<T>& out, Read read) {
+  int rc;
+  while ((rc = s.step()) == SQLITE_ROW) out.push_back(read(s));
+  return rc == SQLITE_DONE;
+}
+
 }  // namespace
 
 Result<std::int64_t> StateDb::insert_dicom_send(const DicomSendRecord& r) {
@@ -461,9 +469,7 @@ Result<std::vector<DicomSendRecord>> StateDb::due_dicom_sends(double at, std::in
   if (!s.ok()) return fail("read DICOM sends");
   s.bind(1, at).bind(2, limit);
   std::vector<DicomSendRecord> out;
-  int rc;
-  while ((rc = s.step()) == SQLITE_ROW) out.push_back(read_send(s));
-  if (rc != SQLITE_DONE) return fail("read DICOM sends");
+  if (!read_rows(s, out, read_send)) return fail("read DICOM sends");
   return out;
 }
 
@@ -487,21 +493,24 @@ Result<std::vector<DicomSendRecord>> StateDb::dicom_sends(std::int64_t limit) {
   if (!s.ok()) return fail("read DICOM sends");
   s.bind(1, limit);
   std::vector<DicomSendRecord> out;
-  int rc;
-  while ((rc = s.step()) == SQLITE_ROW) out.push_back(read_send(s));
-  if (rc != SQLITE_DONE) return fail("read DICOM sends");
+  if (!read_rows(s, out, read_send)) return fail("read DICOM sends");
+  return out;
+}
+
+Result<std::vector<std::pair<std::string, std::int64_t>>> StateDb::state_counts(const std::string& table,
+                                                                                const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string sql = "SELECT state, COUNT(*) FROM " + table + " GROUP BY state ORDER BY state";
+  Stmt s(db_, sql.c_str());
+  if (!s.ok()) return fail("count " + what);
+  std::vector<std::pair<std::string, std::int64_t>> out;
+  if (!read_rows(s, out, [](const Stmt& r) { return std::make_pair(r.text(0), r.integer(1)); }))
+    return fail("count " + what);
   return out;
 }
 
 Result<std::vector<std::pair<std::string, std::int64_t>>> StateDb::dicom_send_counts() {
-  std::lock_guard<std::mutex> lock(mu_);
-  Stmt s(db_, "SELECT state, COUNT(*) FROM dicom_sends GROUP BY state ORDER BY state");
-  if (!s.ok()) return fail("count DICOM sends");
-  std::vector<std::pair<std::string, std::int64_t>> out;
-  int rc;
-  while ((rc = s.step()) == SQLITE_ROW) out.emplace_back(s.text(0), s.integer(1));
-  if (rc != SQLITE_DONE) return fail("count DICOM sends");
-  return out;
+  return state_counts("dicom_sends", "DICOM sends");
 }
 
 Result<DicomSendRecord> StateDb::find_dicom_send(const std::string& sop_instance_uid,
@@ -586,9 +595,7 @@ Result<std::vector<DicomFetchRecord>> StateDb::due_dicom_fetches(double at, std:
   if (!s.ok()) return fail("read DICOM fetches");
   s.bind(1, at).bind(2, limit);
   std::vector<DicomFetchRecord> out;
-  int rc;
-  while ((rc = s.step()) == SQLITE_ROW) out.push_back(read_fetch(s));
-  if (rc != SQLITE_DONE) return fail("read DICOM fetches");
+  if (!read_rows(s, out, read_fetch)) return fail("read DICOM fetches");
   return out;
 }
 
@@ -600,21 +607,12 @@ Result<std::vector<DicomFetchRecord>> StateDb::dicom_fetches(std::int64_t limit)
   if (!s.ok()) return fail("read DICOM fetches");
   s.bind(1, limit);
   std::vector<DicomFetchRecord> out;
-  int rc;
-  while ((rc = s.step()) == SQLITE_ROW) out.push_back(read_fetch(s));
-  if (rc != SQLITE_DONE) return fail("read DICOM fetches");
+  if (!read_rows(s, out, read_fetch)) return fail("read DICOM fetches");
   return out;
 }
 
 Result<std::vector<std::pair<std::string, std::int64_t>>> StateDb::dicom_fetch_counts() {
-  std::lock_guard<std::mutex> lock(mu_);
-  Stmt s(db_, "SELECT state, COUNT(*) FROM dicom_fetches GROUP BY state ORDER BY state");
-  if (!s.ok()) return fail("count DICOM fetches");
-  std::vector<std::pair<std::string, std::int64_t>> out;
-  int rc;
-  while ((rc = s.step()) == SQLITE_ROW) out.emplace_back(s.text(0), s.integer(1));
-  if (rc != SQLITE_DONE) return fail("count DICOM fetches");
-  return out;
+  return state_counts("dicom_fetches", "DICOM fetches");
 }
 
 Status StateDb::requeue_running_fetches() {

@@ -171,6 +171,9 @@ class StateDb {
  private:
   explicit StateDb(sqlite3* db, std::filesystem::path file) : db_(db), file_(std::move(file)) {}
   Status exec(const std::string& sql);
+  /// (state, count) of the rows of `table` (a table with a state column); `what` names it in errors.
+  Result<std::vector<std::pair<std::string, std::int64_t>>> state_counts(const std::string& table,
+                                                                         const std::string& what);
   Status fail(const std::string& what) const;
   sqlite3* db_ = nullptr;
   std::filesystem::path file_;

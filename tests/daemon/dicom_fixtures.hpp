@@ -144,6 +144,13 @@ inline std::int64_t ctl_send(const std::string& control, const fs::path& file, c
   return reply["queued"][0].get<std::int64_t>();
 }
 
+/// Queues `file` for the destination `to` with `segflow ctl dicom send` and waits until the
+/// send is sent or failed; returns it.
+inline json send_until_ended(ChildProcess& d, const std::string& control, const fs::path& file,
+                             const std::string& to, double timeout_s = 60) {
+  return wait_send_ended(d, control, ctl_send(control, file, to), timeout_s);
+}
+
 /// Waits until `pred(datasets entry of "incoming")` holds; fails with the daemon's log.
 inline json wait_incoming(ChildProcess& d, const std::string& control,
                           const std::function<bool(const json&)>& pred, const std::string& what,

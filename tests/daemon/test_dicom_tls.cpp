@@ -57,79 +57,65 @@ TEST_CASE(
   const TestPki pki = make_test_pki(s.dir / "pki");
   const std::string cert = pki.file("server.pem").string(), key = pki.file("server.key").string(),
                     ca = pki.file("ca.pem").string();
-  auto has = [](const std::string& text, const std::string& part) {
-    INFO(text);
-    CHECK(text.find(part) != std::string::npos);
+  const std::string client_key = pki.file("client.key").string();
+  const std::string listener = "dicom: {tls: {port: 2762, certificate: " + cert + ", private_key: " + key;
+  const std::string web = "dicom:\n  destinations:\n    WEB: {kind: dicomweb, url: ";
+  const std::string no_token = (s.dir / "no-token").string(), empty_token = (s.dir / "empty-token").string();
+  write_file(empty_token, "\n");
+  struct Bad {
+    std::string yaml, expected;  ///< the config, and a part of its error
   };
-  // The TLS listener.
-  has(config_error("dicom: {tls: {port: 2762}}"),
-      "daemon.yaml: dicom.tls.certificate: missing (the TLS listener needs a certificate)");
-  has(config_error("dicom: {tls: {port: 2762, certificate: " + cert + "}}"),
-      "dicom.tls.private_key: missing (certificate and private_key go together)");
-  has(config_error("dicom: {tls: {port: 2762, certificate: " + cert + ", private_key: " + key + "}}"),
-      "dicom.tls.trusted_cas: missing (expected the CA files client certificates are checked against");
-  has(config_error("dicom: {port: 2762, tls: {port: 2762, certificate: " + cert + ", private_key: " + key +
-                   ", trusted_cas: [" + ca + "]}}"),
-      "dicom.tls.port: expected a port other than dicom.port (2762)");
-  has(config_error("dicom: {tls: {port: 2762, certificate: " + cert + ", private_key: " + key +
-                   ", trusted_cas: [" + ca + "], profile: tls13}}"),
-      "dicom.tls.profile: expected one of bcp195-nd, bcp195, bcp195-extended, got \"tls13\"");
-  has(config_error("dicom: {tls: {port: 2762, certificate: " + cert +
-                   ", private_key: " + pki.file("client.key").string() + ", trusted_cas: [" + ca + "]}}"),
-      "daemon.yaml: dicom.tls.private_key: " + pki.file("client.key").string() +
-          ": is not the private key of " + cert);
-  has(config_error("dicom: {tls: {port: 2762, certificate: " + cert + ", private_key: " + key +
-                   ", trusted_cas: [" + ca + ", /nonexistent/ca.pem]}}"),
-      "dicom.tls.trusted_cas[1]: /nonexistent/ca.pem: cannot read a PEM CA certificate");
-  has(config_error("dicom: {tls: {port: 2762, certificate: " + ca + ".missing, private_key: " + key +
-                   ", trusted_cas: [" + ca + "]}}"),
-      "dicom.tls.certificate: " + ca + ".missing: cannot read a PEM certificate");
-  // A TLS destination.
-  has(config_error("dicom: {send_to: {ae_title: PACS, host: pacs, port: 2762, tls: {certificate: " + cert +
-                   ", private_key: " + key + "}}}"),
-      "dicom.send_to.tls.trusted_cas: missing (expected the CA files the peer's certificate is checked "
-      "against)");
-  has(config_error("dicom: {send_to: {ae_title: PACS, host: pacs, port: 2762, tls: {trusted_cas: [" + ca +
-                   "], verify_host: false}}}"),
-      "dicom.send_to.tls.verify_host: unknown key; expected certificate, private_key, trusted_cas, profile, "
-      "verify_peer_name");
-  // DICOMweb destinations.
-  const std::string web = "dicom:\n  destinations:\n    WEB: ";
-  has(config_error(web + "{kind: dicomweb}"), "dicom.destinations.WEB.url: missing");
-  has(config_error(web + "{kind: dicomweb, url: ftp://pacs/dicom-web}"),
-      "dicom.destinations.WEB.url: expected an http:// or https:// URL without query or fragment, got "
-      "\"ftp://pacs/dicom-web\"");
-  has(config_error(web + "{kind: dicomweb, url: 'http://pacs/dicom-web', ae_title: PACS}"),
-      "dicom.destinations.WEB.ae_title: used only with kind: dimse, got kind: dicomweb");
-  has(config_error(web + "{ae_title: PACS, host: pacs, port: 104, url: 'http://pacs/dicom-web'}"),
-      "dicom.destinations.WEB.url: used only with kind: dicomweb, got kind: dimse");
-  has(config_error(web + "{kind: dicomweb, url: 'http://pacs/dicom-web', auth: basic}"),
-      "dicom.destinations.WEB.username: missing (auth: basic needs username and password_file)");
-  has(config_error(web + "{kind: dicomweb, url: 'http://pacs/dicom-web', auth: bearer}"),
-      "dicom.destinations.WEB.token_file: missing (auth: bearer needs token_file)");
-  has(config_error(web + "{kind: dicomweb, url: 'http://pacs/dicom-web', auth: oauth}"),
-      "dicom.destinations.WEB.auth: expected one of none, basic, bearer, got \"oauth\"");
-  has(config_error(web + "{kind: dicomweb, url: 'http://pacs/dicom-web', token_file: /t}"),
-      "dicom.destinations.WEB.token_file: used only with auth: bearer, got auth: none");
-  has(config_error(web + "{kind: dicomweb, url: 'https://pacs/dicom-web', auth: bearer, token_file: " +
-                   (s.dir / "no-token").string() + "}"),
-      "daemon.yaml: dicom.destinations.WEB.token_file: " + (s.dir / "no-token").string() +
-          ": cannot read the file");
-  write_file(s.dir / "empty-token", "\n");
-  has(config_error(web + "{kind: dicomweb, url: 'https://pacs/dicom-web', auth: bearer, token_file: " +
-                   (s.dir / "empty-token").string() + "}"),
-      "dicom.destinations.WEB.token_file: " + (s.dir / "empty-token").string() +
-          ": expected a secret, got an empty file");
-  has(config_error(web + "{kind: dicomweb, url: 'http://pacs/dicom-web', tls: {trusted_cas: [" + ca + "]}}"),
-      "dicom.destinations.WEB.tls: used only with an https:// url, got http://pacs/dicom-web");
-  has(config_error(web + "{kind: dicomweb, url: 'https://pacs/dicom-web', tls: {trusted_cas: [" + ca +
-                   "], profile: bcp195}}"),
-      "dicom.destinations.WEB.tls.profile: unknown key; expected certificate, private_key, trusted_cas");
-  has(config_error(web +
-                   "{kind: dicomweb, url: 'https://pacs/dicom-web'}\nauto_infer:\n  - {dataset: incoming, "
-                   "checkpoint: " +
-                   cert + ", send_to: PACS}\n"),
-      "auto_infer[0].send_to: PACS: no such DICOM destination (expected one of WEB)");
+  // clang-format off
+  const Bad bad[] = {
+      // The TLS listener.
+      {"dicom: {tls: {port: 2762}}", "daemon.yaml: dicom.tls.certificate: missing (the TLS listener needs a certificate)"},
+      {"dicom: {tls: {port: 2762, certificate: " + cert + "}}",
+       "dicom.tls.private_key: missing (certificate and private_key go together)"},
+      {listener + "}}", "dicom.tls.trusted_cas: missing (expected the CA files client certificates are checked against"},
+      {"dicom: {port: 2762, tls: {port: 2762, certificate: " + cert + ", private_key: " + key + ", trusted_cas: [" + ca + "]}}",
+       "dicom.tls.port: expected a port other than dicom.port (2762)"},
+      {listener + ", trusted_cas: [" + ca + "], profile: tls13}}",
+       "dicom.tls.profile: expected one of bcp195-nd, bcp195, bcp195-extended, got \"tls13\""},
+      {"dicom: {tls: {port: 2762, certificate: " + cert + ", private_key: " + client_key + ", trusted_cas: [" + ca + "]}}",
+       "daemon.yaml: dicom.tls.private_key: " + client_key + ": is not the private key of " + cert},
+      {listener + ", trusted_cas: [" + ca + ", /nonexistent/ca.pem]}}",
+       "dicom.tls.trusted_cas[1]: /nonexistent/ca.pem: cannot read a PEM CA certificate"},
+      {"dicom: {tls: {port: 2762, certificate: " + ca + ".missing, private_key: " + key + ", trusted_cas: [" + ca + "]}}",
+       "dicom.tls.certificate: " + ca + ".missing: cannot read a PEM certificate"},
+      // A TLS destination.
+      {"dicom: {send_to: {ae_title: PACS, host: pacs, port: 2762, tls: {certificate: " + cert + ", private_key: " + key + "}}}",
+       "dicom.send_to.tls.trusted_cas: missing (expected the CA files the peer's certificate is checked against)"},
+      {"dicom: {send_to: {ae_title: PACS, host: pacs, port: 2762, tls: {trusted_cas: [" + ca + "], verify_host: false}}}",
+       "dicom.send_to.tls.verify_host: unknown key; expected certificate, private_key, trusted_cas, profile, verify_peer_name"},
+      // DICOMweb destinations.
+      {"dicom:\n  destinations:\n    WEB: {kind: dicomweb}", "dicom.destinations.WEB.url: missing"},
+      {web + "ftp://pacs/dicom-web}",
+       "dicom.destinations.WEB.url: expected an http:// or https:// URL without query or fragment, got \"ftp://pacs/dicom-web\""},
+      {web + "'http://pacs/dicom-web', ae_title: PACS}", "dicom.destinations.WEB.ae_title: used only with kind: dimse, got kind: dicomweb"},
+      {"dicom:\n  destinations:\n    WEB: {ae_title: PACS, host: pacs, port: 104, url: 'http://pacs/dicom-web'}",
+       "dicom.destinations.WEB.url: used only with kind: dicomweb, got kind: dimse"},
+      {web + "'http://pacs/dicom-web', auth: basic}",
+       "dicom.destinations.WEB.username: missing (auth: basic needs username and password_file)"},
+      {web + "'http://pacs/dicom-web', auth: bearer}", "dicom.destinations.WEB.token_file: missing (auth: bearer needs token_file)"},
+      {web + "'http://pacs/dicom-web', auth: oauth}", "dicom.destinations.WEB.auth: expected one of none, basic, bearer, got \"oauth\""},
+      {web + "'http://pacs/dicom-web', token_file: /t}", "dicom.destinations.WEB.token_file: used only with auth: bearer, got auth: none"},
+      {web + "'https://pacs/dicom-web', auth: bearer, token_file: " + no_token + "}",
+       "daemon.yaml: dicom.destinations.WEB.token_file: " + no_token + ": cannot read the file"},
+      {web + "'https://pacs/dicom-web', auth: bearer, token_file: " + empty_token + "}",
+       "dicom.destinations.WEB.token_file: " + empty_token + ": expected a secret, got an empty file"},
+      {web + "'http://pacs/dicom-web', tls: {trusted_cas: [" + ca + "]}}",
+       "dicom.destinations.WEB.tls: used only with an https:// url, got http://pacs/dicom-web"},
+      {web + "'https://pacs/dicom-web', tls: {trusted_cas: [" + ca + "], profile: bcp195}}",
+       "dicom.destinations.WEB.tls.profile: unknown key; expected certificate, private_key, trusted_cas"},
+      {web + "'https://pacs/dicom-web'}\nauto_infer:\n  - {dataset: incoming, checkpoint: " + cert + ", send_to: PACS}\n",
+       "auto_infer[0].send_to: PACS: no such DICOM destination (expected one of WEB)"},
+  };
+  // clang-format on
+  for (const auto& b : bad) {
+    CAPTURE(b.yaml);
+    const std::string error = config_error(b.yaml);
+    CHECK_MESSAGE(error.find(b.expected) != std::string::npos, error);
+  }
 
   // A good config: the paths are made absolute and the kinds read.
   write_file(s.dir / "token", "s3cret-token\n");
@@ -278,7 +264,7 @@ TEST_CASE(
   auto d = s.start();
 
   // 1. storescp: the SEG arrives, as sent.
-  json e = wait_send_ended(*d, s.control, ctl_send(s.control, seg, "TLS_SCP"));
+  json e = send_until_ended(*d, s.control, seg, "TLS_SCP");
   CHECK_MESSAGE(e["state"] == "sent", e.dump());
   CHECK(e["destination"] == "RECEIVER@127.0.0.1:" + std::to_string(scp_port) + " (TLS)");
   REQUIRE(files_in(received).size() == 1);
@@ -286,20 +272,20 @@ TEST_CASE(
 
   // 2. The peer's certificate is not of the trusted CA: the handshake fails on our side,
   // retried, then failed; nothing arrives.
-  e = wait_send_ended(*d, s.control, ctl_send(s.control, seg, "WRONG_CA"));
+  e = send_until_ended(*d, s.control, seg, "WRONG_CA");
   CHECK(e["state"] == "failed");
   CHECK(e["attempts"] == 2);
   CHECK_MESSAGE(
       e["last_error"].get<std::string>().find("association with RECEIVER@127.0.0.1") != std::string::npos,
       e.dump());
   // 3. No client certificate: storescp refuses the handshake.
-  e = wait_send_ended(*d, s.control, ctl_send(s.control, seg, "NO_CLIENT_CERT"));
+  e = send_until_ended(*d, s.control, seg, "NO_CLIENT_CERT");
   CHECK(e["state"] == "failed");
   CHECK(files_in(received).size() == 1);
 
   // 4. Orthanc's DICOM TLS port (client certificate required): the SEG is stored there.
   if (orthanc) {
-    e = wait_send_ended(*d, s.control, ctl_send(s.control, syn / "case_001" / "seg.dcm", "ORTHANC_TLS"));
+    e = send_until_ended(*d, s.control, syn / "case_001" / "seg.dcm", "ORTHANC_TLS");
     CHECK_MESSAGE(e["state"] == "sent", (e.dump() + "\n" + pacs->log_tail()));
     const fs::path got = s.dir / "from_orthanc";
     CHECK(orthanc_segs(pacs->url(), got) == 1);
@@ -321,9 +307,9 @@ TEST_CASE(
   d = s.start("segflowd2.log");
   const fs::path seg2 = s.dir / "seg2.dcm";
   copy_as_new_instance(seg, seg2);
-  e = wait_send_ended(*d, s.control, ctl_send(s.control, seg2, "NAMED"));
+  e = send_until_ended(*d, s.control, seg2, "NAMED");
   CHECK(e["state"] == "failed");
-  e = wait_send_ended(*d, s.control, ctl_send(s.control, seg2, "UNNAMED"));
+  e = send_until_ended(*d, s.control, seg2, "UNNAMED");
   CHECK_MESSAGE(e["state"] == "sent", e.dump());
   CHECK(files_in(received).size() == 2);
   ok(s.control, {{"cmd", "shutdown"}});

@@ -118,9 +118,7 @@ TEST_CASE(
   const fs::path got = s.dir / "from_orthanc";
 
   // 1. Bearer token: stored in Orthanc, as sent.
-  const std::int64_t first = ctl_send(s.control, seg, "WEB");
-  json e = wait_send(
-      *d, s.control, first, [](const json& x) { return x["state"] != "queued"; }, "STOW-RS");
+  json e = send_until_ended(*d, s.control, seg, "WEB");
   REQUIRE_MESSAGE(e["state"] == "sent", (e.dump() + "\n" + orthanc.log_tail()));
   CHECK(e["attempts"] == 1);
   CHECK(e["destination"] == url);
@@ -130,9 +128,7 @@ TEST_CASE(
   // 2. Basic authentication: another SEG.
   const fs::path seg2 = s.dir / "seg2.dcm";
   copy_as_new_instance(seg, seg2);
-  e = wait_send(
-      *d, s.control, ctl_send(s.control, seg2, "WEB_BASIC"),
-      [](const json& x) { return x["state"] != "queued"; }, "STOW-RS with basic auth");
+  e = send_until_ended(*d, s.control, seg2, "WEB_BASIC");
   CHECK_MESSAGE(e["state"] == "sent", e.dump());
   CHECK(orthanc_segs(orthanc.url(), got) == 2);
 
@@ -140,9 +136,7 @@ TEST_CASE(
   // failed after max_attempts.
   const fs::path seg3 = s.dir / "seg3.dcm";
   copy_as_new_instance(seg, seg3);
-  e = wait_send(
-      *d, s.control, ctl_send(s.control, seg3, "WEB_NO_AUTH"),
-      [](const json& x) { return x["state"] != "queued"; }, "STOW-RS without credentials");
+  e = send_until_ended(*d, s.control, seg3, "WEB_NO_AUTH");
   CHECK(e["state"] == "failed");
   CHECK(e["attempts"] == 2);
   CHECK_MESSAGE(e["last_error"].get<std::string>().find("HTTP 403 (Forbidden)") != std::string::npos,
@@ -153,9 +147,7 @@ TEST_CASE(
   // refuses (200, the instance not among those stored).
   const fs::path unfiled = s.dir / "unfiled.dcm";
   copy_without_series(seg, unfiled);
-  e = wait_send(
-      *d, s.control, ctl_send(s.control, unfiled, "WEB"),
-      [](const json& x) { return x["state"] != "queued"; }, "the STOW-RS Orthanc cannot file");
+  e = send_until_ended(*d, s.control, unfiled, "WEB");
   CHECK(e["state"] == "failed");
   CHECK(e["attempts"] == 1);
   std::string why = e["last_error"].get<std::string>();
@@ -165,9 +157,7 @@ TEST_CASE(
   CHECK_MESSAGE(why.find("FailureReason 0xC000") != std::string::npos, why);
   const fs::path refused = s.dir / "refused.dcm";
   copy_as_new_instance(seg, refused, "refuse me");
-  e = wait_send(
-      *d, s.control, ctl_send(s.control, refused, "WEB"),
-      [](const json& x) { return x["state"] != "queued"; }, "the STOW-RS Orthanc's filter refuses");
+  e = send_until_ended(*d, s.control, refused, "WEB");
   CHECK(e["state"] == "failed");
   CHECK(e["attempts"] == 1);
   why = e["last_error"].get<std::string>();

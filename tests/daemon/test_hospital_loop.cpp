@@ -18,6 +18,35 @@ using namespace segflow::testing::daemon;
 
 namespace {
 
+/// The config of the loop with storescp as RECEIVER on `dest` (dicom.send_to) and the node
+/// on `port`: auto_infer runs `checkpoint` on each series and sends the SEG there.
+std::string receiver_loop_config(int port, int dest, const fs::path& checkpoint) {
+  return dicom_section(port, "  send_to: {ae_title: RECEIVER, host: 127.0.0.1, port: " +
+                                 std::to_string(dest) + ", retry_initial_s: 0.5}\n") +
+         "auto_infer:\n  - {dataset: incoming, checkpoint: " + checkpoint.string() +
+         ", send_to: RECEIVER, quiet_seconds: 1}\n";
+}
+
+/// The loop of receiver_loop_config running: storescp receiving into s.dir/received, segflowd
+/// started, a subscriber to its auto_infer events.
+struct ReceiverLoop {
+  ReceiverLoop(Setup& s, int port, int dest, const fs::path& checkpoint)
+      : received(s.dir / "received"),
+        scp((fs::create_directories(received),
+             std::vector<std::string>{"storescp", "-aet", "RECEIVER", "-od", received.string(),
+                                      std::to_string(dest)}),
+            {}, s.dir / "storescp.log") {
+    s.write_config(receiver_loop_config(port, dest, checkpoint));
+    d = s.start();
+    events = std::make_unique<Events>(s.events, "auto_infer");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  fs::path received;
+  ChildProcess scp;
+  std::unique_ptr<ChildProcess> d;
+  std::unique_ptr<Events> events;
+};
+
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
@@ -33,17 +62,10 @@ TEST_CASE("a series pushed with storescu comes back to a storescp as a DICOM SEG
   const std::vector<fs::path> series = series_files(syn / "case_000");
 
   const int port = free_port(), dest = free_port();
-  const fs::path received = s.dir / "received";
-  fs::create_directories(received);
-  ChildProcess scp({"storescp", "-aet", "RECEIVER", "-od", received.string(), std::to_string(dest)}, {},
-                   s.dir / "storescp.log");
-  s.write_config(dicom_section(port, "  send_to: {ae_title: RECEIVER, host: 127.0.0.1, port: " +
-                                         std::to_string(dest) + ", retry_initial_s: 0.5}\n") +
-                 "auto_infer:\n  - {dataset: incoming, checkpoint: " + checkpoint.string() +
-                 ", send_to: RECEIVER, quiet_seconds: 1}\n");
-  auto d = s.start();
-  Events events(s.events, "auto_infer");
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ReceiverLoop loop(s, port, dest, checkpoint);
+  auto& d = loop.d;
+  Events& events = *loop.events;
+  const fs::path& received = loop.received;
 
   auto r = storescu(port, series);
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
@@ -692,17 +714,10 @@ TEST_CASE(
   const fs::path checkpoint = train_checkpoint(s, 0, segmenting_job(s.data / "tiny"));
   const fs::path syn = synth_dicom(s.dir / "synth", 1, 111);
   const int port = free_port(), dest = free_port();
-  const fs::path received = s.dir / "received";
-  fs::create_directories(received);
-  ChildProcess scp({"storescp", "-aet", "RECEIVER", "-od", received.string(), std::to_string(dest)}, {},
-                   s.dir / "storescp.log");
-  s.write_config(dicom_section(port, "  send_to: {ae_title: RECEIVER, host: 127.0.0.1, port: " +
-                                         std::to_string(dest) + ", retry_initial_s: 0.5}\n") +
-                 "auto_infer:\n  - {dataset: incoming, checkpoint: " + checkpoint.string() +
-                 ", send_to: RECEIVER, quiet_seconds: 1}\n");
-  auto d = s.start();
-  Events events(s.events, "auto_infer");
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ReceiverLoop loop(s, port, dest, checkpoint);
+  auto& d = loop.d;
+  Events& events = *loop.events;
+  const fs::path& received = loop.received;
   auto r = storescu(port, series_files(syn / "case_000"));
   REQUIRE_MESSAGE(r.exit_code == 0, r.out);
   auto sent = events.wait_for([](const std::string&, const json& b) { return b["event"] == "sent"; }, 120);

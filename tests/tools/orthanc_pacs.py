@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Orthanc's REST API and a pynetdicom C-STORE peer for the hospital loop tests.
 
+Also a module for the benchmarks (bench/hospital_bench.py, bench/dicom-load.py): config(),
+free_port(), wait_for(), http_json().
+
 usage: orthanc_pacs.py config OUT.json DIR HTTP_PORT DICOM_PORT SEGFLOW_PORT [OPTIONS]
            Writes an Orthanc configuration: storage and index under DIR, loopback only, AE
            title ORTHANC, no plugins, modality "segflow" = SEGFLOW@127.0.0.1:SEGFLOW_PORT.
@@ -19,10 +22,37 @@ usage: orthanc_pacs.py config OUT.json DIR HTTP_PORT DICOM_PORT SEGFLOW_PORT [OP
 """
 import json
 import os
+import socket
 import sys
+import time
 import urllib.request
 
 SEG_CLASS = "1.2.840.10008.5.1.4.1.1.66.4"
+
+
+def free_port():
+    """A free TCP port on the loopback address (for Orthanc's and segflowd's ports)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred, timeout, what, who="orthanc_pacs", interval=0.1):
+    """Polls pred() every `interval` seconds until it holds; exits naming `what` after `timeout`."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return
+        time.sleep(interval)
+    sys.exit(f"{who}: timed out waiting for {what}")
+
+
+def http_json(url, data=None):
+    """GET `url` (or POST `data` as JSON) and parse the JSON answer."""
+    req = urllib.request.Request(url, data=None if data is None else json.dumps(data).encode(),
+                                 method="GET" if data is None else "POST")
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
 
 
 def http(url, data=None, method=None):
