@@ -32,7 +32,8 @@ const Command& bench_command() {
       "bench",
       cmd_bench,
       {{"",
-        "bench CONFIG [--json] [--seconds S] [--epochs N] [--loaders actors,simple] [--profile FILE] [--set key=value ...]",
+        "bench CONFIG [--json] [--seconds S] [--epochs N] [--loaders actors,simple] [--profile FILE] [--set "
+        "key=value ...]",
         "samples/s of the real data path + trainer vs the compute step alone",
         "Per loader: an end-to-end line (data path and trainer) and a compute-only line (the same steps on "
         "staged batches), then a summary with the pipeline efficiency and peak memory.",
@@ -72,7 +73,8 @@ int cmd_bench(int argc, char** argv) {
       if (!l.empty()) o.loaders.push_back(l);
   }
   if (a->has("profile")) {
-    if (a->get("profile").empty()) return fail("bench", invalid_argument("--profile: expected a file path, got ''"));
+    if (a->get("profile").empty())
+      return fail("bench", invalid_argument("--profile: expected a file path, got ''"));
     o.profile_path = a->get("profile");
   }
   const bool as_json = a->flag("json");

@@ -35,7 +35,8 @@ std::string own_cgroup(const std::string& v1_controller = "") {
     const auto a = line.find(':'), b = line.find(':', a + 1);
     if (a == std::string::npos || b == std::string::npos) continue;
     const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",";
-    if (v1_controller.empty() ? controllers == ",," : controllers.find("," + v1_controller + ",") != std::string::npos)
+    if (v1_controller.empty() ? controllers == ",,"
+                              : controllers.find("," + v1_controller + ",") != std::string::npos)
       return line.substr(b + 1);
   }
   return "";
@@ -44,7 +45,8 @@ std::string own_cgroup(const std::string& v1_controller = "") {
 /// One cgroup folder's CPU quota in cores: cgroup v2's cpu.max ("QUOTA PERIOD", "max" for
 /// none) or v1's cpu.cfs_quota_us / cpu.cfs_period_us (-1 for none); 0 when none is set.
 double quota_of(const std::filesystem::path& dir) {
-  auto read_two = [](const std::filesystem::path& f1, const std::filesystem::path& f2, std::string& a, double& b) {
+  auto read_two = [](const std::filesystem::path& f1, const std::filesystem::path& f2, std::string& a,
+                     double& b) {
     std::ifstream in1(f1);
     if (f2.empty()) return static_cast<bool>(in1 >> a >> b);
     std::ifstream in2(f2);
@@ -79,8 +81,7 @@ double tightest_quota(const std::filesystem::path& root, const std::string& rel)
 double cgroup_cpu_quota(const std::string& cgroup_root) {
   const std::filesystem::path root(cgroup_root);
   // cgroup v2 (unified, or the unified part of a hybrid mount), else v1's cpu controller.
-  if (std::filesystem::exists(root / "cgroup.controllers"))
-    return tightest_quota(root, own_cgroup());
+  if (std::filesystem::exists(root / "cgroup.controllers")) return tightest_quota(root, own_cgroup());
   if (std::filesystem::exists(root / "unified" / "cgroup.controllers")) {
     if (const double q = tightest_quota(root / "unified", own_cgroup()); q > 0) return q;
   }
@@ -91,7 +92,8 @@ double cgroup_cpu_quota(const std::string& cgroup_root) {
 
 int usable_cores() {
   const auto cpus = affinity_cpus();
-  int n = cpus.empty() ? static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))) : static_cast<int>(cpus.size());
+  int n = cpus.empty() ? static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)))
+                       : static_cast<int>(cpus.size());
   const double quota = cgroup_cpu_quota();
   if (quota > 0) n = std::min(n, static_cast<int>(std::ceil(quota - 1e-9)));
   return std::max(1, n);

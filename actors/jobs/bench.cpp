@@ -7,15 +7,15 @@
 
 #include <chrono>
 #include <filesystem>
-#include <set>
 #include <fstream>
 #include <functional>
+#include <set>
 
 #include "actors/actor_batch_source.hpp"
 #include "actors/jobs/job_runner.hpp"
 #include "messages/log.hpp"
-#include "models/training/device_memory.hpp"
 #include "models/training/cpu_threads.hpp"
+#include "models/training/device_memory.hpp"
 #include "pipeline/simple_loader.hpp"
 #include "pipeline/staged_source.hpp"
 
@@ -105,7 +105,8 @@ class OpTrace {
     } catch (const std::exception& e) {
       return io_error("bench --profile: " + path_ + ": " + first_line(e));
     }
-    if (!std::filesystem::exists(path_)) return io_error("bench --profile: " + path_ + ": no trace was written");
+    if (!std::filesystem::exists(path_))
+      return io_error("bench --profile: " + path_ + ": no trace was written");
     return Status::ok();
   }
 

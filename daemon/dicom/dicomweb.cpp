@@ -163,12 +163,13 @@ StowOutcome read_stow_answer(const WebResponse& r, const std::string& uid) {
     // Lua filter refuses. An answer without the sequence (or not JSON) cannot say: stored.
     if (body.is_object() && body.contains("00081199")) {
       bool listed = false;
-      if (const auto& seq = body["00081199"]; seq.is_object() && seq.contains("Value") && seq["Value"].is_array())
+      if (const auto& seq = body["00081199"];
+          seq.is_object() && seq.contains("Value") && seq["Value"].is_array())
         for (const auto& item : seq["Value"])
           listed = listed || value_text(first_value(item, "00081155")) == uid;
       if (!listed)
-        return {StowResult::refused,
-                http + ": the answer lists " + uid + " neither as stored (ReferencedSOPSequence) nor as failed"};
+        return {StowResult::refused, http + ": the answer lists " + uid +
+                                         " neither as stored (ReferencedSOPSequence) nor as failed"};
     }
     return {StowResult::stored, http};
   }

@@ -36,7 +36,8 @@ std::string segflowd_bin() {
 
 }  // namespace
 
-TEST_CASE("segflow and segflowd load libgomp once, with its default wait policy, when OMP_WAIT_POLICY is unset") {
+TEST_CASE(
+    "segflow and segflowd load libgomp once, with its default wait policy, when OMP_WAIT_POLICY is unset") {
   for (const std::string& program : {st::segflow_bin(), segflowd_bin()}) {
     CAPTURE(program);
     // The test harness sets a passive policy for the suites; -u takes it away as a user's shell would.

@@ -14,8 +14,8 @@
 
 #include "job_yaml.hpp"
 #include "messages/cpu_cores.hpp"
-#include "models/training/job_config.hpp"
 #include "models/training/cpu_threads.hpp"
+#include "models/training/job_config.hpp"
 #include "test_util.hpp"
 
 namespace sm = segflow::models;

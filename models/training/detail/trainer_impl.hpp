@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "models/nets/pretrained.hpp"
+#include "models/training/cpu_threads.hpp"
 #include "models/training/losses.hpp"
 #include "models/training/optim.hpp"
 #include "models/training/trainer.hpp"
-#include "models/training/cpu_threads.hpp"
 
 namespace segflow::models {
 
