@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "models/nets/nnunet_names.hpp"
+#include "models/nets/recompute.hpp"
 #include "pipeline/options.hpp"
 
 namespace segflow::models {
@@ -133,8 +134,12 @@ std::vector<at::Tensor> PlainConvUNetImpl::forward(const at::Tensor& x) {
   };
   std::vector<at::Tensor> skips;
   at::Tensor h = x;
+  // Each stage through recompute_stage: with train.activation_checkpointing only the stage
+  // inputs are kept for backward (models/nets/recompute.hpp).
   for (size_t s = 0; s < encoder_stages->size(); ++s) {
-    h = run(encoder_stages->at<torch::nn::ModuleListImpl>(s), h);
+    auto& stage = encoder_stages->at<torch::nn::ModuleListImpl>(s);
+    h = recompute_stage(
+        stage, [&stage, run](const at::Tensor& t) { return run(stage, t); }, h);
     skips.push_back(h);
   }
   std::vector<at::Tensor> outs;
@@ -142,7 +147,9 @@ std::vector<at::Tensor> PlainConvUNetImpl::forward(const at::Tensor& x) {
   for (size_t d = 0; d < nd; ++d) {
     h = transpconvs->at<ConvNdImpl>(d).forward(h);
     h = at::cat({h, skips[nd - 1 - d]}, 1);
-    h = run(decoder_stages->at<torch::nn::ModuleListImpl>(d), h);
+    auto& stage = decoder_stages->at<torch::nn::ModuleListImpl>(d);
+    h = recompute_stage(
+        stage, [&stage, run](const at::Tensor& t) { return run(stage, t); }, h);
     if (options.deep_supervision || d == nd - 1) outs.push_back(seg_layers->at<ConvNdImpl>(d).forward(h));
   }
   std::reverse(outs.begin(), outs.end());

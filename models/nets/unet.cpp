@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "models/nets/monai_names.hpp"
+#include "models/nets/recompute.hpp"
 #include "pipeline/options.hpp"
 
 namespace segflow::models {
@@ -170,13 +171,20 @@ at::Tensor UNetImpl::forward(const at::Tensor& x) {
   check_network_input("UNet", x, options.spatial_dims, options.in_channels, options.size_divisors());
   std::vector<at::Tensor> skips;
   at::Tensor h = x;
+  // Each stage through recompute_stage: with train.activation_checkpointing only the stage
+  // inputs are kept for backward (models/nets/recompute.hpp).
   for (size_t i = 0; i < down->size(); ++i) {
-    h = down->at<ResidualUnitImpl>(i).forward(h);
+    auto& unit = down->at<ResidualUnitImpl>(i);
+    h = recompute_stage(
+        unit, [&unit](const at::Tensor& t) { return unit.forward(t); }, h);
     skips.push_back(h);
   }
-  h = bottom->forward(h);
+  h = recompute_stage(
+      *bottom, [this](const at::Tensor& t) { return bottom->forward(t); }, h);
   for (size_t i = up->size(); i-- > 0;) {
-    h = up->at<UpLayerImpl>(i).forward(at::cat({skips[i], h}, 1));
+    auto& layer = up->at<UpLayerImpl>(i);
+    h = recompute_stage(
+        layer, [&layer](const at::Tensor& t) { return layer.forward(t); }, at::cat({skips[i], h}, 1));
   }
   return h;
 }

@@ -102,6 +102,9 @@ void TrainSettings::bind(OptionParser& p) {
                     "re-decided while training (docs/explanation/threads.md)");
   p.boolean("cudnn_benchmark", cudnn_benchmark, "cuDNN autotuner on CUDA");
   p.boolean("channels_last", channels_last, "channels-last memory format on CUDA");
+  p.boolean("activation_checkpointing", activation_checkpointing,
+            "keep only each network stage's input for backward and recompute the stage there: less memory, "
+            "one more forward");
   p.integer("log_every", log_every, Range::at_least(1), "steps", "metrics.jsonl step records every N steps");
   bind_early_stopping(p);
   p.strings("freeze", freeze, false, "regexes over parameter names that get no gradient (fine-tuning)");

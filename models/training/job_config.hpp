@@ -25,7 +25,7 @@
 //   train:  {epochs, batch_size, accumulate, grad_clip, amp, device, devices, val_interval,
 //            checkpoint_interval, steps_per_epoch, loader, decode_workers, prefetch,
 //            cache_rate, cache_bytes, disk_cache, cache_dtype, cache_device, threads,
-//            cudnn_benchmark, channels_last, log_every,
+//            cudnn_benchmark, channels_last, activation_checkpointing, log_every,
 //            early_stopping: {metric, patience, min_delta, mode}, freeze, unfreeze_epoch}
 //   validation: {roi_size, overlap, mode, sw_batch_size, save_predictions, save_probabilities}
 //   output: {runs_dir}
@@ -128,6 +128,9 @@ struct TrainSettings {
   std::int64_t threads = 0;
   bool cudnn_benchmark = true;  ///< cuDNN autotuner on CUDA
   bool channels_last = false;   ///< channels-last memory format on CUDA
+  /// Keep only each network stage's input for backward and recompute the stage there
+  /// (models/nets/recompute.hpp): less memory per step for one more forward of the stages.
+  bool activation_checkpointing = false;
   std::int64_t log_every = 10;  ///< metrics.jsonl step records every N steps, >= 1
   /// Early stopping on validation; unset (absent or null) = off. Needs val_interval > 0.
   std::optional<EarlyStoppingSettings> early_stopping;

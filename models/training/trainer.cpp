@@ -11,6 +11,7 @@
 
 #include "messages/file_util.hpp"
 #include "messages/log.hpp"
+#include "models/nets/recompute.hpp"
 #include "models/training/checkpoint.hpp"
 #include "models/training/detail/trainer_impl.hpp"
 #include "models/training/losses.hpp"
@@ -212,6 +213,7 @@ Result<StepInfo> Trainer::train_step(pipeline::BatchSource& source, std::int64_t
       std::vector<at::Tensor> outs;
       {
         AutocastGuard ac(device_, tr.amp);
+        RecomputeScope recompute(tr.activation_checkpointing);  // models/nets/recompute.hpp
         outs = model_.forward(image, box);
       }
       // The loss in float32, outside autocast.
