@@ -40,7 +40,10 @@ int usable_for_team() {
 }  // namespace
 
 IntraOpTeam::IntraOpTeam(std::int64_t fixed, double interval_s, double first_window_s)
-    : auto_(fixed <= 0), usable_(usable_for_team()), interval_s_(interval_s) {
+    : auto_(fixed <= 0),
+      usable_(usable_for_team()),
+      interval_s_(interval_s),
+      wait_s_(std::min(0.25, interval_s)) {
   if (!auto_) {
     apply(static_cast<int>(fixed));
     return;
@@ -60,10 +63,14 @@ bool IntraOpTeam::update() {
   // gets it on the first call here.
   if (at::get_num_threads() != threads_) at::set_num_threads(threads_);
   if (!auto_ || usable_ <= 1) return false;
-  const double now_s = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  if (now_s - last_.wall_s < interval_s_) return false;
+  const double now_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (now_s - last_.wall_s < wait_s_) return false;
   const CpuTimes now = read_cpu_times();
   if (!now.valid) return false;
+  // The first readings come sooner (0.25, 0.5, 1 s, ...): a start-up reading spoilt by the
+  // machine loading the program's libraries is corrected within a fraction of a second.
+  wait_s_ = std::min(interval_s_, 2 * wait_s_);
   others_ = others_busy_cores(last_, now);
   last_ = now;
   const int n = team_for_load(usable_, others_, threads_);
@@ -76,8 +83,8 @@ std::string IntraOpTeam::reason() const {
   if (!auto_) return "train.threads " + std::to_string(threads_);
   char others[32];
   std::snprintf(others, sizeof(others), "%.1f", others_);
-  return "auto: " + std::to_string(threads_) + " of " + std::to_string(usable_) + " cores (other processes busy on " +
-         others + ")";
+  return "auto: " + std::to_string(threads_) + " of " + std::to_string(usable_) +
+         " cores (other processes busy on " + others + ")";
 }
 
 void IntraOpTeam::apply(int n) {

@@ -24,7 +24,8 @@ class IntraOpTeam {
  public:
   /// `fixed` > 0: that many threads, set once. 0 (auto): decides now from a reading of
   /// `first_window_s` seconds, and again from the load since the last decision whenever
-  /// update() is called `interval_s` or more after it; never more threads than the usable
+  /// update() is called long enough after it: 0.25 s, then twice as long each time up to
+  /// `interval_s`; never more threads than the usable
   /// cores (messages/cpu_cores.hpp) or OMP_NUM_THREADS when that is set.
   explicit IntraOpTeam(std::int64_t fixed, double interval_s = 2.0, double first_window_s = 0.1);
 
@@ -46,7 +47,8 @@ class IntraOpTeam {
   int usable_ = 1;
   int threads_ = 0;
   double interval_s_ = 2.0;
-  double others_ = 0;  ///< cores other processes kept busy at the last decision
+  double wait_s_ = 0.25;  ///< until the next decision: doubles from 0.25 s up to interval_s_
+  double others_ = 0;     ///< cores other processes kept busy at the last decision
   CpuTimes last_;
 };
 
