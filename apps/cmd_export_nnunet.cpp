@@ -83,7 +83,7 @@ int cmd_export_nnunet(int argc, char** argv) {
   if (!trainer.is_ok()) return fail("export", trainer.status());
   const auto& t = **trainer;
   auto results =
-      models::nnunet_results(t.config(), models::job_class_names(t.config()), t.model().module(), options);
+      models::nnunet_results(t.config(), models::model_class_names(t), t.model().module(), options);
   if (!results.is_ok()) return fail("export", results.status());
   if (auto st = models::write_nnunet_results(*results, out); !st.is_ok()) return fail("export", st);
   std::cout

@@ -11,6 +11,7 @@
 #include "models/inference/model_package.hpp"
 #include "models/interop/onnx/onnx_graph.hpp"
 #include "models/interop/onnx_export.hpp"
+#include "models/training/class_names.hpp"
 #include "models/training/trainer.hpp"
 
 namespace segflow::apps {
@@ -37,10 +38,12 @@ Result<json> export_checkpoint(const fs::path& checkpoint, const fs::path& out,
   SEGFLOW_ASSIGN_OR_RETURN(auto trainer, models::load_for_inference(checkpoint, "cpu"));
   const auto& t = *trainer;
   t.model().module().eval();
+  models::OnnxExportOptions options = eo;
+  options.class_names = models::model_class_names(t);
   // The manifest first: a config whose stages cannot be built fails before any file is written.
-  SEGFLOW_ASSIGN_OR_RETURN(json manifest, models::onnx_manifest(t.config(), t.model().info(), out, eo));
+  SEGFLOW_ASSIGN_OR_RETURN(json manifest, models::onnx_manifest(t.config(), t.model().info(), out, options));
   manifest["checkpoint"] = fs::absolute(checkpoint).string();
-  SEGFLOW_RETURN_IF_ERROR(models::write_onnx_model(t.config().model, t.model().module(), out, eo));
+  SEGFLOW_RETURN_IF_ERROR(models::write_onnx_model(t.config().model, t.model().module(), out, options));
   if (Status st = write_file_atomically(manifest_path(out), manifest.dump(2) + '\n'); !st.is_ok()) {
     for (const fs::path& f : models::onnx_output_files(t.config().model, out)) fs::remove(f);
     return st;

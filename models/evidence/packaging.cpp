@@ -161,7 +161,7 @@ Result<Candidate> load_candidate(const fs::path& run, const std::string& which) 
   c.fold = cfg.data.fold;
   c.name = cfg.name;
   c.overlap = cfg.validation.overlap;
-  c.class_names = job_class_names(cfg);
+  c.class_names = model_class_names(*trainer);
   return c;
 }
 

@@ -430,7 +430,7 @@ Result<BoxInferResult> run_box_inference(const BoxInferOptions& o, Trainer& mode
     SEGFLOW_RETURN_IF_ERROR(check_options(o, out, dicom));
     Trainer* trainer = &model;
     const std::vector<std::string> names =
-        o.class_names.empty() ? job_class_names(trainer->config()) : o.class_names;
+        o.class_names.empty() ? model_class_names(*trainer) : o.class_names;
     SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image input, pipeline::read_image(o.input));
     SEGFLOW_ASSIGN_OR_RETURN(std::vector<SliceBox> boxes, prompts(o, input, names));
     const std::string id = pipeline::strip_channel_zero(pipeline::case_id_of(o.input));

@@ -186,9 +186,8 @@ class Ensemble {
       e.members_.push_back(std::move(m));
     }
     e.names_ = o.class_names;
-    // The training's class names: the dataset's (dataset.json, SEG segment labels) carried
-    // through the job's map_labels stages, or their `names`.
-    if (e.names_.empty()) e.names_ = job_class_names(e.members_.front().trainer->config());
+    // The training's class names, as the checkpoint carries them (model_class_names).
+    if (e.names_.empty()) e.names_ = model_class_names(*e.members_.front().trainer);
     return e;
   }
 

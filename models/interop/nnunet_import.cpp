@@ -16,6 +16,7 @@
 #include "models/nets/weights.hpp"
 #include "models/training/job_config.hpp"
 #include "models/training/trainer.hpp"
+#include "pipeline/io/dataset.hpp"
 
 namespace segflow::models {
 
@@ -202,6 +203,8 @@ Result<std::filesystem::path> import_nnunet(const std::filesystem::path& fold_di
                                                              (results / "plans.json").string()));
   SEGFLOW_ASSIGN_OR_RETURN(JobConfig cfg, parse_job_config(yaml, (out / "job.yaml").string()));
   SEGFLOW_ASSIGN_OR_RETURN(auto trainer, Trainer::create(cfg, c10::Device(c10::kCPU)));
+  // The classes as the results folder's dataset.json names them, carried by model.pt.
+  trainer->set_class_names(pipeline::dataset_label_names(results));
   const auto weights = ck.at("network_weights").toGenericDict();
   torch::NoGradGuard no_grad;
   auto copy = [&](const std::string& name, at::Tensor& t) -> Status {

@@ -259,7 +259,7 @@ Result<json> onnx_manifest(const JobConfig& cfg, const ModelInfo& info,
   for (std::size_t i = 0; i < pipe.cache_boundary() && i < all.size(); ++i) stages.push_back(all[i]);
   const std::string layout = info.spatial_dims == 3 ? "NCZYX" : "NCYX";
   const int64_t classes = info.out_channels;
-  std::vector<std::string> names = job_class_names(cfg);
+  std::vector<std::string> names = eo.class_names.empty() ? job_class_names(cfg) : eo.class_names;
   const int64_t labels = classes == 1 ? 2 : classes;  // a sigmoid model predicts background / foreground
   for (auto v = static_cast<int64_t>(names.size()); v < labels; ++v)
     names.push_back("label_" + std::to_string(v));

@@ -32,6 +32,8 @@ class SamImpl;
 struct OnnxExportOptions {
   int opset = 17;             ///< 13..17 (what the ONNX library checks)
   bool fp16_weights = false;  ///< store weights as float16 (cast to float32 in the graph)
+  /// The model's class names for the manifest (model_class_names); empty = from the job config.
+  std::vector<std::string> class_names;
 };
 
 /// Writes `module` (built from `options`, in evaluation mode) to `out` as ONNX: checked,

@@ -468,7 +468,7 @@ Result<json> sam_onnx_manifest(const JobConfig& cfg, const ModelInfo& info, cons
               {"version", 1},
               {"job", cfg.name},
               {"model", sam_model_json(o, onnx_file, eo, info.iou_output)},
-              {"classes", job_class_names(cfg)},
+              {"classes", eo.class_names.empty() ? job_class_names(cfg) : eo.class_names},
               {"preprocessing",
                {{"stages", stages},
                 {"note",

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "messages/file_util.hpp"
@@ -126,6 +127,8 @@ Status Trainer::save_checkpoint(const fs::path& path) const {
                  {"saved_on", device_.str()},
                  {"early_stop", early_stop_state_json(state_.early_stop)},
                  {"config", cfg_.resolved}};
+    // The model carries its classes: inference never looks for the training data.
+    if (!class_names_.empty()) meta["class_names"] = class_names_;
     root.write("meta", string_to_tensor(meta.dump()));
     root.write("rng_cpu", at::detail::getDefaultCPUGenerator().get_state());
     if (device_.is_cuda()) {
@@ -155,6 +158,14 @@ Status Trainer::load_checkpoint(const fs::path& path) {
       return corrupt_data(path.string() + ": model: checkpoint does not fit this model: " + st.message());
     SEGFLOW_RETURN_IF_ERROR(restore_optimizer(root, meta, *impl_->optimizer, impl_->params, path));
     restore_rng(root, device_);
+    if (meta.contains("class_names")) {
+      const json& names = meta["class_names"];
+      if (!names.is_array() ||
+          std::any_of(names.begin(), names.end(), [](const json& n) { return !n.is_string(); }))
+        return corrupt_data(path.string() + ": meta.class_names: expected an array of strings, got " +
+                            names.dump());
+      class_names_ = names.get<std::vector<std::string>>();
+    }
     state_.epoch = meta.at("epoch").get<std::int64_t>();
     state_.step = meta.at("step").get<std::int64_t>();
     state_.best_metric = meta.at("best_metric").get<double>();

@@ -10,7 +10,9 @@
 //                    best_metric, best_epoch, optimizer, loss_scale, good_steps, skipped_steps,
 //                    num_classes, saved_on (device), early_stop (train.early_stopping's state:
 //                    metric, mode, best, best_epoch, validations_without_improvement; absent
-//                    in older checkpoints = a fresh count), config (the resolved job config)
+//                    in older checkpoints = a fresh count), config (the resolved job config),
+//                    class_names (the names of classes 0..K-1, background first, written at
+//                    training time; absent when the classes had no names or in older files)
 //   rng_cpu          the CPU generator's state
 //   rng_cuda         the CUDA generator's state (written on CUDA, read back on CUDA only)
 // clang-format on

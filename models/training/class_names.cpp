@@ -41,6 +41,11 @@ std::vector<std::string> job_class_names(const JobConfig& cfg) {
   return job_class_names(cfg, names);
 }
 
+std::vector<std::string> model_class_names(const Trainer& trainer) {
+  if (!trainer.class_names().empty()) return trainer.class_names();
+  return job_class_names(trainer.config());
+}
+
 std::string metric_name(const std::string& name) {
   std::string out = name;
   for (char& c : out) {

@@ -33,6 +33,11 @@ std::vector<std::string> job_class_names(const JobConfig& cfg, const std::vector
 /// dataset is gone and no map_labels stage names the classes.
 std::vector<std::string> job_class_names(const JobConfig& cfg);
 
+/// Names of the classes 0..K-1 of a trained model: those its checkpoint carries (written at
+/// training time), else, for checkpoints written before that, job_class_names(config). What
+/// inference, packages and exports name the classes by.
+std::vector<std::string> model_class_names(const Trainer& trainer);
+
 /// A class name as metric keys and TensorBoard tags use it: letters, digits and "_-+." kept,
 /// anything else becomes '_' ("Left Atrium" -> "Left_Atrium").
 std::string metric_name(const std::string& name);

@@ -199,6 +199,8 @@ class Trainer {
   void set_gradient_sync(std::shared_ptr<GradientSync> sync) { sync_ = std::move(sync); }
   /// Names of the classes 0..K-1 (background first) that validation results carry.
   void set_class_names(std::vector<std::string> names) { class_names_ = std::move(names); }
+  /// The class names set above or read back from a checkpoint's meta (empty = unnamed).
+  const std::vector<std::string>& class_names() const { return class_names_; }
   /// The parameters the optimizer updates, in a fixed order (what a synchroniser reduces).
   const std::vector<at::Tensor>& parameters() const;
 

@@ -1,5 +1,6 @@
 #include "pipeline/io/dicom_seg_style.hpp"
 #include "messages/file_util.hpp"
+#include "pipeline/io/segment_codes.hpp"
 
 #include <dcmtk/config/osconfig.h>  // first among DCMTK headers
 #include <dcmtk/dcmdata/dcdatset.h>
@@ -15,6 +16,31 @@
 namespace segflow::pipeline {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+/// Sets `concept` in the first item of `seq` in `item` (created when missing).
+bool put_code(DcmItem& item, const DcmTagKey& seq, const CodedConcept& code) {
+  DcmItem* c = nullptr;
+  if (item.findOrCreateSequenceItem(seq, c, 0).bad() || c == nullptr) return false;
+  return c->putAndInsertString(DCM_CodeValue, code.value.c_str()).good() &&
+         c->putAndInsertString(DCM_CodingSchemeDesignator, code.scheme.c_str()).good() &&
+         c->putAndInsertString(DCM_CodeMeaning, code.meaning.c_str()).good();
+}
+
+/// The segment's category and type (and laterality) codes from its name (segment_codes).
+bool put_codes(DcmItem& item, const std::string& name) {
+  const SegmentCodes codes = segment_codes(name);
+  if (!put_code(item, DCM_SegmentedPropertyCategoryCodeSequence, codes.category) ||
+      !put_code(item, DCM_SegmentedPropertyTypeCodeSequence, codes.type))
+    return false;
+  if (!codes.modifier) return true;
+  DcmItem* type = nullptr;
+  return item.findAndGetSequenceItem(DCM_SegmentedPropertyTypeCodeSequence, type, 0).good() &&
+         type != nullptr && put_code(*type, DCM_SegmentedPropertyTypeModifierCodeSequence, *codes.modifier);
+}
+
+}  // namespace
 
 std::array<std::uint8_t, 3> default_segment_colour(std::int64_t v) {
   // Distinct, readable on a grey CT background (no grey, no near-black).
@@ -74,6 +100,11 @@ Status write_dicom_seg(const fs::path& file, const Image& labels, const DicomSer
         cleanup();
         return internal_error(where + ": SegmentLabel of segment " + std::to_string(number) +
                               ": cannot set '" + name + "'");
+      }
+      if (!put_codes(*item, name)) {
+        cleanup();
+        return internal_error(where + ": segment " + std::to_string(number) + " ('" + name +
+                              "'): cannot set its category and type codes");
       }
     }
     const auto lab = rgb_to_dicom_lab(rgb);

@@ -27,9 +27,10 @@ std::array<std::uint8_t, 3> default_segment_colour(std::int64_t v);
 /// sRGB (0..255) as DICOM-scaled CIELab (each 0..65535; D65), as RecommendedDisplayCIELabValue holds it.
 std::array<std::uint16_t, 3> rgb_to_dicom_lab(const std::array<std::uint8_t, 3>& rgb);
 
-/// Writes `labels` as a DICOM SEG like write_dicom_seg, then names and colours segment v
-/// from styles[v] (index = label value; index 0 unused). Values past the end of `styles` (and
-/// entries with an empty label) keep the name "label_<v>"; past the end they get
+/// Writes `labels` as a DICOM SEG like write_dicom_seg, then names, codes and colours segment v
+/// from styles[v] (index = label value; index 0 unused): a named segment gets the category and
+/// type codes of its name (segment_codes, pipeline/io/segment_codes.hpp). Values past the end of `styles`
+/// (and entries with an empty label) keep the name "label_<v>"; past the end they get
 /// default_segment_colour(v). Written to a temporary file and renamed.
 Status write_dicom_seg(const std::filesystem::path& file, const Image& labels, const DicomSeriesInfo& series,
                        const std::vector<SegmentStyle>& styles);

@@ -336,7 +336,7 @@ TEST_CASE("folder and dataset inference writes one output per case, named by cas
   CHECK(bad.err.find("--output: expected a folder for the 5 cases of") != std::string::npos);
 }
 
-TEST_CASE("DICOM SEG output names and colours its segments from the training data's class names") {
+TEST_CASE("DICOM SEG output names, codes and colours its segments from the classes the model carries") {
   TempDir dir("infer_seg");
   const fs::path ckpt = train(infer_job(dir.path()));
   auto s = run_segflow("synth --cases 2 --size 24 --format dicom --seed 9 --out " + q(dir.path() / "dicom"),
@@ -366,6 +366,13 @@ TEST_CASE("DICOM SEG output names and colours its segments from the training dat
     const auto& sj = c["segments"][v - 1];
     CHECK(sj["number"] == v);
     CHECK(sj["label"] == names[static_cast<std::size_t>(v)]);
+    // Coded as pydicom's SNOMED CT dictionary codes the organ (liver 10200004, ...), in the
+    // Anatomical Structure category.
+    CHECK(sj["type"]["scheme"] == "SCT");
+    CHECK(sj["type"]["value"] == sj["type"]["pydicom"]);
+    CHECK(sj["type"]["meaning"] != "Tissue");
+    CHECK(sj["category"]["meaning"] == "Anatomical Structure");
+    CHECK(sj["category"]["value"] == sj["category"]["pydicom"]);
     REQUIRE(sj.contains("lab"));
     for (int k = 0; k < 3; ++k)  // DCMTK's and the script's white points differ in the 4th digit
       CHECK(std::abs(sj["lab"][k].get<double>() - c["expected_lab"][v - 1][k].get<double>()) < 40.0);
@@ -379,20 +386,39 @@ TEST_CASE("DICOM SEG output names and colours its segments from the training dat
   auto e = run_segflow("eval --pred " + q(seg) + " --gt " + q(dir.path() / "case_000.nii.gz") + " --json",
                        dir.path());
   REQUIRE_MESSAGE(e.exit_code == 0, e.err);
-  for (const auto& [k, v] : nlohmann::json::parse(e.out)["cases"][0]["classes"].items())
-    CHECK(v["dice"] == 1.0);
+  const nlohmann::json eval = nlohmann::json::parse(e.out);  // held: items() keeps a reference
+  REQUIRE(!eval["cases"][0]["classes"].empty());
+  for (const auto& [k, v] : eval["cases"][0]["classes"].items()) CHECK(v["dice"] == 1.0);
 
   // --class-names overrides; an explicit --format nifti writes NIfTI for DICOM input.
   auto o = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "dicom") +
                            " --output " + q(dir.path() / "named") + " --class-names bg,Liver\\ 1",
                        dir.path());
   REQUIRE_MESSAGE(o.exit_code == 0, o.err);
-  CHECK(infer_check("seg " + q(dir.path() / "named" / "case_000.dcm"))["segments"][0]["label"] == "Liver 1");
+  const auto named = infer_check("seg " + q(dir.path() / "named" / "case_000.dcm"))["segments"][0];
+  CHECK(named["label"] == "Liver 1");
+  CHECK(named["type"]["meaning"] == "Tissue");  // a name the code table does not know: the generic code
+  CHECK(named["type"]["value"] == named["type"]["pydicom"]);
   auto f = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "dicom") +
                            " --output " + q(dir.path() / "nii") + " --format nifti",
                        dir.path());
   REQUIRE_MESSAGE(f.exit_code == 0, f.err);
   CHECK(fs::exists(dir.path() / "nii" / "case_001.nii.gz"));
+
+  // The model carries its classes: the checkpoint copied to an empty folder, the training
+  // data gone, run from `/`, still names the segments (it never looks for dataset.json).
+  fs::create_directories(dir.path() / "moved");
+  fs::copy_file(ckpt, dir.path() / "moved" / "model.pt");
+  fs::rename(dir.path() / "data", dir.path() / "data_gone");
+  auto m = testing::run_command("cd / && " + testing::shell_quote(testing::segflow_bin()) +
+                                " infer --checkpoint " + q(dir.path() / "moved" / "model.pt") + " --input " +
+                                q(dir.path() / "dicom" / "case_000") + " --output " +
+                                q(dir.path() / "moved" / "seg.dcm") + " 2>&1");
+  REQUIRE_MESSAGE(m.exit_code == 0, m.out);
+  const auto moved = infer_check("seg " + q(dir.path() / "moved" / "seg.dcm"));
+  REQUIRE(moved["segments"].size() == static_cast<std::size_t>(max_label));
+  for (std::int64_t v = 1; v <= max_label; ++v)
+    CHECK(moved["segments"][v - 1]["label"] == names[static_cast<std::size_t>(v)]);
 }
 
 TEST_CASE("--tta mirror averages over flips of the axes the training flipped, mirror-all over every axis") {

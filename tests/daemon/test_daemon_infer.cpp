@@ -7,6 +7,10 @@
 #include <set>
 
 #include "daemon/daemon_harness.hpp"
+#include "models/training/checkpoint.hpp"
+#include "models/training/class_names.hpp"
+#include "models/training/job_config.hpp"
+#include "pipeline/io/dataset.hpp"
 
 using namespace segflow::testing;
 using namespace segflow::testing::daemon;
@@ -65,6 +69,16 @@ TEST_CASE("an inference job sent with ctl infer is validated, queued beside trai
   const json trained = wait_job(*d, s.control, train, "completed", 180);
   const fs::path checkpoint = fs::path(trained["run_dir"].get<std::string>()) / "last.pt";
   REQUIRE(fs::exists(checkpoint));
+  // The model the daemon trained carries its classes, named as the training named them
+  // (dataset.json through the job's stages): inference never looks for the dataset again.
+  REQUIRE_OK_AND_ASSIGN(json meta, segflow::models::read_checkpoint_meta(checkpoint));
+  REQUIRE(meta.contains("class_names"));
+  REQUIRE_OK_AND_ASSIGN(auto trained_cfg,
+                        segflow::models::job_config_from_json(meta["config"], "meta.config"));
+  const auto expected_names =
+      segflow::models::job_class_names(trained_cfg, segflow::pipeline::dataset_label_names(s.data / "tiny"));
+  REQUIRE_FALSE(expected_names.empty());
+  CHECK(meta["class_names"] == json(expected_names));
 
   // More field errors, now with a good checkpoint.
   bad = call(s.control, {{"cmd", "infer"},

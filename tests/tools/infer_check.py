@@ -51,13 +51,37 @@ def srgb_to_dicom_lab(rgb):
     return [L * 65535 / 100, (a + 128) * 65535 / 255, (b + 128) * 65535 / 255]
 
 
+def coded(item, keyword):
+    """The first code of `keyword` in `item` as {value, scheme, meaning, pydicom}: `pydicom` is the
+    SNOMED CT code pydicom's own code dictionary holds for that meaning (None if it has none)."""
+    from pydicom.sr.codedict import codes
+
+    if keyword not in item or len(item[keyword].value) == 0:
+        return None
+    c = item[keyword].value[0]
+    meaning = str(c.CodeMeaning)
+    attr = "".join(w[:1].upper() + w[1:] for w in meaning.replace("-", " ").split())
+    try:
+        known = getattr(codes.SCT, attr).value
+    except AttributeError:
+        known = None
+    out = {"value": str(c.CodeValue), "scheme": str(c.CodingSchemeDesignator), "meaning": meaning,
+           "pydicom": known}
+    modifier = coded(c, "SegmentedPropertyTypeModifierCodeSequence")
+    if modifier:
+        out["modifier"] = modifier
+    return out
+
+
 def seg(path, rgbs):
     import pydicom
 
     ds = pydicom.dcmread(path)
     segs = []
     for s in ds.SegmentSequence:
-        item = {"number": int(s.SegmentNumber), "label": str(s.SegmentLabel)}
+        item = {"number": int(s.SegmentNumber), "label": str(s.SegmentLabel),
+                "category": coded(s, "SegmentedPropertyCategoryCodeSequence"),
+                "type": coded(s, "SegmentedPropertyTypeCodeSequence")}
         if "RecommendedDisplayCIELabValue" in s:
             item["lab"] = [int(v) for v in s.RecommendedDisplayCIELabValue]
         segs.append(item)
