@@ -36,28 +36,14 @@ RECIPES = {
 NOT_CHECKED = {"medsam-vitb": "fine-tunes MedSAM's ViT-B weights: needs the weights and a GPU"}
 
 
-def validations(run_dir):
+def records(run_dir, kind):
+    """The metrics.jsonl records of `kind` ("validation", "epoch") under run_dir."""
     out = []
     for dirpath, _, files in os.walk(run_dir):
         if "metrics.jsonl" in files:
             with open(os.path.join(dirpath, "metrics.jsonl")) as f:
-                for line in f:
-                    e = json.loads(line)
-                    if e.get("type") == "validation":
-                        out.append(e)
+                out += [e for e in map(json.loads, f) if e.get("type") == kind]
     return out
-
-
-def steps_trained(run_dir):
-    n = 0
-    for dirpath, _, files in os.walk(run_dir):
-        if "metrics.jsonl" in files:
-            with open(os.path.join(dirpath, "metrics.jsonl")) as f:
-                for line in f:
-                    e = json.loads(line)
-                    if e.get("type") == "epoch":
-                        n += e.get("steps", 0)
-    return n
 
 
 def main():
@@ -87,9 +73,9 @@ def main():
         t0 = time.time()
         r = subprocess.run(cmd, capture_output=True, text=True)
         seconds = time.time() - t0
-        vals = validations(run_dir)
+        vals = records(run_dir, "validation")
         line = {"bench": "recipe_learns", "recipe": name, "size": size, "exit_code": r.returncode,
-                "seconds": round(seconds, 1), "steps": steps_trained(run_dir), "validations": len(vals),
+                "seconds": round(seconds, 1), "steps": sum(e.get("steps", 0) for e in records(run_dir, "epoch")), "validations": len(vals),
                 "floor": floor}
         if vals:
             best = max(vals, key=lambda e: e["mean_dice"])
