@@ -209,6 +209,7 @@ Result<fs::path> run_training(const models::JobConfig& cfg, const RunOptions& op
             " training cases, " + std::to_string(job.validation.size()) + " validation samples, " +
             std::to_string(job.steps_per_epoch) + " steps per epoch on " + device.str() + " (" +
             cfg.train.loader + " loader)");
+  log::info("intra-op threads " + trainer->intra_op_team().reason());
   SEGFLOW_RETURN_IF_ERROR(
       trainer->fit(*job.source, job.steps_per_epoch, job.validation, run.dir(), run.events()));
   // Out-of-fold predictions, unless the run was stopped from outside (a paused or stopped

@@ -105,7 +105,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const JobConfig& cfg, const c10
     run_cfg.train.amp = amp->mode;
     std::unique_ptr<Trainer> t(new Trainer(std::move(run_cfg), device, *model));
     t->amp_reason_ = amp->reason;
-    log::info("intra-op threads " + threads->reason());
+    // Debug here: inference builds trainers too, and its stderr is its report. A training run
+    // logs the team at info with its run line (actors/jobs/job_runner.cpp).
+    log::debug("intra-op threads " + threads->reason());
     t->impl_->threads = std::move(threads);
     if (cfg.train.amp == "auto")
       log::info("train.amp " + amp->reason + ": " + amp->mode + " on " + device.str());
