@@ -17,6 +17,7 @@
 
 #include "apps/cli_args.hpp"
 #include "apps/commands.hpp"
+#include "apps/infer_args.hpp"
 #include "daemon/curve.hpp"
 #include "daemon/job_state.hpp"
 
@@ -317,6 +318,8 @@ Result<json> start_request(const Args& a) {
   return json{{"cmd", "start"}, {"config", ss.str()}, {"file", a.positional[1]}, {"set", a.all("set")}};
 }
 
+/// `ctl infer`: the flags of `segflow infer` as the request's fields (paths absolute), which
+/// the daemon reads with the same binding (models/inference/infer_request.hpp).
 Result<json> infer_request(const Args& a) {
   SEGFLOW_RETURN_IF_ERROR(no_more_arguments(a, 1));
   for (const char* k : {"input", "output"})
@@ -324,19 +327,8 @@ Result<json> infer_request(const Args& a) {
   if (a.has("checkpoint") == a.has("model"))
     return invalid_argument(
         "--checkpoint or --model: expected one (a checkpoint, or a segflow package folder)");
-  json req = {{"cmd", "infer"}, {"input", absolute(a.get("input"))}, {"output", absolute(a.get("output"))}};
-  if (a.has("checkpoint")) req["checkpoint"] = absolute(a.get("checkpoint"));
-  if (a.has("model")) req["model"] = absolute(a.get("model"));
-  if (a.has("tta")) req["tta"] = a.get("tta");
-  if (a.has("device")) req["device"] = a.get("device");
-  // Box prompts of a box-prompted (sam) checkpoint (docs/how-to/box-prompted.md).
-  if (a.has("boxes")) req["boxes"] = absolute(a.get("boxes"));
-  if (a.has("boxes-from")) req["boxes_from"] = absolute(a.get("boxes-from"));
-  if (a.flag("propagate")) req["propagate"] = true;
-  if (a.has("box-margin")) {
-    SEGFLOW_ASSIGN_OR_RETURN(const long long m, parse_int("--box-margin", a.get("box-margin")));
-    req["box_margin"] = m;
-  }
+  SEGFLOW_ASSIGN_OR_RETURN(json req, infer_fields_from_args(a, true));
+  req["cmd"] = "infer";
   return req;
 }
 
@@ -508,9 +500,8 @@ struct CtlCommand {
 const CtlCommand kCtlCommands[] = {
     {"start", "start CONFIG [--set key=value ...]", "submit a job (the config is sent inline); prints its id",
      start_request, print_submitted, nullptr},
-    {"infer", "infer (--checkpoint PT [--tta none|mirror|mirror-all] | --model MODEL_DIR) --input PATH\n"
-              "       --output PATH [--device D] [--boxes FILE | --boxes-from LABELMAP] [--propagate]\n"
-              "       [--box-margin N]",
+    {"infer", "infer (--checkpoint PT ... | --model MODEL_DIR) --input PATH --output PATH\n"
+              "       [every option of segflow infer: --device D, --tta, --overlap, --amp, --boxes ...]",
      "queue an inference job (a scan, a folder or a dataset; --model: a segflow package)", infer_request,
      print_infer_submitted, nullptr},
     {"plan", "plan DATASET [--configurations 2d,3d_fullres,3d_lowres] [--memory-gb G] [--memory-model M]\n"
@@ -584,16 +575,7 @@ constexpr Option kCtlConnectionOptions[] = {
 };
 constexpr Option kCtlCommandOptions[] = {
     {"set", "key=value", "start, train: override a config key (repeatable)"},
-    {"checkpoint", "PT", "infer: a checkpoint (one of --checkpoint and --model)"},
-    {"model", "MODEL_DIR", "infer: a segflow package, verified at submission"},
-    {"input", "PATH", "infer: a scan, a folder of scans or a dataset"},
-    {"output", "PATH", "infer: a label map or SEG file for one scan, a folder otherwise"},
-    {"tta", "none|mirror|mirror-all", "infer: test-time mirroring of a checkpoint"},
     {"device", "D", "infer, plan, train: the device (cpu, cuda, cuda:N)"},
-    {"boxes", "FILE", "infer: box prompts of a box-prompted (sam) checkpoint"},
-    {"boxes-from", "LABELMAP", "infer: box prompts from a label map"},
-    {"propagate", "", "infer: one seed box per label, propagated slice by slice"},
-    {"box-margin", "N", "infer, with --propagate: voxels the previous slice's mask box grows per side"},
     {"configurations", "2d,3d_fullres,3d_lowres", "plan: which configurations to plan"},
     {"configuration", "C", "train: the configuration to train; default 3d_fullres"},
     {"fold", "K|all", "train: the folds to queue (repeatable); default 0"},
@@ -607,6 +589,19 @@ constexpr Option kCtlCommandOptions[] = {
     {"study", "UID", "dicom fetch: the StudyInstanceUID to pull"},
     {"series", "UID", "dicom fetch: only this SeriesInstanceUID of the study"},
 };
+
+/// `ctl infer`'s options: every option of `segflow infer` (its request's fields) but --device,
+/// which plan and train share.
+std::span<const Option> ctl_infer_options() {
+  static const std::vector<Option> options = [] {
+    std::vector<Option> o;
+    for (const char* group :
+         {"", "sliding window (not with box prompts)", "model package", "box prompts (a sam checkpoint)"})
+      for (const Option& x : infer_flags(group, {"device"})) o.push_back(x);
+    return o;
+  }();
+  return options;
+}
 
 /// "start, infer, ..., keygen": the names of the table.
 std::string command_names() {
@@ -675,7 +670,9 @@ const Command& ctl_command() {
         "talk to segflowd: one request per call, readable output or its JSON reply",
         "docs/how-to/daemon.md, docs/reference/control-protocol.md",
         {{"COMMAND ...", "one of the commands below, with its arguments"}},
-        {{"connection (every command)", kCtlConnectionOptions}, {"command options", kCtlCommandOptions}}}},
+        {{"connection (every command)", kCtlConnectionOptions},
+         {"command options", kCtlCommandOptions},
+         {"infer (as segflow infer)", ctl_infer_options()}}}},
       ctl_commands_text};
   return c;
 }

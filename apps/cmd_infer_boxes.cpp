@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "apps/commands.hpp"
+#include "apps/infer_args.hpp"
 #include "apps/infer_boxes.hpp"
 #include "models/inference/box_inference.hpp"
 #include "models/inference/inference.hpp"
@@ -85,23 +86,12 @@ int infer_folder_with_boxes(const models::BoxInferOptions& base) {
   return failed == 0 ? 0 : 1;
 }
 
-constexpr Option kBoxPromptOptions[] = {
-    {"boxes", "FILE",
-     "a JSON or CSV box file (voxel or patient coordinates); a folder of them, <case id>.json or .csv, for a "
-     "folder input"},
-    {"boxes-from", "LABELMAP",
-     "the box of each label on each slice of a label map on the input's grid; a folder of them for a folder "
-     "input"},
-    {"propagate", "", "one seed box per label, propagated slice by slice until the mask vanishes"},
-    {"box-margin", "N", "with --propagate: voxels the previous slice's mask box grows per side; default 3"},
-};
-
 }  // namespace
 
-std::span<const Option> box_prompt_options() { return kBoxPromptOptions; }
+std::span<const Option> box_prompt_options() { return infer_flags("box prompts (a sam checkpoint)"); }
 
 bool wants_box_inference(const Args& a) {
-  for (const Option& o : kBoxPromptOptions)
+  for (const Option& o : box_prompt_options())
     if (a.given(o.name)) return true;
   return false;
 }
@@ -114,22 +104,9 @@ int infer_with_boxes(const Args& a) {
     if (a.given(o.name))
       return fail("infer",
                   invalid_argument("--" + std::string(o.name) + ": not used by box-prompted inference"));
-  models::BoxInferOptions o;
-  o.checkpoint = a.get("checkpoint");
-  o.input = a.get("input");
-  o.output = a.get("output");
-  o.device = a.get("device", "auto");
-  o.boxes = a.get("boxes");
-  o.boxes_from = a.get("boxes-from");
-  o.propagate = a.flag("propagate");
-  o.format = a.get("format");
-  o.amp = a.get("amp");
-  if (a.has("box-margin")) {
-    auto m = parse_int("--box-margin", a.get("box-margin"));
-    if (!m.is_ok()) return fail("infer", m.status());
-    o.box_margin = *m;
-  }
-  if (a.has("class-names")) o.class_names = split_text(a.get("class-names"), ',');
+  auto request = infer_request_from_args(a);
+  if (!request.is_ok()) return fail("infer", request.status());
+  const models::BoxInferOptions o = request->box_options();
   if (!models::is_single_scan(o.input)) return infer_folder_with_boxes(o);
   auto r = models::run_box_inference(o);
   if (!r.is_ok()) return fail("infer", r.status());

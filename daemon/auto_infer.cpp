@@ -258,26 +258,29 @@ void AutoInfer::consider_case(std::size_t index, const pipeline::CaseEntry& c, c
 Result<std::int64_t> AutoInfer::submit(const AutoInferRule& rule, const pipeline::CaseEntry& c,
                                        const fs::path& out, const fs::path& prompt) {
   InferJobSpec spec;
-  spec.checkpoint = rule.checkpoint.string();
-  spec.model = rule.model.string();
-  spec.input = c.images.front().string();
-  spec.output = out.string();
-  spec.tta = rule.tta;
-  spec.device = rule.device;
+  models::InferRequest& q = spec.request;
+  q = rule.options;  // the rule's model options (amp, overlap, class names, postprocessing, ...)
+  q.options.checkpoint = rule.checkpoint;
+  q.options.model = rule.model;
+  q.options.input = c.images.front();
+  q.options.output = out;
+  auto tta = models::parse_tta(rule.tta);
+  if (tta.is_ok()) q.options.tta = *tta;
+  q.options.device = rule.device;
   spec.trigger = "auto_infer";
   spec.dataset = rule.dataset;
   spec.case_id = c.id;
   if (!rule.prompts.empty()) {
-    (rule.prompts == "boxes" ? spec.boxes : spec.boxes_from) = prompt.string();
-    spec.propagate = rule.propagate;
-    spec.box_margin = rule.box_margin;
+    (rule.prompts == "boxes" ? q.boxes : q.boxes_from) = prompt.string();
+    q.propagate = rule.propagate;
+    q.box_margin = rule.box_margin;
   }
   auto r = jobs_.submit_infer(spec);
   if (!r.is_ok()) {
     publish("failed", rule.dataset, c.id,
             {{"stage", "submit"},
-             {"input", spec.input},
-             {"output", spec.output},
+             {"input", q.options.input.string()},
+             {"output", q.options.output.string()},
              {"error", r.status().message()}});
     return r.status();
   }

@@ -92,6 +92,13 @@ void AutoInferRule::bind(OptionParser& p) {
   if (p.ok() && !send_to.empty() && output_format == "nifti")
     return p.fail("send_to", "output_format nifti writes no DICOM SEG to send (use seg or both)");
   bind_prompts(p);
+  options.bind(p, true);
+  if (!p.ok()) return;
+  if (!prompts.empty())
+    for (const char* k : {"overlap", "stitch_device", "postprocess", "channels_last", "save_probabilities"})
+      if (p.given(k)) return p.fail(k, "a sliding-window option; box-prompted inference has none");
+  if (!model.empty() && !options.postprocess.empty())
+    return p.fail("postprocess", "a model package sets its postprocessing (no_postprocess skips it)");
 }
 
 void AutoInferRule::bind_prompts(OptionParser& p) {

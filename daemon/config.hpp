@@ -35,6 +35,7 @@
 
 #include "daemon/dicom/config.hpp"
 #include "messages/status.hpp"
+#include "models/inference/infer_request.hpp"
 
 namespace segflow::pipeline {
 class OptionParser;
@@ -86,6 +87,10 @@ struct AutoInferRule {
   /// propagate: voxels added per side to the previous slice's mask box; -1 = the default of
   /// `--box-margin` (3, models::kDefaultBoxMargin).
   std::int64_t box_margin = -1;
+  /// How the model runs on each case: every option of an inference request that is not the
+  /// call's own (class_names, amp, overlap, stitch_device, postprocess, channels_last,
+  /// save_probabilities, no_postprocess; models/inference/infer_request.hpp), as `segflow infer`.
+  models::InferRequest options;
   /// Reads one entry (pipeline/options.hpp): dataset and one of checkpoint or model are required.
   void bind(pipeline::OptionParser& p);
   /// The prompt keys: prompts, boxes_dir, propagate, box_margin (each only where it applies).

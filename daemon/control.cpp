@@ -35,6 +35,7 @@ enum class FieldType {
   boolean,  ///< true or false
   strings,  ///< a list of strings
   number,   ///< a number > 0
+  request,  ///< any JSON value, checked by the command's own binding (infer: models::InferRequest)
 };
 
 /// One field of a command. Null counts as absent.
@@ -128,6 +129,12 @@ void read_field(pipeline::OptionParser& p, const Field& f, json& values) {
     case FieldType::strings: {
       std::vector<std::string> v;
       p.string_list(f.name, v, false, f.doc);
+      if (given) values[f.name] = v;
+      break;
+    }
+    case FieldType::request: {
+      json v;
+      p.json_value(f.name, v, "any", f.doc);
       if (given) values[f.name] = v;
       break;
     }
@@ -232,6 +239,14 @@ std::vector<Field> plan_fields(bool train) {
   return f;
 }
 
+/// The fields of `infer`: every field of an inference request (models/inference/infer_request.hpp).
+std::vector<Field> infer_fields() {
+  std::vector<Field> f;
+  for (const models::InferField& x : models::infer_fields())
+    f.push_back({x.key.data(), FieldType::request, false, x.help.data()});
+  return f;
+}
+
 /// A plan request from the checked fields of `plan`, or of `train` (then it trains too).
 Result<PlanJobSpec> plan_spec(const json& v, bool train) {
   PlanJobSpec s;
@@ -289,31 +304,14 @@ const ControlHandler::Command ControlHandler::kCommands[] = {
        SEGFLOW_ASSIGN_OR_RETURN(JobConfigText cfg, start_config(r.values));
        return h.jobs_.submit(cfg.text, cfg.name, r.list("set"));
      }},
-    {"infer",
-     {{"checkpoint", FieldType::string, false, "a checkpoint (best.pt, last.pt) of a run"},
-      {"model", FieldType::string, false, "a model package folder (segflow package) instead of checkpoint"},
-      {"input", FieldType::string, false, "a scan, a folder of scans or a dataset"},
-      {"output", FieldType::string, false, "a label map file (one scan) or a folder"},
-      {"tta", FieldType::string, false, "test-time augmentation: none, mirror or mirror-all"},
-      {"device", FieldType::string, false, "a device (cpu, cuda:0) or auto"},
-      {"boxes", FieldType::string, false, "box prompts of a box-prompted checkpoint: a JSON or CSV box file"},
-      {"boxes_from", FieldType::string, false, "box prompts from a label map on the input's grid"},
-      {"propagate", FieldType::boolean, false, "3D propagation from one seed box per label"},
-      {"box_margin", FieldType::number, false, "voxels the previous mask's box grows when propagating"}},
+    {"infer", infer_fields(),
      [](ControlHandler& h, const Request& r) -> Result<json> {
-       // checkpoint, input and output: submit_infer says which is missing.
+       // Every option of `segflow infer`, checked by the request's binding; checkpoint, input
+       // and output: submit_infer says which is missing.
+       auto request = models::read_infer_request(r.values, "");
+       if (!request.is_ok()) return as_argument(request.status());
        InferJobSpec spec;
-       spec.checkpoint = r.text("checkpoint");
-       spec.model = r.text("model");
-       spec.input = r.text("input");
-       spec.output = r.text("output");
-       if (r.has("tta")) spec.tta = r.text("tta");
-       if (r.has("device")) spec.device = r.text("device");
-       spec.boxes = r.text("boxes");
-       spec.boxes_from = r.text("boxes_from");
-       spec.propagate = r.flag("propagate");
-       if (r.has("box_margin"))
-         spec.box_margin = static_cast<std::int64_t>(r.values.at("box_margin").get<double>());
+       spec.request = std::move(*request);
        return h.jobs_.submit_infer(std::move(spec));
      }},
     {"plan", plan_fields(false),

@@ -22,43 +22,40 @@ using nlohmann::json;
 
 namespace {
 
+/// The stored form: the request's fields and the trigger's.
 json spec_to_json(const InferJobSpec& s) {
-  json j = {
-      {"checkpoint", s.checkpoint}, {"input", s.input},     {"output", s.output},   {"tta", s.tta},
-      {"device", s.device},         {"trigger", s.trigger}, {"dataset", s.dataset}, {"case", s.case_id}};
-  if (!s.model.empty()) j["model"] = s.model;
-  if (s.box_prompted())
-    j["box_prompts"] = {{"boxes", s.boxes},
-                        {"boxes_from", s.boxes_from},
-                        {"propagate", s.propagate},
-                        {"box_margin", s.box_margin}};
+  json j = s.request.to_json();
+  j["trigger"] = s.trigger;
+  j["dataset"] = s.dataset;
+  j["case"] = s.case_id;
   return j;
 }
 
 Result<InferJobSpec> spec_from_json(const std::string& text) {
+  json j;
   try {
-    const json j = json::parse(text);
-    InferJobSpec s;
-    s.checkpoint = j.at("checkpoint").get<std::string>();
-    s.model = j.value("model", std::string());
-    s.input = j.at("input").get<std::string>();
-    s.output = j.at("output").get<std::string>();
-    s.tta = j.value("tta", std::string("none"));
-    s.device = j.value("device", std::string("auto"));
-    s.trigger = j.value("trigger", std::string());
-    s.dataset = j.value("dataset", std::string());
-    s.case_id = j.value("case", std::string());
-    if (j.contains("box_prompts")) {
-      const json& b = j.at("box_prompts");
-      s.boxes = b.value("boxes", std::string());
-      s.boxes_from = b.value("boxes_from", std::string());
-      s.propagate = b.value("propagate", false);
-      s.box_margin = b.value("box_margin", std::int64_t{-1});
-    }
-    return s;
+    j = json::parse(text);
   } catch (const std::exception& e) {
     return corrupt_data(std::string("stored inference request: ") + e.what());
   }
+  if (!j.is_object()) return corrupt_data("stored inference request: expected a JSON object");
+  // Stored before the request was one table: a single checkpoint ("" with a package) and the
+  // box prompts nested.
+  if (j.contains("checkpoint") && j["checkpoint"] == "") j.erase("checkpoint");
+  if (j.contains("box_prompts")) {
+    const json nested = j["box_prompts"];
+    j.erase("box_prompts");
+    for (const auto& [k, v] : nested.items())
+      if (!(v == "" || v == false || v == -1)) j[k] = v;
+  }
+  InferJobSpec s;
+  s.trigger = j.value("trigger", std::string());
+  s.dataset = j.value("dataset", std::string());
+  s.case_id = j.value("case", std::string());
+  auto r = models::read_infer_request(j, "stored inference request: ", {"trigger", "dataset", "case"});
+  if (!r.is_ok()) return corrupt_data(r.status().message());
+  s.request = std::move(*r);
+  return s;
 }
 
 /// The trigger fields of an inference job's events and status (auto_infer only).
@@ -77,98 +74,93 @@ json infer_output_json(const models::InferResult& r) {
           {"seconds", r.seconds}};
 }
 
-/// Box prompts: one source, no package or TTA, paths absolute.
-Status check_box_request(InferJobSpec& spec) {
-  if (!spec.box_prompted()) return Status::ok();
-  if (spec.boxes.empty() == spec.boxes_from.empty())
-    return invalid_argument("boxes or boxes_from: expected one of them for box-prompted inference");
-  if (!spec.model.empty()) return invalid_argument("model: box prompts take a checkpoint, not a package");
-  if (!spec.tta.empty() && spec.tta != "none")
-    return invalid_argument("tta: box-prompted inference has no TTA; got " + spec.tta);
-  if (!spec.boxes.empty()) spec.boxes = absolute_path(spec.boxes).string();
-  if (!spec.boxes_from.empty()) spec.boxes_from = absolute_path(spec.boxes_from).string();
-  return Status::ok();
-}
-
 /// A box-prompted request's files: one scan, the box file or label map present, a checkpoint
 /// that takes boxes; and a checkpoint that takes boxes only with them.
-Status check_box_paths(const InferJobSpec& spec, bool needs_box) {
-  if (!spec.box_prompted()) {
+Status check_box_paths(const models::InferRequest& r, bool needs_box) {
+  const std::string checkpoint = r.options.checkpoint.string();
+  if (!r.box_prompted()) {
     if (needs_box)
-      return invalid_argument("checkpoint: " + spec.checkpoint +
+      return invalid_argument("checkpoint: " + checkpoint +
                               ": a box-prompted model needs boxes (boxes or boxes_from)");
     return Status::ok();
   }
-  if (!needs_box)
-    return invalid_argument("boxes: " + spec.checkpoint + " is not a box-prompted (sam) checkpoint");
+  if (!needs_box) return invalid_argument("boxes: " + checkpoint + " is not a box-prompted (sam) checkpoint");
   std::error_code ec;
-  const std::string& file = spec.boxes.empty() ? spec.boxes_from : spec.boxes;
+  const std::string& file = r.boxes.empty() ? r.boxes_from : r.boxes;
   if (!fs::is_regular_file(file, ec))
-    return not_found(std::string(spec.boxes.empty() ? "boxes_from: " : "boxes: ") + file + ": no such file");
-  if (!models::is_single_scan(spec.input))
-    return invalid_argument("input: " + spec.input + ": box-prompted inference takes one scan");
+    return not_found(std::string(r.boxes.empty() ? "boxes_from: " : "boxes: ") + file + ": no such file");
+  if (!models::is_single_scan(r.options.input))
+    return invalid_argument("input: " + r.options.input.string() + ": box-prompted inference takes one scan");
   return Status::ok();
 }
 
-/// The request's own fields: present, absolute, tta and device parsed.
-Status check_request(InferJobSpec& spec) {
-  SEGFLOW_RETURN_IF_ERROR(check_box_request(spec));
-  if (!spec.model.empty() && !spec.checkpoint.empty())
-    return invalid_argument("model: a package names its checkpoints; got checkpoint " + spec.checkpoint +
-                            " too");
-  if (!spec.model.empty() && !spec.tta.empty() && spec.tta != "none")
-    return invalid_argument("model: a package sets its TTA; got tta " + spec.tta + " too");
-  if (spec.checkpoint.empty() && spec.model.empty())
+/// The request's own fields: present and absolute (bind checked each field and the rules
+/// between them).
+Status check_request(models::InferRequest& r) {
+  SEGFLOW_RETURN_IF_ERROR(r.check());
+  models::InferOptions& o = r.options;
+  if (o.checkpoint.empty() && o.model.empty())
     return invalid_argument(
         "checkpoint: missing (a best.pt or last.pt of a run, or model: a package folder)");
-  if (!spec.model.empty()) spec.model = absolute_path(spec.model).string();
-  if (spec.input.empty()) return invalid_argument("input: missing (a scan, a folder of scans or a dataset)");
-  if (spec.output.empty()) return invalid_argument("output: missing (a label map file or a folder)");
-  if (!spec.checkpoint.empty()) spec.checkpoint = absolute_path(spec.checkpoint).string();
-  spec.input = absolute_path(spec.input).string();
-  spec.output = absolute_path(spec.output).string();
-  if (spec.tta.empty()) spec.tta = "none";
-  if (spec.device.empty()) spec.device = "auto";
-  auto tta = models::parse_tta(spec.tta);
-  if (!tta.is_ok()) return invalid_argument("tta: " + tta.status().message());
-  if (spec.device != "auto") {
-    auto d = models::resolve_device(spec.device);
-    if (!d.is_ok()) return invalid_argument("device: " + d.status().message());
-  }
+  if (o.input.empty()) return invalid_argument("input: missing (a scan, a folder of scans or a dataset)");
+  if (o.output.empty()) return invalid_argument("output: missing (a label map file or a folder)");
+  auto absolute = [](fs::path& p) {
+    if (!p.empty()) p = absolute_path(p.string());
+  };
+  absolute(o.checkpoint);
+  for (auto& e : o.ensemble) absolute(e);
+  absolute(o.model);
+  absolute(o.input);
+  absolute(o.output);
+  if (!r.postprocess.empty() && r.postprocess != "none")
+    r.postprocess = absolute_path(r.postprocess).string();
+  if (!r.boxes.empty()) r.boxes = absolute_path(r.boxes).string();
+  if (!r.boxes_from.empty()) r.boxes_from = absolute_path(r.boxes_from).string();
   return Status::ok();
 }
 
-/// What the request names on disk: a checkpoint that loads, an input with scans, an output
-/// whose folder exists (a folder for a batch).
-Status check_paths(const InferJobSpec& spec) {
+/// What the request names on disk: checkpoints that load, an input with scans, an output
+/// whose folder exists (a folder for a batch), a postprocessing plan that reads.
+Status check_paths(const models::InferRequest& r) {
+  const models::InferOptions& o = r.options;
   std::error_code ec;
-  if (!spec.model.empty()) {
+  if (!o.model.empty()) {
     // The whole package: its manifest and every file's sha256.
-    auto package = models::read_model_package(spec.model);
+    auto package = models::read_model_package(o.model);
     if (!package.is_ok()) return invalid_argument("model: " + package.status().message());
-  } else if (!fs::is_regular_file(spec.checkpoint, ec)) {
-    return not_found("checkpoint: " + spec.checkpoint + ": no such file");
   } else {
-    auto model = models::load_for_inference(spec.checkpoint, "cpu");
-    if (!model.is_ok())
-      return invalid_argument("checkpoint: " + spec.checkpoint +
-                              ": cannot be loaded: " + model.status().message());
-    SEGFLOW_RETURN_IF_ERROR(check_box_paths(spec, (*model)->model().info().needs_box));
+    std::vector<fs::path> members = {o.checkpoint};
+    members.insert(members.end(), o.ensemble.begin(), o.ensemble.end());
+    for (const fs::path& m : members) {
+      if (!fs::is_regular_file(m, ec)) return not_found("checkpoint: " + m.string() + ": no such file");
+      auto model = models::load_for_inference(m, "cpu");
+      if (!model.is_ok())
+        return invalid_argument("checkpoint: " + m.string() +
+                                ": cannot be loaded: " + model.status().message());
+      if (m == o.checkpoint) SEGFLOW_RETURN_IF_ERROR(check_box_paths(r, (*model)->model().info().needs_box));
+    }
   }
-  if (!fs::exists(spec.input, ec)) return not_found("input: " + spec.input + ": no such file or folder");
-  const bool single = models::is_single_scan(spec.input);
+  if (const fs::path plan = r.postprocess_file(); !plan.empty()) {
+    auto p = models::read_postprocessing(plan);
+    if (!p.is_ok()) return invalid_argument("postprocess: " + p.status().message());
+  }
+  const std::string input = o.input.string(), output = o.output.string();
+  if (!fs::exists(input, ec)) return not_found("input: " + input + ": no such file or folder");
+  const bool single = models::is_single_scan(input);
   if (!single) {
-    auto cases = models::list_inference_cases(spec.input);
+    auto cases = models::list_inference_cases(input);
     if (!cases.is_ok()) return invalid_argument("input: " + cases.status().message());
-    if (cases->empty()) return invalid_argument("input: " + spec.input + ": expected scans, found none");
+    if (cases->empty()) return invalid_argument("input: " + input + ": expected scans, found none");
   }
   // An existing folder takes the output; else the output's folder must exist (a batch creates its folder).
-  const fs::path out_dir =
-      fs::is_directory(spec.output, ec) ? fs::path(spec.output) : fs::path(spec.output).parent_path();
+  const fs::path out_dir = fs::is_directory(output, ec) ? fs::path(output) : fs::path(output).parent_path();
   if (!fs::is_directory(out_dir, ec))
-    return not_found("output: " + spec.output + ": its folder " + out_dir.string() + " does not exist");
-  if (!single && fs::exists(spec.output, ec) && !fs::is_directory(spec.output, ec))
-    return invalid_argument("output: " + spec.output +
+    return not_found("output: " + output + ": its folder " + out_dir.string() + " does not exist");
+  if (single && !fs::is_directory(output, ec))
+    if (Status st = models::check_label_map_path(output); !st.is_ok())
+      return invalid_argument("output: " + st.message());
+  if (!single && fs::exists(output, ec) && !fs::is_directory(output, ec))
+    return invalid_argument("output: " + output +
                             ": expected a folder for a folder or dataset input, got a file");
   return Status::ok();
 }
@@ -212,18 +204,11 @@ InferRun run_inference_job_body(const models::InferOptions& io, bool single,
 }
 
 /// Runs a box-prompted job (one scan); exceptions become the run's status.
-InferRun run_box_job_body(const InferJobSpec& spec, const std::string& device) {
+InferRun run_box_job_body(const models::InferRequest& request, const std::string& device) {
   InferRun run;
   try {
-    models::BoxInferOptions o;
-    o.checkpoint = spec.checkpoint;
-    o.input = spec.input;
-    o.output = spec.output;
+    models::BoxInferOptions o = request.box_options();
     o.device = device;
-    o.boxes = spec.boxes;
-    o.boxes_from = spec.boxes_from;
-    o.propagate = spec.propagate;
-    if (spec.box_margin >= 0) o.box_margin = spec.box_margin;
     auto r = models::run_box_inference(o);
     if (r.is_ok())
       run.outputs.push_back(infer_output_json(r->result));
@@ -249,20 +234,21 @@ std::string completed_reason(const InferRun& run, const std::string& output) {
 namespace detail {
 
 void add_infer_event_fields(const Job& j, json& body) {
-  body["output"] = j.infer.output;
+  body["output"] = j.infer.request.options.output.string();
   if (!j.outputs.empty()) body["outputs"] = j.outputs;
   add_trigger(body, j.infer);
 }
 
 void add_infer_status_fields(const Job& j, json& body) {
-  body["checkpoint"] = j.infer.checkpoint;
-  if (!j.infer.model.empty()) body["model"] = j.infer.model;
-  body["input"] = j.infer.input;
-  body["output"] = j.infer.output;
-  body["tta"] = j.infer.tta;
-  if (!j.infer.boxes.empty()) body["boxes"] = j.infer.boxes;
-  if (!j.infer.boxes_from.empty()) body["boxes_from"] = j.infer.boxes_from;
-  if (j.infer.propagate) body["propagate"] = true;
+  // The request as stored (every option it names), then what it wrote.
+  const json request = j.infer.request.to_json();  // a local: items() of a temporary dangles
+  for (const auto& [k, v] : request.items()) body[k] = v;
+  body["checkpoint"] = j.infer.request.options.checkpoint.string();
+  if (!j.infer.request.options.ensemble.empty()) {
+    json rest = json::array();
+    for (const auto& e : j.infer.request.options.ensemble) rest.push_back(e.string());
+    body["ensemble"] = rest;
+  }
   body["outputs"] = j.outputs;
   add_trigger(body, j.infer);
 }
@@ -271,15 +257,16 @@ void add_infer_status_fields(const Job& j, json& body) {
 
 Result<json> JobManager::submit_infer(InferJobSpec spec) {
   // Everything checked before a job exists; each error names its field.
-  SEGFLOW_RETURN_IF_ERROR(check_request(spec));
-  SEGFLOW_RETURN_IF_ERROR(check_paths(spec));
+  SEGFLOW_RETURN_IF_ERROR(check_request(spec.request));
+  SEGFLOW_RETURN_IF_ERROR(check_paths(spec.request));
+  const models::InferOptions& o = spec.request.options;
   JobRecord rec;
   rec.kind = JobKind::infer;
-  rec.name = "infer " + fs::path(spec.input).filename().string();
-  rec.file = spec.model.empty() ? spec.checkpoint : spec.model;
+  rec.name = "infer " + o.input.filename().string();
+  rec.file = (o.model.empty() ? o.checkpoint : o.model).string();
   rec.config_yaml = spec_to_json(spec).dump();
   rec.state = JobState::queued;
-  rec.run_dir = spec.output;
+  rec.run_dir = o.output.string();
   rec.loss = std::nan("");
   rec.created = rec.updated = StateDb::now();
 
@@ -287,13 +274,13 @@ Result<json> JobManager::submit_infer(InferJobSpec spec) {
   SEGFLOW_ASSIGN_OR_RETURN(Job * job, insert_locked(std::move(rec)));
   job->infer = std::move(spec);
   log::info("job " + std::to_string(job->rec.id) + " (" + job->rec.name + ") queued; output " +
-            job->infer.output);
+            job->infer.request.options.output.string());
   publish_state_locked(*job);
   schedule_locked();
   json reply = {{"job", job->rec.id},
                 {"state", to_string(job->rec.state)},
                 {"kind", to_string(job->rec.kind)},
-                {"output", job->infer.output}};
+                {"output", job->infer.request.options.output.string()}};
   add_trigger(reply, job->infer);
   return reply;
 }
@@ -321,13 +308,8 @@ void JobManager::run_infer_job(Job* j) {
   bool single = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    io.checkpoint = j->infer.checkpoint;
-    io.model = j->infer.model;
-    io.input = j->infer.input;
-    io.output = j->infer.output;
+    io = j->infer.request.run_options();
     io.device = j->rec.device;
-    auto tta = models::parse_tta(j->infer.tta);
-    if (tta.is_ok()) io.tta = *tta;
     single = models::is_single_scan(io.input);
     j->outputs = json::array();
     j->rec.epoch = 0;
@@ -348,8 +330,8 @@ void JobManager::run_infer_job(Job* j) {
     }
     publish_(j->metrics_topic(), body);
   };
-  const InferRun run = j->infer.box_prompted() ? run_box_job_body(j->infer, io.device)
-                                               : run_inference_job_body(io, single, progress);
+  const InferRun run = j->infer.request.box_prompted() ? run_box_job_body(j->infer.request, io.device)
+                                                       : run_inference_job_body(io, single, progress);
   std::lock_guard<std::mutex> lock(mu_);
   j->outputs = run.outputs;
   if (!run.status.is_ok()) {
@@ -357,7 +339,7 @@ void JobManager::run_infer_job(Job* j) {
     return;
   }
   j->rec.epoch = j->rec.epochs = static_cast<std::int64_t>(run.outputs.size() + run.failed.size());
-  end_job_locked(*j, JobState::completed, completed_reason(run, j->infer.output));
+  end_job_locked(*j, JobState::completed, completed_reason(run, io.output.string()));
 }
 
 }  // namespace segflow::daemon

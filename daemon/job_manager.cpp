@@ -151,7 +151,7 @@ Status JobManager::recover() {
 bool JobManager::infer_submitted(const std::string& output, double since) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, j] : jobs_) {
-    if (!j->is_infer() || j->infer.output != output) continue;
+    if (!j->is_infer() || j->infer.request.options.output.string() != output) continue;
     if (!is_final(j->rec.state) || j->rec.created >= since) return true;
   }
   return false;
@@ -161,12 +161,15 @@ std::int64_t JobManager::infer_job_since(const std::string& output, double since
   std::lock_guard<std::mutex> lock(mu_);
   std::int64_t newest = 0;
   for (const auto& [id, j] : jobs_)
-    if (j->is_infer() && j->infer.output == output && j->rec.created >= since) newest = std::max(newest, id);
+    if (j->is_infer() && j->infer.request.options.output.string() == output && j->rec.created >= since)
+      newest = std::max(newest, id);
   return newest;
 }
 
 std::string JobManager::wanted_device_locked(const Job& j) const {
-  return device_key(j.is_infer() ? j.infer.device : j.is_plan() ? j.plan.device : j.cfg.train.device);
+  return device_key(j.is_infer()  ? j.infer.request.options.device
+                    : j.is_plan() ? j.plan.device
+                                  : j.cfg.train.device);
 }
 
 void JobManager::end_job_locked(Job& j, JobState state, const std::string& reason, ErrorCode error) {

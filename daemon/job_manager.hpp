@@ -49,6 +49,7 @@
 #include "daemon/job_state.hpp"
 #include "daemon/state_db.hpp"
 #include "messages/status.hpp"
+#include "models/inference/infer_request.hpp"
 
 namespace segflow::pipeline {
 class StageRegistry;
@@ -65,26 +66,14 @@ using PublishFn = std::function<void(const std::string& topic, const nlohmann::j
 /// The change counter of a dataset (DatasetWatcher::version).
 using VersionFn = std::function<std::uint64_t(const std::string& dataset)>;
 
-/// An inference job (`segflow ctl infer`): models::run_inference on one scan, or
-/// run_inference_batch on a folder or dataset. Paths are absolute once submitted.
+/// An inference job (`segflow ctl infer`, auto_infer): the request (models/inference/infer_request.hpp:
+/// every option of `segflow infer`), run by models::run_inference on one scan, run_inference_batch on a
+/// folder or dataset, or run_box_inference with box prompts. Paths are absolute once submitted.
 struct InferJobSpec {
-  std::string checkpoint;  ///< best.pt / last.pt of a run; empty with `model`
-  /// A model package folder (`segflow package`): its members, TTA, overlap and
-  /// postprocessing (models::InferOptions::model); instead of `checkpoint` and `tta`.
-  std::string model;
-  std::string input;         ///< a scan, a DICOM series folder, a folder of scans or a dataset
-  std::string output;        ///< a label map file (one scan) or a folder
-  std::string tta = "none";  ///< none | mirror | mirror-all
-  std::string device = "auto";
+  models::InferRequest request;
   std::string trigger;  ///< "" (ctl infer) or "auto_infer" (a new case of a watched dataset)
   std::string dataset;  ///< auto_infer: the dataset of the case
   std::string case_id;  ///< auto_infer: the case
-  /// Box prompts for a box-prompted (sam) checkpoint, one scan (models/inference/box_inference.hpp):
-  /// a box file or a label map; `propagate` seeds 3D propagation; box_margin < 0 = default.
-  std::string boxes, boxes_from;
-  bool propagate = false;
-  std::int64_t box_margin = -1;
-  bool box_prompted() const { return !boxes.empty() || !boxes_from.empty() || propagate || box_margin >= 0; }
 };
 
 /// A plan job (`segflow ctl plan`, `ctl train DATASET`, auto_train): models::planning on a

@@ -273,9 +273,7 @@ Status check_options(const BoxInferOptions& o, const fs::path& out, bool dicom) 
                             "DICOM series folder), got a folder of scans");
   if (out.extension() == ".dcm" && !dicom)
     return invalid_argument(out.string() + ": DICOM SEG output needs a DICOM input, got " + o.input.string());
-  if (out.extension() != ".dcm" && !pipeline::is_nifti_path(out))
-    return invalid_argument(out.string() + ": --output: expected a .nii, .nii.gz or .dcm file or a folder");
-  return Status::ok();
+  return check_label_map_path(out);
 }
 
 /// The prompts of the run: the box file's or the label map's.
@@ -294,23 +292,6 @@ Result<std::vector<SliceBox>> prompts(const BoxInferOptions& o, const pipeline::
   if (b.empty())
     return invalid_argument(o.boxes_from.string() + ": --boxes-from: the label map has no label > 0");
   return b;
-}
-
-/// Writes the label map as NIfTI or DICOM SEG (temporary file, renamed).
-Status write_labels(const fs::path& out, const pipeline::Image& input, const at::Tensor& labels,
-                    const fs::path& dicom_source, const std::vector<std::string>& names) {
-  pipeline::Image seg;
-  seg.voxels = labels.contiguous();
-  seg.geometry = input.geometry;
-  seg.modality = "SEG";
-  if (out.extension() != ".dcm") return pipeline::write_nifti(out, seg);
-  SEGFLOW_ASSIGN_OR_RETURN(pipeline::DicomSeriesInfo ref, pipeline::dicom_source_series(dicom_source));
-  const std::int64_t top = labels.max().item<std::int64_t>();
-  std::vector<pipeline::SegmentStyle> styles(static_cast<std::size_t>(top + 1));
-  for (std::int64_t v = 1; v <= top; ++v)
-    styles[v] = {static_cast<std::size_t>(v) < names.size() ? names[v] : "",
-                 pipeline::default_segment_colour(v)};
-  return pipeline::write_dicom_seg(out, seg, ref, styles);
 }
 
 std::vector<BoxInferResult::LabelSpan> spans_of(const at::Tensor& labels, const std::vector<SliceBox>& boxes,
@@ -451,7 +432,7 @@ Result<BoxInferResult> run_box_inference(const BoxInferOptions& o, Trainer& mode
                                                 : segment_boxes(boxes, input.size(), segment));
     const std::int64_t top = m.labels.max().item<std::int64_t>();
     const at::Tensor labels = m.labels.unsqueeze(0).to(top < 256 ? at::kByte : at::kShort);
-    SEGFLOW_RETURN_IF_ERROR(write_labels(out, input, labels, dicom ? o.input : fs::path(), names));
+    SEGFLOW_RETURN_IF_ERROR(write_label_map(out, input, labels, dicom ? o.input : fs::path(), names));
     BoxInferResult r;
     r.result.output = out;
     r.result.size = input.size();

@@ -22,6 +22,7 @@
 #include "pipeline/io/dataset.hpp"
 #include "pipeline/io/dicom.hpp"
 #include "pipeline/io/dicom_seg_style.hpp"
+#include "pipeline/io/image_formats.hpp"
 #include "pipeline/io/image_io.hpp"
 #include "pipeline/io/nifti.hpp"
 #include "pipeline/pipeline_spec.hpp"
@@ -142,6 +143,9 @@ class Ensemble {
       SEGFLOW_ASSIGN_OR_RETURN(ModelPackage package, read_model_package(given.model));
       o = package_infer_options(package, given);
       if (given.postprocess) e.postprocess_ = std::move(package.postprocessing);
+    } else if (!given.postprocess_file.empty()) {
+      SEGFLOW_ASSIGN_OR_RETURN(PostprocessPlan plan, read_postprocessing(given.postprocess_file));
+      e.postprocess_ = std::move(plan);
     }
     if (o.checkpoint.empty()) return invalid_argument("--checkpoint: required");
     std::vector<fs::path> paths = {o.checkpoint};
@@ -261,42 +265,24 @@ class Ensemble {
   std::optional<PostprocessPlan> postprocess_;  ///< a model package's, applied to each label map
 };
 
-/// "<dir>/x.nii.gz" -> "<dir>/x_probabilities.nii.gz" (also for .nii and .dcm).
+/// "<dir>/x.nii.gz" -> "<dir>/x_probabilities.nii.gz" (also for .dcm and the other endings
+/// of the format table: x.nrrd, x.mha).
 fs::path probabilities_path(const fs::path& label_file) {
   std::string name = label_file.filename().string();
-  for (const char* ext : {".nii.gz", ".nii", ".dcm"}) {
-    const std::string e = ext;
-    if (name.size() > e.size() && name.ends_with(e)) {
-      name.resize(name.size() - e.size());
-      break;
-    }
-  }
+  const std::string e = label_file.extension() == ".dcm" ? ".dcm" : pipeline::format_ending(label_file);
+  if (!e.empty() && name.size() > e.size()) name.resize(name.size() - e.size());
   return label_file.parent_path() / (name + "_probabilities.nii.gz");
 }
 
-/// Writes a case's label map (NIfTI or DICOM SEG) and, when predicted, its probabilities.
+/// Writes a case's label map (write_label_map) and, when predicted, its probabilities.
 Result<InferResult> write_case(const CasePrediction& pred, const pipeline::Image& input, const fs::path& out,
                                const fs::path& dicom_source, const std::vector<std::string>& names) {
+  if (out.extension() == ".dcm" && dicom_source.empty())
+    return invalid_argument(out.string() + ": DICOM SEG output needs a DICOM input, got " +
+                            input.source.string());
+  SEGFLOW_RETURN_IF_ERROR(write_label_map(out, input, pred.labels, dicom_source, names));
   pipeline::Image seg;
-  seg.voxels = pred.labels.contiguous();
-  seg.geometry = input.geometry;
-  seg.modality = "SEG";
-  if (out.extension() == ".dcm") {
-    if (dicom_source.empty())
-      return invalid_argument(out.string() + ": DICOM SEG output needs a DICOM input, got " +
-                              input.source.string());
-    // The SEG references the slices read: the stack read_dicom chose (not localizers or
-    // other series of the folder).
-    SEGFLOW_ASSIGN_OR_RETURN(pipeline::DicomSeriesInfo ref, pipeline::dicom_source_series(dicom_source));
-    std::vector<pipeline::SegmentStyle> styles(names.size());
-    for (std::size_t v = 0; v < names.size(); ++v)
-      styles[v] = {names[v], pipeline::default_segment_colour(static_cast<std::int64_t>(v))};
-    SEGFLOW_RETURN_IF_ERROR(pipeline::write_dicom_seg(out, seg, ref, styles));
-  } else if (pipeline::is_nifti_path(out)) {
-    SEGFLOW_RETURN_IF_ERROR(pipeline::write_nifti(out, seg));
-  } else {
-    return invalid_argument(out.string() + ": --output: expected a .nii, .nii.gz or .dcm file or a folder");
-  }
+  seg.voxels = pred.labels;
   InferResult r;
   r.output = out;
   r.size = seg.size();
@@ -424,6 +410,7 @@ Result<InferResult> run_inference(const InferOptions& o) {
       const bool seg = o.format == "seg" || (o.format.empty() && dicom);
       out = seg ? out / "seg.dcm" : out / (stem + "_seg.nii.gz");
     }
+    SEGFLOW_RETURN_IF_ERROR(check_label_map_path(out));  // before the prediction, not after
     const std::string id = pipeline::strip_channel_zero(pipeline::case_id_of(o.input));
     SEGFLOW_ASSIGN_OR_RETURN(CasePrediction pred,
                              ensemble.predict(input.voxels, input.geometry, id, o.save_probabilities));
@@ -515,6 +502,40 @@ InferOptions package_infer_options(const ModelPackage& p, const InferOptions& ba
   if (o.overlap < 0) o.overlap = p.overlap;
   if (o.class_names.empty()) o.class_names = p.class_names;
   return o;
+}
+
+Status check_label_map_path(const fs::path& out) {
+  if (out.extension() == ".dcm") return Status::ok();
+  const pipeline::ImageFormatInfo* f = pipeline::image_format_info(pipeline::format_from_name(out));
+  if (f && f->write) return Status::ok();
+  std::string endings;
+  for (const auto& x : pipeline::image_formats())
+    if (x.write)
+      for (const auto& e : x.extensions) endings += e + ", ";
+  return invalid_argument(out.string() +
+                          ": --output: expected a folder, a .dcm (DICOM SEG) or a label map file " +
+                          "of a format segflow writes (" + endings.substr(0, endings.size() - 2) + ")");
+}
+
+Status write_label_map(const fs::path& out, const pipeline::Image& input, const at::Tensor& labels,
+                       const fs::path& dicom_source, const std::vector<std::string>& names) {
+  SEGFLOW_RETURN_IF_ERROR(check_label_map_path(out));
+  pipeline::Image seg;
+  seg.voxels = labels.contiguous();
+  seg.geometry = input.geometry;
+  seg.modality = "SEG";
+  if (out.extension() != ".dcm")
+    return pipeline::image_format_info(pipeline::format_from_name(out))->write(out, seg);
+  // The SEG references the slices read: the stack read_dicom chose (not localizers or other
+  // series of the folder). A segment per value up to the largest, named where a name is known.
+  SEGFLOW_ASSIGN_OR_RETURN(pipeline::DicomSeriesInfo ref, pipeline::dicom_source_series(dicom_source));
+  const std::int64_t top = labels.numel() > 0 ? labels.max().item<std::int64_t>() : 0;
+  std::vector<pipeline::SegmentStyle> styles(
+      std::max<std::size_t>(names.size(), static_cast<std::size_t>(top + 1)));
+  for (std::size_t v = 0; v < styles.size(); ++v)
+    styles[v] = {v < names.size() ? names[v] : "",
+                 pipeline::default_segment_colour(static_cast<std::int64_t>(v))};
+  return pipeline::write_dicom_seg(out, seg, ref, styles);
 }
 
 }  // namespace segflow::models

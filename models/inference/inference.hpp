@@ -27,6 +27,7 @@
 #include "messages/status.hpp"
 #include "models/fwd.hpp"
 #include "models/inference/tta.hpp"
+#include "pipeline/fwd.hpp"
 
 namespace segflow::models {
 
@@ -47,6 +48,9 @@ struct InferOptions {
   /// With `model`: apply the package's postprocessing.json to each label map (false:
   /// `--no-postprocess`).
   bool postprocess = true;
+  /// Without `model`: a postprocessing.json (`segflow postprocess determine`) applied to each
+  /// label map before it is written (NIfTI and SEG alike); "" = none.
+  std::filesystem::path postprocess_file;
   /// A NIfTI / npy / DICOM file or a folder with one DICOM series (run_inference); for
   /// run_inference_batch also a folder of scans or a dataset (see list_inference_cases).
   std::filesystem::path input;
@@ -93,6 +97,17 @@ struct InferResult {
   std::filesystem::path probabilities;  ///< the probabilities file, when saved
   std::vector<int> tta_axes;            ///< axes mirrored (of the first checkpoint; 0 = x)
 };
+
+/// Whether `out` names a label-map file segflow writes: ".dcm" (DICOM SEG) or an ending of a
+/// format of the image-format table with a writer (NIfTI, NRRD, MetaImage); the error lists them.
+Status check_label_map_path(const std::filesystem::path& out);
+
+/// Writes `labels` on `input`'s grid to `out`: a DICOM SEG for ".dcm" (referencing the series
+/// read from `dicom_source`, a segment per value named from `names`), else the format table's
+/// writer for the file's ending. The one label-map writer of inference and box inference.
+Status write_label_map(const std::filesystem::path& out, const pipeline::Image& input,
+                       const at::Tensor& labels, const std::filesystem::path& dicom_source,
+                       const std::vector<std::string>& names);
 
 /// Runs inference on one scan. A folder output gets "<input name>_seg.nii.gz" (NIfTI input)
 /// or "seg.dcm" (DICOM input).

@@ -21,7 +21,8 @@ TEST_CASE("auto_infer runs a dataset's model once on each new case and reports r
   make_dataset(s.data, "incoming", 1, 21);
   const fs::path out = s.dir / "seg";
   s.write_config("auto_infer:\n  - dataset: incoming\n    checkpoint: " + checkpoint.string() +
-                 "\n    output: " + out.string() + "\n    tta: mirror\n");
+                 "\n    output: " + out.string() + "\n    tta: mirror\n" +
+                 "    save_probabilities: true\n    overlap: 0.25\n");  // options of segflow infer
   auto d = s.start();
   Events events(s.events, "job.");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the subscription reach the PUB socket
@@ -52,6 +53,10 @@ TEST_CASE("auto_infer runs a dataset's model once on each new case and reports r
   CHECK(st["input"] == scan.string());  // the image, not a label
   CHECK(st["tta"] == "mirror");
   CHECK(st["trigger"] == "auto_infer");
+  // The rule's options of segflow infer reach the job: stored, shown and applied.
+  CHECK(st["overlap"] == 0.25);
+  CHECK(st["save_probabilities"] == true);
+  CHECK(fs::exists(out / "arrived_probabilities.nii.gz"));
 
   // A corrupt case: one failed job, in the events, not submitted again on later rescans.
   drop_file(s.dir / "aside.nii.gz", {}, "not a NIfTI file at all", images / "broken_0000.nii.gz");
