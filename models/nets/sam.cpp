@@ -339,21 +339,54 @@ void PromptEncoderImpl::reset() {
 }
 
 std::pair<at::Tensor, at::Tensor> PromptEncoderImpl::forward(const at::Tensor& boxes) {
-  const auto& o = options;
   TORCH_CHECK((boxes.dim() == 2 && boxes.size(1) == 4) ||
                   (boxes.dim() == 3 && boxes.size(1) == 1 && boxes.size(2) == 4),
               "PromptEncoder: expected boxes (B, 4) or (B, 1, 4), got shape ", boxes.sizes());
-  const int64_t B = boxes.size(0);
+  return encode({.boxes = boxes});
+}
+
+std::pair<at::Tensor, at::Tensor> PromptEncoderImpl::encode(const SamPrompts& p) {
+  const auto& o = options;
+  const bool has_points = p.points.defined(), has_box = p.boxes.defined(), has_mask = p.masks.defined();
+  TORCH_CHECK(has_points || has_box || has_mask, "PromptEncoder: expected a point, box or mask prompt");
+  const int64_t B = has_points ? p.points.size(0) : has_box ? p.boxes.size(0) : p.masks.size(0);
   auto dev = pe_layer->positional_encoding_gaussian_matrix.device();
-  auto coords = (boxes.to(dev, torch::kFloat).reshape({B, 2, 2}) + 0.5);  // centre of the pixel
-  auto corner = pe_layer->forward_with_coords(coords, o.input_image_size, o.input_image_size);
-  auto corner_emb = torch::cat({point_embeddings->at<torch::nn::EmbeddingImpl>(2).weight,
-                                point_embeddings->at<torch::nn::EmbeddingImpl>(3).weight},
-                               0);  // (2, D)
-  auto sparse = corner + corner_emb.unsqueeze(0);
+  auto weight = [this](int i) { return point_embeddings->at<torch::nn::EmbeddingImpl>(i).weight; };
+  std::vector<at::Tensor> sparse;
+  if (has_points) {
+    TORCH_CHECK(p.points.dim() == 3 && p.points.size(2) == 2 && p.labels.defined() &&
+                    p.labels.sizes() == p.points.sizes().slice(0, 2),
+                "PromptEncoder: expected points (B, N, 2) with labels (B, N), got shapes ", p.points.sizes(),
+                " and ", p.labels.defined() ? p.labels.sizes() : at::IntArrayRef{});
+    at::Tensor coords = p.points.to(dev, torch::kFloat) + 0.5;  // centre of the pixel
+    at::Tensor labels = p.labels.to(dev, torch::kFloat);
+    if (!has_box) {  // SAM pads a point set without a box with one "not a point"
+      coords = torch::cat({coords, torch::zeros({B, 1, 2}, coords.options())}, 1);
+      labels = torch::cat({labels, -torch::ones({B, 1}, labels.options())}, 1);
+    }
+    at::Tensor e = pe_layer->forward_with_coords(coords, o.input_image_size, o.input_image_size);
+    const auto is = [&labels](double v) { return (labels == v).unsqueeze(-1).to(torch::kFloat); };
+    // Padding: the not-a-point embedding alone; a click: its position plus its label's embedding.
+    e = e * (1 - is(-1)) + is(-1) * not_a_point_embed->weight + is(0) * weight(0) + is(1) * weight(1);
+    sparse.push_back(e);
+  }
+  if (has_box) {
+    auto coords = (p.boxes.to(dev, torch::kFloat).reshape({B, 2, 2}) + 0.5);  // centre of the pixel
+    auto corner = pe_layer->forward_with_coords(coords, o.input_image_size, o.input_image_size);
+    sparse.push_back(corner + torch::cat({weight(2), weight(3)}, 0).unsqueeze(0));
+  }
+  at::Tensor tokens = sparse.size() == 1 ? sparse.front()
+                      : sparse.empty() ? torch::zeros({B, 0, o.embed_dim}, torch::TensorOptions().device(dev))
+                                       : torch::cat(sparse, 1);
   const int64_t s = o.image_embedding_size;
-  auto dense = no_mask_embed->weight.reshape({1, -1, 1, 1}).expand({B, -1, s, s});
-  return {sparse, dense};
+  if (has_mask) {
+    TORCH_CHECK(
+        p.masks.dim() == 4 && p.masks.size(1) == 1 && p.masks.size(2) == 4 * s && p.masks.size(3) == 4 * s,
+        "PromptEncoder: expected a mask prompt (B, 1, ", 4 * s, ", ", 4 * s, "), got shape ",
+        p.masks.sizes());
+    return {tokens, mask_downscaling->forward(p.masks.to(dev, torch::kFloat))};
+  }
+  return {tokens, no_mask_embed->weight.reshape({1, -1, 1, 1}).expand({B, -1, s, s})};
 }
 
 at::Tensor PromptEncoderImpl::get_dense_pe() {
@@ -527,8 +560,8 @@ void MaskDecoderImpl::reset() {
 
 std::pair<at::Tensor, at::Tensor> MaskDecoderImpl::forward(const at::Tensor& image_embeddings,
                                                            const at::Tensor& image_pe,
-                                                           const at::Tensor& sparse,
-                                                           const at::Tensor& dense) {
+                                                           const at::Tensor& sparse, const at::Tensor& dense,
+                                                           bool multimask) {
   const int64_t B = sparse.size(0);
   auto output_tokens =
       torch::cat({iou_token->weight, mask_tokens->weight}, 0).unsqueeze(0).expand({B, -1, -1});
@@ -545,13 +578,18 @@ std::pair<at::Tensor, at::Tensor> MaskDecoderImpl::forward(const at::Tensor& ima
   auto mask_token0 = hs.index({Slice(), 1, Slice()});
   auto upscaled = output_upscaling->forward(keys.transpose(1, 2).reshape({B, c, h, w}));
   const int64_t uc = upscaled.size(1), uh = upscaled.size(2), uw = upscaled.size(3);
-  // Only mask token 0 is returned (MedSAM's multimask_output = False), so only its
-  // hypernetwork runs; the other tokens' MLPs exist for SAM checkpoints.
-  auto hyper =
-      output_hypernetworks_mlps->at<HyperMlpImpl>(0).forward(mask_token0).unsqueeze(1);  // (B, 1, uc)
-  auto masks = hyper.matmul(upscaled.reshape({B, uc, uh * uw})).reshape({B, 1, uh, uw});
+  // Without multimask only mask token 0 is returned (MedSAM's multimask_output = False), so
+  // only its hypernetwork runs; with it, tokens 1.. (SAM's candidates for one click).
+  const int64_t first = multimask ? 1 : 0, count = multimask ? options.num_multimask_outputs : 1;
+  std::vector<at::Tensor> hyper_rows;
+  for (int64_t t = first; t < first + count; ++t)
+    hyper_rows.push_back(output_hypernetworks_mlps->at<HyperMlpImpl>(static_cast<std::size_t>(t))
+                             .forward(t == 0 ? mask_token0 : hs.index({Slice(), 1 + t, Slice()})));
+  auto hyper = torch::stack(hyper_rows, 1);  // (B, count, uc)
+  auto masks = hyper.matmul(upscaled.reshape({B, uc, uh * uw})).reshape({B, count, uh, uw});
   at::Tensor iou;
-  if (iou_prediction_head) iou = iou_prediction_head->forward(iou_token_out).index({Slice(), Slice(0, 1)});
+  if (iou_prediction_head)
+    iou = iou_prediction_head->forward(iou_token_out).index({Slice(), Slice(first, first + count)});
   return {masks, iou};
 }
 
@@ -593,6 +631,23 @@ SamOutput SamImpl::forward_full(const at::Tensor& image, const at::Tensor& boxes
   auto embeddings = image_encoder->forward(image);
   auto [sparse, dense] = prompt_encoder->forward(boxes);
   auto [low_res, iou] = mask_decoder->forward(embeddings, prompt_encoder->get_dense_pe(), sparse, dense);
+  auto masks = F::interpolate(low_res, F::InterpolateFuncOptions()
+                                           .size(std::vector<int64_t>{image.size(2), image.size(3)})
+                                           .mode(torch::kBilinear)
+                                           .align_corners(false));
+  return {masks, low_res, iou, embeddings};
+}
+
+SamOutput SamImpl::forward_prompts(const at::Tensor& image, const SamPrompts& prompts, bool multimask) {
+  const int64_t S = options.image_encoder.img_size;
+  TORCH_CHECK(image.dim() == 4 && image.size(2) == S && image.size(3) == S, "Sam: expected an image (B, ",
+              options.image_encoder.in_chans, ", ", S, ", ", S, "), got shape ", image.sizes());
+  auto embeddings = image_encoder->forward(image);
+  auto [sparse, dense] = prompt_encoder->encode(prompts);
+  TORCH_CHECK(sparse.size(0) == image.size(0), "Sam: expected one prompt set per image, got ", sparse.size(0),
+              " for ", image.size(0), " images");
+  auto [low_res, iou] =
+      mask_decoder->forward(embeddings, prompt_encoder->get_dense_pe(), sparse, dense, multimask);
   auto masks = F::interpolate(low_res, F::InterpolateFuncOptions()
                                            .size(std::vector<int64_t>{image.size(2), image.size(3)})
                                            .mode(torch::kBilinear)

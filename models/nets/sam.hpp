@@ -183,14 +183,26 @@ class PositionEmbeddingRandomImpl : public torch::nn::Cloneable<PositionEmbeddin
 };
 TORCH_MODULE(PositionEmbeddingRandom);
 
-/// SAM's PromptEncoder, fed with boxes only: sparse (B, 2, embed_dim) corner embeddings and
-/// dense (B, embed_dim, h, w) "no mask" embeddings.
+/// The prompts of one SAM call (segment_anything's PromptEncoder.forward); an undefined tensor
+/// is an absent prompt, and at least one must be given.
+struct SamPrompts {
+  at::Tensor points;  ///< (B, N, 2): (x, y) pixels of the model's input image
+  at::Tensor labels;  ///< (B, N): 1 a positive click, 0 a negative one, -1 padding (no point)
+  at::Tensor boxes;   ///< (B, 4) or (B, 1, 4): x0, y0, x1, y1 pixels
+  at::Tensor masks;   ///< (B, 1, 4h, 4w): low-resolution logits, e.g. the previous prediction
+};
+
+/// SAM's PromptEncoder: points, a box and a low-resolution mask into sparse (B, T, embed_dim)
+/// tokens and a dense (B, embed_dim, h, w) embedding, as segment_anything computes them.
 class PromptEncoderImpl : public torch::nn::Cloneable<PromptEncoderImpl> {
  public:
   explicit PromptEncoderImpl(PromptEncoderOptions options);
   void reset() override;
   /// boxes (B, 4) or (B, 1, 4) -> {sparse (B, 2, D), dense (B, D, h, w)}.
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& boxes);
+  /// Any mix of prompts -> {sparse (B, N [+ 1 padding point without a box] [+ 2 box corners], D),
+  /// dense (B, D, h, w): the mask's downscaled embedding, or "no mask"}.
+  std::pair<at::Tensor, at::Tensor> encode(const SamPrompts& prompts);
   /// Positional encoding of the image embedding grid: (1, D, h, w).
   at::Tensor get_dense_pe();
   std::shared_ptr<torch::nn::Module> clone(
@@ -200,7 +212,7 @@ class PromptEncoderImpl : public torch::nn::Cloneable<PromptEncoderImpl> {
   PositionEmbeddingRandom pe_layer{nullptr};
   torch::nn::ModuleList point_embeddings{nullptr};  ///< 4 x Embedding(1, D): pos, neg, corner 0, 1
   torch::nn::Embedding not_a_point_embed{nullptr};
-  torch::nn::Sequential mask_downscaling{nullptr};  ///< for SAM weights; not used with boxes
+  torch::nn::Sequential mask_downscaling{nullptr};  ///< a mask prompt (B, 1, 4h, 4w) -> (B, D, h, w)
   torch::nn::Embedding no_mask_embed{nullptr};
 };
 TORCH_MODULE(PromptEncoder);
@@ -260,9 +272,9 @@ TORCH_MODULE(HyperMlp);
 
 /// Output of the mask decoder / whole model.
 struct SamOutput {
-  at::Tensor masks;             ///< (B, 1, H, W) logits at input resolution
-  at::Tensor low_res_masks;     ///< (B, 1, 4h, 4w) logits
-  at::Tensor iou_predictions;   ///< (B, 1); undefined without the IoU head
+  at::Tensor masks;             ///< (B, M, H, W) logits at input resolution; M = 1, or 3 multimask
+  at::Tensor low_res_masks;     ///< (B, M, 4h, 4w) logits
+  at::Tensor iou_predictions;   ///< (B, M); undefined without the IoU head
   at::Tensor image_embeddings;  ///< (B, out_chans, S/patch, S/patch): the image encoder's output
 };
 
@@ -271,9 +283,12 @@ class MaskDecoderImpl : public torch::nn::Cloneable<MaskDecoderImpl> {
   explicit MaskDecoderImpl(MaskDecoderOptions options);
   void reset() override;
   /// image_embeddings (B, C, h, w), image_pe (1, C, h, w), sparse (B, T, C), dense
-  /// (B, C, h, w) -> {low-res masks (B, 1, 4h, 4w) from mask token 0, iou (B, 1) or undefined}.
+  /// (B, C, h, w) -> {low-res masks (B, 1, 4h, 4w) from mask token 0, iou (B, 1) or undefined};
+  /// `multimask`: the masks of the other tokens instead, (B, num_multimask_outputs, 4h, 4w) and
+  /// their IoU predictions (SAM's answer to an ambiguous prompt such as one click).
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& image_embeddings, const at::Tensor& image_pe,
-                                            const at::Tensor& sparse, const at::Tensor& dense);
+                                            const at::Tensor& sparse, const at::Tensor& dense,
+                                            bool multimask = false);
   std::shared_ptr<torch::nn::Module> clone(
       const std::optional<torch::Device>& device = std::nullopt) const override;
   void pretty_print(std::ostream& stream) const override;
@@ -295,6 +310,9 @@ class SamImpl : public torch::nn::Cloneable<SamImpl> {
   at::Tensor forward(const at::Tensor& image, const at::Tensor& boxes);
   /// As forward, with the low-resolution logits and IoU predictions.
   SamOutput forward_full(const at::Tensor& image, const at::Tensor& boxes);
+  /// Any mix of point, box and mask prompts (one prompt set per image); with `multimask`
+  /// the num_multimask_outputs candidate masks and their IoU predictions.
+  SamOutput forward_prompts(const at::Tensor& image, const SamPrompts& prompts, bool multimask = false);
   std::shared_ptr<torch::nn::Module> clone(
       const std::optional<torch::Device>& device = std::nullopt) const override;
   void pretty_print(std::ostream& stream) const override;

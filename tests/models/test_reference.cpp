@@ -70,6 +70,70 @@ TEST_CASE("our SAM reproduces segment_anything's encoder, prompt encoder and dec
   CHECK(rel_diff(out.iou_predictions, io["iou"]) < 1e-4);
 }
 
+TEST_CASE("our SAM takes points, boxes and masks as segment_anything does: prompt tokens, masks and IoU") {
+  TempDir dir("ref_sam_prompts");
+  if (!make_reference("sam_prompts", dir)) return;
+  auto o = *SamOptions::preset("tiny");
+  o.image_encoder.use_rel_pos = true;
+  o.image_encoder.window_size = 3;
+  o.image_encoder.global_attn_indexes = {1};
+  o.mask_decoder.num_multimask_outputs = 3;
+  o.mask_decoder.iou_head = true;
+  o.mask_decoder.iou_head_hidden_dim = 64;
+  Sam sam(o);
+  REQUIRE_OK_AND_ASSIGN(auto weights, read_tensor_archive(dir / "sam_weights.sfta"));
+  REQUIRE_OK(load_into(*sam, weights, /*strict=*/true));
+  auto io = *read_tensor_archive(dir / "sam_prompts.sfta");
+  sam->eval();
+  torch::NoGradGuard no_grad;
+  using torch::indexing::Slice;
+  const at::Tensor points = io["points"], labels = io["labels"];
+  // Each mix segment_anything's own PromptEncoder.forward and MaskDecoder.forward ran on.
+  const struct {
+    const char* name;
+    SamPrompts prompts;
+    bool multimask;
+    int64_t masks;
+  } cases[] = {
+      {"points", {.points = points, .labels = labels}, true, 3},  // three clicks, padded: SAM's candidates
+      {"points_box",
+       {.points = points.index({Slice(), Slice(0, 2)}),
+        .labels = labels.index({Slice(), Slice(0, 2)}),
+        .boxes = io["box"]},
+       false,
+       1},
+      {"box_mask", {.boxes = io["box"], .masks = io["mask"]}, false, 1},  // a box and the previous mask
+      {"points_mask",
+       {.points = points.index({Slice(), Slice(0, 1)}),
+        .labels = labels.index({Slice(), Slice(0, 1)}),
+        .masks = io["mask"]},
+       true,
+       3},
+  };
+  for (const auto& c : cases) {
+    const std::string name = c.name;
+    INFO(name);
+    auto [sparse, dense] = sam->prompt_encoder->encode(c.prompts);
+    CHECK(rel_diff(sparse, io[name + "/sparse"]) < 1e-5);
+    CHECK(rel_diff(dense, io[name + "/dense"]) < 1e-5);
+    const SamOutput out = sam->forward_prompts(io["image"], c.prompts, c.multimask);
+    CHECK(out.low_res_masks.size(1) == c.masks);
+    CHECK(rel_diff(out.low_res_masks, io[name + "/low_res"]) < 1e-4);
+    CHECK(rel_diff(out.iou_predictions, io[name + "/iou"]) < 1e-4);
+    CHECK(out.masks.sizes() == at::IntArrayRef({1, c.masks, 64, 64}));
+  }
+  // The box path is the box-only mix: forward_full equals forward_prompts with the box alone.
+  const at::Tensor box_only = sam->forward_full(io["image"], io["box"]).low_res_masks;
+  CHECK(torch::equal(box_only, sam->forward_prompts(io["image"], {.boxes = io["box"]}).low_res_masks));
+  // Prompts of the wrong shape are refused with what was expected.
+  CHECK_THROWS_WITH_AS(sam->prompt_encoder->encode({}), doctest::Contains("expected a point, box or mask"),
+                       c10::Error);
+  CHECK_THROWS_WITH_AS(sam->prompt_encoder->encode({.points = points}),
+                       doctest::Contains("with labels (B, N)"), c10::Error);
+  CHECK_THROWS_WITH_AS(sam->prompt_encoder->encode({.masks = torch::zeros({1, 1, 16, 16})}),
+                       doctest::Contains("expected a mask prompt (B, 1, 32, 32)"), c10::Error);
+}
+
 TEST_CASE("our UNet reproduces MONAI's UNet with residual units and batch norm on the same weights") {
   TempDir dir("ref_unet");
   if (!make_reference("unet", dir)) return;

@@ -3,6 +3,7 @@
 segflow's C++ models.
 
     make_reference.py sam  OUT_DIR              # needs segment_anything (torchvision is stubbed if absent)
+    make_reference.py sam_prompts OUT_DIR       # the same SAM with point, box and mask prompts
     make_reference.py unet OUT_DIR              # needs monai
     make_reference.py unet_aniso OUT_DIR        # MONAI's UNet with per-axis strides and kernels
     make_reference.py plain_unet_aniso OUT_DIR  # needs dynamic_network_architectures (nnU-Net's)
@@ -52,15 +53,16 @@ def stub_torchvision():
                         "torchvision.ops": ops, "torchvision.ops.boxes": boxes})
 
 
-def sam(out):
+def tiny_sam():
+    """segment_anything's parts at test size with seeded random weights (and the generator,
+    to go on drawing from it); None when segment_anything is not importable."""
     stub_torchvision()
     try:
         from segment_anything.modeling import ImageEncoderViT, MaskDecoder, PromptEncoder, TwoWayTransformer
     except ImportError as e:
         print(f"segment_anything not importable: {e}")
-        return 3
+        return None
     from functools import partial
-    import torch.nn.functional as F
 
     torch.manual_seed(0)
     enc = ImageEncoderViT(img_size=64, patch_size=8, in_chans=3, embed_dim=64, depth=2, num_heads=2, mlp_ratio=4.0,
@@ -74,6 +76,16 @@ def sam(out):
     gen = torch.Generator().manual_seed(1)
     randomize(model, gen)
     model.eval()
+    return enc, pe, dec, model, gen
+
+
+def sam(out):
+    built = tiny_sam()
+    if built is None:
+        return 3
+    enc, pe, dec, model, gen = built
+    import torch.nn.functional as F
+
     image = torch.randn(2, 3, 64, 64, generator=gen)
     box = torch.tensor([[5.0, 7.0, 40.0, 50.0], [20.0, 3.0, 60.0, 33.0]])
     with torch.no_grad():
@@ -96,6 +108,39 @@ def sam(out):
     write_archive(os.path.join(out, "sam_weights.sfta"), dict(model.state_dict()))
     write_archive(os.path.join(out, "sam_io.sfta"), {"image": image, "box": box, "embedding": emb, "low_res": low,
                                                      "masks": full, "iou": iou[:, 0:1]})
+    return 0
+
+
+def sam_prompts(out):
+    """Point, box and mask prompts through segment_anything's own PromptEncoder.forward and
+    MaskDecoder.forward (single and multimask) for one image, on the weights sam() uses."""
+    built = tiny_sam()
+    if built is None:
+        return 3
+    enc, pe, dec, model, _ = built
+    write_archive(os.path.join(out, "sam_weights.sfta"), dict(model.state_dict()))
+    gen = torch.Generator().manual_seed(2)
+    image = torch.randn(1, 3, 64, 64, generator=gen)
+    points = torch.tensor([[[20.0, 30.0], [45.0, 12.0], [33.0, 50.0]]])
+    labels = torch.tensor([[1.0, 0.0, 1.0]])
+    box = torch.tensor([[8.0, 10.0, 50.0, 55.0]])
+    mask = torch.randn(1, 1, 32, 32, generator=gen) * 3
+    cases = {
+        "points": dict(points=(points, labels), boxes=None, masks=None, multi=True),
+        "points_box": dict(points=(points[:, :2], labels[:, :2]), boxes=box, masks=None, multi=False),
+        "box_mask": dict(points=None, boxes=box, masks=mask, multi=False),
+        "points_mask": dict(points=(points[:, :1], labels[:, :1]), boxes=None, masks=mask, multi=True),
+    }
+    result = {"image": image, "points": points, "labels": labels, "box": box, "mask": mask}
+    with torch.no_grad():
+        emb = enc(image)
+        for name, c in cases.items():
+            sparse, dense = pe(points=c["points"], boxes=c["boxes"], masks=c["masks"])
+            low, iou = dec(image_embeddings=emb, image_pe=pe.get_dense_pe(), sparse_prompt_embeddings=sparse,
+                           dense_prompt_embeddings=dense, multimask_output=c["multi"])
+            result.update({f"{name}/sparse": sparse, f"{name}/dense": dense, f"{name}/low_res": low,
+                           f"{name}/iou": iou})
+    write_archive(os.path.join(out, "sam_prompts.sfta"), result)
     return 0
 
 
@@ -238,4 +283,4 @@ def plain_unet_aniso(out):
 
 if __name__ == "__main__":
     which, out = sys.argv[1], sys.argv[2]
-    sys.exit({"sam": sam, "unet": unet, "unet_aniso": unet_aniso, "plain_unet_aniso": plain_unet_aniso}[which](out))
+    sys.exit({"sam": sam, "sam_prompts": sam_prompts, "unet": unet, "unet_aniso": unet_aniso, "plain_unet_aniso": plain_unet_aniso}[which](out))
