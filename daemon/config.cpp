@@ -94,11 +94,12 @@ void AutoInferRule::bind(OptionParser& p) {
   bind_prompts(p);
   options.bind(p, true);
   if (!p.ok()) return;
-  if (!prompts.empty())
-    for (const char* k : {"overlap", "stitch_device", "postprocess", "channels_last", "save_probabilities"})
-      if (p.given(k)) return p.fail(k, "a sliding-window option; box-prompted inference has none");
-  if (!model.empty() && !options.postprocess.empty())
-    return p.fail("postprocess", "a model package sets its postprocessing (no_postprocess skips it)");
+  // The request's own rules between fields, on the request each case's job will make (a
+  // package, or box prompts): a sliding-window option with prompts, a postprocess with a package.
+  models::InferRequest as_run = options;
+  as_run.options.model = model;
+  if (!prompts.empty()) as_run.boxes = prompts;  // any prompt source makes it box-prompted
+  p.check(as_run.check(), "");
 }
 
 void AutoInferRule::bind_prompts(OptionParser& p) {

@@ -281,12 +281,10 @@ Result<InferResult> write_case(const CasePrediction& pred, const pipeline::Image
     return invalid_argument(out.string() + ": DICOM SEG output needs a DICOM input, got " +
                             input.source.string());
   SEGFLOW_RETURN_IF_ERROR(write_label_map(out, input, pred.labels, dicom_source, names));
-  pipeline::Image seg;
-  seg.voxels = pred.labels;
   InferResult r;
   r.output = out;
-  r.size = seg.size();
-  at::Tensor u = std::get<0>(at::_unique(seg.voxels.flatten().to(at::kLong), true));
+  r.size = input.size();  // the labels are on the input's grid
+  at::Tensor u = std::get<0>(at::_unique(pred.labels.flatten().to(at::kLong), true));
   for (std::int64_t i = 0; i < u.numel(); ++i) r.labels.push_back(u[i].item<std::int64_t>());
   if (pred.probabilities.defined()) {
     pipeline::Image prob;

@@ -44,11 +44,8 @@ double rel_diff(const at::Tensor& a, const at::Tensor& b) {
   return d / (b.to(torch::kDouble).abs().max().item<double>() + 1e-12);
 }
 
-}  // namespace
-
-TEST_CASE("our SAM reproduces segment_anything's encoder, prompt encoder and decoder on the same weights") {
-  TempDir dir("ref_sam");
-  if (!make_reference("sam", dir)) return;
+/// The test-size SAM of make_reference.py (sam, sam_prompts) with the weights it wrote to `dir`.
+Sam reference_sam(const TempDir& dir) {
   auto o = *SamOptions::preset("tiny");
   o.image_encoder.use_rel_pos = true;
   o.image_encoder.window_size = 3;
@@ -58,8 +55,16 @@ TEST_CASE("our SAM reproduces segment_anything's encoder, prompt encoder and dec
   o.mask_decoder.iou_head_hidden_dim = 64;
   Sam sam(o);
   REQUIRE_OK_AND_ASSIGN(auto weights, read_tensor_archive(dir / "sam_weights.sfta"));
-  auto st = load_into(*sam, weights, /*strict=*/true);  // identity name map
-  REQUIRE_OK(st);
+  REQUIRE_OK(load_into(*sam, weights, /*strict=*/true));  // identity name map
+  return sam;
+}
+
+}  // namespace
+
+TEST_CASE("our SAM reproduces segment_anything's encoder, prompt encoder and decoder on the same weights") {
+  TempDir dir("ref_sam");
+  if (!make_reference("sam", dir)) return;
+  Sam sam = reference_sam(dir);
   auto io = *read_tensor_archive(dir / "sam_io.sfta");
   sam->eval();
   torch::NoGradGuard no_grad;
@@ -73,16 +78,7 @@ TEST_CASE("our SAM reproduces segment_anything's encoder, prompt encoder and dec
 TEST_CASE("our SAM takes points, boxes and masks as segment_anything does: prompt tokens, masks and IoU") {
   TempDir dir("ref_sam_prompts");
   if (!make_reference("sam_prompts", dir)) return;
-  auto o = *SamOptions::preset("tiny");
-  o.image_encoder.use_rel_pos = true;
-  o.image_encoder.window_size = 3;
-  o.image_encoder.global_attn_indexes = {1};
-  o.mask_decoder.num_multimask_outputs = 3;
-  o.mask_decoder.iou_head = true;
-  o.mask_decoder.iou_head_hidden_dim = 64;
-  Sam sam(o);
-  REQUIRE_OK_AND_ASSIGN(auto weights, read_tensor_archive(dir / "sam_weights.sfta"));
-  REQUIRE_OK(load_into(*sam, weights, /*strict=*/true));
+  Sam sam = reference_sam(dir);
   auto io = *read_tensor_archive(dir / "sam_prompts.sfta");
   sam->eval();
   torch::NoGradGuard no_grad;
