@@ -14,7 +14,7 @@ namespace segflow::models {
 
 namespace {
 
-/// The networks of the table with a PyTorch export hook: "unet, plain_unet, sam".
+/// The networks of the table with a PyTorch export hook: "unet, plain_unet, res_enc_unet, sam".
 std::string exportable_networks() {
   std::string s;
   for (const auto& r : network_table())

@@ -12,6 +12,7 @@
 #include "models/interop/export.hpp"
 #include "models/interop/torch_load.hpp"
 #include "models/nets/plain_unet.hpp"
+#include "models/nets/res_enc_unet.hpp"
 #include "models/nets/unet.hpp"
 #include "models/nets/weights.hpp"
 #include "models/training/job_config.hpp"
@@ -134,10 +135,11 @@ json resampling_kwargs(bool is_seg) {
   return {{"is_seg", is_seg}, {"order", 1}, {"order_z", 0}, {"force_separate_z", false}};
 }
 
-/// The PlainConvUNet arguments as plans.json's architecture (export_model's spec, nnU-Net's
-/// import paths; input channels, classes and deep supervision come from elsewhere).
-json plans_architecture(const json& spec_args) {
-  json a = spec_args;
+/// The network's arguments as plans.json's architecture (export_model's spec: its target,
+/// PlainConvUNet or ResidualEncoderUNet, and arguments, with nnU-Net's import paths; input
+/// channels, classes and deep supervision come from elsewhere).
+json plans_architecture(const json& spec) {
+  json a = spec["args"];
   const std::string d = a["conv_op"].get<std::string>().substr(4);  // "2d" | "3d"
   a["conv_op"] = "torch.nn.modules.conv.Conv" + d;
   a["norm_op"] = a["norm_op"].get<std::string>().rfind("Instance", 0) == 0
@@ -147,12 +149,12 @@ json plans_architecture(const json& spec_args) {
   a["dropout_op"] = nullptr;
   a["dropout_op_kwargs"] = nullptr;
   for (const char* k : {"input_channels", "num_classes", "deep_supervision"}) a.erase(k);
-  return {{"network_class_name", "dynamic_network_architectures.architectures.unet.PlainConvUNet"},
+  return {{"network_class_name", spec["target"]},
           {"arch_kwargs", a},
           {"_kw_requires_import", {"conv_op", "norm_op", "dropout_op", "nonlin"}}};
 }
 
-json dataset_json(const PlainConvUNetOptions& o, const std::vector<std::string>& class_names, bool ct) {
+json dataset_json(const ConvUNetTopology& o, const std::vector<std::string>& class_names, bool ct) {
   json channels = json::object();
   for (std::int64_t c = 0; c < o.in_channels; ++c) channels[std::to_string(c)] = ct ? "CT" : "image";
   json labels = json::object();
@@ -239,8 +241,8 @@ void add_notes(std::vector<std::string>& notes, const JobConfig& cfg, const Nnun
                   "placement may differ from segflow's where windows overlap");
 }
 
-json configuration_json(const JobConfig& cfg, const PlainConvUNetOptions& o, const NnunetPreprocessing& pre,
-                        const NnunetGeometry& g, const json& spec_args) {
+json configuration_json(const JobConfig& cfg, const ConvUNetTopology& o, const NnunetPreprocessing& pre,
+                        const NnunetGeometry& g, const json& spec) {
   return {{"data_identifier", "segflow_" + g.configuration},
           {"preprocessor_name", "DefaultPreprocessor"},
           {"batch_size", cfg.train.batch_size},
@@ -255,7 +257,7 @@ json configuration_json(const JobConfig& cfg, const PlainConvUNetOptions& o, con
           {"resampling_fn_seg_kwargs", resampling_kwargs(true)},
           {"resampling_fn_probabilities", "resample_data_or_seg_to_shape"},
           {"resampling_fn_probabilities_kwargs", resampling_kwargs(false)},
-          {"architecture", plans_architecture(spec_args)},
+          {"architecture", plans_architecture(spec)},
           {"batch_dice", true}};
 }
 
@@ -263,12 +265,16 @@ json configuration_json(const JobConfig& cfg, const PlainConvUNetOptions& o, con
 
 Result<NnunetResults> nnunet_results(const JobConfig& cfg, const std::vector<std::string>& class_names,
                                      const torch::nn::Module& module, const NnunetExportOptions& options) {
-  const auto* o = cfg.model.get_if<PlainConvUNetOptions>();
+  // The networks nnU-Net builds: dynamic_network_architectures' PlainConvUNet and
+  // ResidualEncoderUNet.
+  const ConvUNetTopology* o = cfg.model.get_if<PlainConvUNetOptions>();
+  if (o == nullptr) o = cfg.model.get_if<ResEncUNetOptions>();
   if (o == nullptr)
-    return invalid_argument(cfg.file +
-                            ": model.name: expected plain_unet (nnU-Net builds dynamic_network_"
-                            "architectures' PlainConvUNet), got " +
-                            cfg.model.name() + "; export --to pytorch writes a unet as MONAI's UNet");
+    return invalid_argument(
+        cfg.file +
+        ": model.name: expected plain_unet or res_enc_unet (nnU-Net builds dynamic_network_"
+        "architectures' PlainConvUNet or ResidualEncoderUNet), got " +
+        cfg.model.name() + "; export --to pytorch writes a unet as MONAI's UNet");
   SEGFLOW_ASSIGN_OR_RETURN(NnunetPreprocessing pre, translate_stages(cfg.stages, o->in_channels));
   if (!pre.spacing_xyz) pre.spacing_xyz = options.spacing;
   if (!pre.spacing_xyz)
@@ -295,7 +301,7 @@ Result<NnunetResults> nnunet_results(const JobConfig& cfg, const std::vector<std
              {"image_reader_writer", "SimpleITKIO"},
              {"transpose_forward", {0, 1, 2}},
              {"transpose_backward", {0, 1, 2}},
-             {"configurations", {{r.configuration, configuration_json(cfg, *o, pre, g, m.spec["args"])}}},
+             {"configurations", {{r.configuration, configuration_json(cfg, *o, pre, g, m.spec)}}},
              {"experiment_planner_used", "segflow export --to nnunet"},
              {"label_manager", "LabelManager"},
              {"foreground_intensity_properties_per_channel", intensity},

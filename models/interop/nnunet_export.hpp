@@ -1,8 +1,10 @@
 #pragma once
-// A segflow plain_unet as an nnU-Net v2 results folder (`segflow export --to nnunet`):
+// A segflow plain_unet or res_enc_unet as an nnU-Net v2 results folder (`segflow export --to
+// nnunet`):
 //   RESULTS_DIR/dataset.json          channel_names, labels (the job's class names), file_ending
-//   RESULTS_DIR/plans.json            one configuration (3d_fullres, or 2d for a 2D plain_unet)
-//                                     with the PlainConvUNet's arguments, patch size,
+//   RESULTS_DIR/plans.json            one configuration (3d_fullres, or 2d for a 2D network)
+//                                     with the PlainConvUNet's or ResidualEncoderUNet's
+//                                     arguments, patch size,
 //                                     spacing, normalisation, resampling
 //   RESULTS_DIR/fold_K/checkpoint_final.pth
 //                                     {network_weights, init_args: {configuration, fold},

@@ -43,32 +43,58 @@ std::string yaml_xyz(const json& zyx_list) {
 }
 
 /// The one value of an nnU-Net per-stage list (or integer), or invalid_argument.
-Result<std::int64_t> uniform(const json& v, const std::string& field) {
+Result<std::int64_t> uniform(const json& v, const std::string& field, const std::string& net) {
   if (v.is_number_integer()) return v.get<std::int64_t>();
   if (!v.is_array() || v.empty()) return invalid_argument(field + ": expected an integer or a list");
   for (const auto& x : v)
     if (x != v.front())
-      return invalid_argument(field + ": " + v.dump() +
-                              " differs per stage; segflow's plain_unet has one count");
+      return invalid_argument(field + ": " + v.dump() + " differs per stage; segflow's " + net +
+                              " has one count");
   return v.front().get<std::int64_t>();
 }
 
 Result<std::string> model_yaml(const json& conf, std::int64_t in_channels, std::int64_t classes,
                                const std::string& where) {
   const json& arch = conf.at("architecture");
-  if (arch.value("network_class_name", std::string()).find("PlainConvUNet") == std::string::npos)
-    return invalid_argument(where + ": architecture.network_class_name: expected PlainConvUNet, got " +
-                            arch.value("network_class_name", std::string("none")));
+  const std::string cls = arch.value("network_class_name", std::string("none"));
+  // dynamic_network_architectures' PlainConvUNet, or its ResidualEncoderUNet of BasicBlockD
+  // blocks and the default stem (what nnU-Net's ResEnc presets build).
+  const bool res_enc = cls.ends_with(".ResidualEncoderUNet") || cls == "ResidualEncoderUNet";
+  if (!res_enc && cls.find("PlainConvUNet") == std::string::npos)
+    return invalid_argument(where +
+                            ": architecture.network_class_name: expected PlainConvUNet or "
+                            "ResidualEncoderUNet, got " +
+                            cls);
+  const std::string net = res_enc ? "res_enc_unet" : "plain_unet";
   const json& a = arch.at("arch_kwargs");
+  if (res_enc)
+    for (const char* k : {"block", "bottleneck_channels", "stem_channels"})
+      if (a.contains(k) && !a[k].is_null() &&
+          !(std::string(k) == "block" && a[k].is_string() &&
+            a[k].get<std::string>().ends_with("BasicBlockD")))
+        return invalid_argument(
+            where + ": architecture.arch_kwargs." + k + ": " + a[k].dump() +
+            "; segflow's res_enc_unet builds BasicBlockD blocks with the default stem only");
   const auto f = a.at("features_per_stage").get<std::vector<std::int64_t>>();
   const std::int64_t cap = *std::max_element(f.begin(), f.end());
   for (std::size_t s = 0; s < f.size(); ++s)
     if (f[s] != std::min<std::int64_t>(f[0] << s, cap))
       return invalid_argument(where + ": architecture.arch_kwargs.features_per_stage: " + json(f).dump() +
-                              " is not base x 2^s capped; segflow's plain_unet cannot build it");
-  SEGFLOW_ASSIGN_OR_RETURN(std::int64_t enc, uniform(a.at("n_conv_per_stage"), where + ": n_conv_per_stage"));
-  SEGFLOW_ASSIGN_OR_RETURN(std::int64_t dec,
-                           uniform(a.at("n_conv_per_stage_decoder"), where + ": n_conv_per_stage_decoder"));
+                              " is not base x 2^s capped; segflow's " + net + " cannot build it");
+  // The encoder: convs per stage (plain) or residual blocks per stage (ResEnc, any per stage).
+  std::string encoder;
+  if (res_enc) {
+    const json& b = a.at("n_blocks_per_stage");
+    encoder =
+        "n_blocks_per_stage: " +
+        (b.is_array() ? b.dump() : json(std::vector<std::int64_t>(f.size(), b.get<std::int64_t>())).dump());
+  } else {
+    SEGFLOW_ASSIGN_OR_RETURN(std::int64_t enc,
+                             uniform(a.at("n_conv_per_stage"), where + ": n_conv_per_stage", net));
+    encoder = "n_conv_per_stage: " + std::to_string(enc);
+  }
+  SEGFLOW_ASSIGN_OR_RETURN(
+      std::int64_t dec, uniform(a.at("n_conv_per_stage_decoder"), where + ": n_conv_per_stage_decoder", net));
   const std::string norm = a.value("norm_op", std::string());
   const bool instance = norm.find("InstanceNorm") != std::string::npos;
   if (!instance && norm.find("BatchNorm") == std::string::npos)
@@ -80,10 +106,10 @@ Result<std::string> model_yaml(const json& conf, std::int64_t in_channels, std::
   const json nl = a.value("nonlin_kwargs", json::object());
   const double slope = nl.is_object() ? nl.value("negative_slope", 0.01) : 0.01;
   std::ostringstream y;
-  y << "{name: plain_unet, spatial_dims: " << conf.at("patch_size").size() << ", in_channels: " << in_channels
-    << ", out_channels: " << classes << ", n_stages: " << f.size() << ", base_features: " << f[0]
-    << ", max_features: " << cap << ", n_conv_per_stage: " << enc << ", n_conv_per_stage_decoder: " << dec
-    << ", kernel_sizes: " << ks.dump() << ", strides: " << st.dump()
+  y << "{name: " << net << ", spatial_dims: " << conf.at("patch_size").size()
+    << ", in_channels: " << in_channels << ", out_channels: " << classes << ", n_stages: " << f.size()
+    << ", base_features: " << f[0] << ", max_features: " << cap << ", " << encoder
+    << ", n_conv_per_stage_decoder: " << dec << ", kernel_sizes: " << ks.dump() << ", strides: " << st.dump()
     << ", conv_bias: " << (a.value("conv_bias", true) ? "true" : "false") << ", negative_slope: " << slope
     << ", norm: " << (instance ? "instance" : "batch") << ", deep_supervision: true}";
   return y.str();
@@ -207,8 +233,13 @@ Result<std::filesystem::path> import_nnunet(const std::filesystem::path& fold_di
   trainer->set_class_names(pipeline::dataset_label_names(results));
   const auto weights = ck.at("network_weights").toGenericDict();
   torch::NoGradGuard no_grad;
+  const bool res_enc = cfg.model.name() == "res_enc_unet";
   auto copy = [&](const std::string& name, at::Tensor& t) -> Status {
-    SEGFLOW_ASSIGN_OR_RETURN(std::vector<std::string> names, nnunet_plain_names(name));
+    // A res_enc_unet's tensors carry nnU-Net's names (models/nets/res_enc_unet.hpp).
+    std::vector<std::string> names{name};
+    if (!res_enc) {
+      SEGFLOW_ASSIGN_OR_RETURN(names, nnunet_plain_names(name));
+    }
     if (!weights.contains(names[0]))
       return invalid_argument((fold_dir / "checkpoint_final.pth").string() + ": network_weights lacks " +
                               names[0]);

@@ -15,6 +15,7 @@
 #include "models/interop/onnx/onnx_graph.hpp"
 #include "models/nets/plain_unet.hpp"
 #include "models/nets/registry.hpp"
+#include "models/nets/res_enc_unet.hpp"
 #include "models/nets/sam.hpp"
 #include "models/nets/unet.hpp"
 #include "models/training/class_names.hpp"
@@ -133,6 +134,39 @@ std::string emit_plain_unet(GraphBuilder& g, const PlainConvUNetImpl& net, const
   return emit_conv(g, net.seg_layers->at<ConvNdImpl>(nd - 1), h);
 }
 
+/// nnU-Net's BasicBlockD: LeakyRelu(conv2(conv1(x)) + skip(x)), the skip average-pooled by
+/// the stride and projected by a 1x1 conv block where the block has them.
+std::string emit_res_block(GraphBuilder& g, const ResBlockImpl& b, const std::string& x) {
+  std::string skip = x;
+  if (b.pooled) {
+    const auto k = b.conv1_options.conv.stride.expand(b.conv1_options.conv.spatial_dims);
+    skip = g.node("AveragePool", {skip}, {Attr::list("kernel_shape", k), Attr::list("strides", k)});
+  }
+  if (b.projected) skip = emit_block(g, b.skip->at<ConvBlockImpl>(b.skip->size() - 1), skip);
+  const std::string y = emit_block(g, *b.conv2, emit_block(g, *b.conv1, x));
+  return g.node("LeakyRelu", {g.node("Add", {y, skip})},
+                {Attr::real("alpha", static_cast<float>(b.negative_slope))});
+}
+
+/// The full-resolution output only, as for plain_unet.
+std::string emit_res_enc_unet(GraphBuilder& g, const ResEncUNetImpl& net, const std::string& x) {
+  std::vector<std::string> skips;
+  std::string h = emit_stack(g, *net.encoder->stem->convs, x);
+  for (size_t s = 0; s < net.encoder->stages->size(); ++s) {
+    const auto& blocks = *net.encoder->stages->at<ResStageImpl>(s).blocks;
+    for (size_t i = 0; i < blocks.size(); ++i) h = emit_res_block(g, blocks.at<ResBlockImpl>(i), h);
+    skips.push_back(h);
+  }
+  const auto& dec = *net.decoder;
+  const size_t nd = dec.stages->size();
+  for (size_t d = 0; d < nd; ++d) {
+    h = emit_conv(g, dec.transpconvs->at<ConvNdImpl>(d), h);
+    h = g.node("Concat", {h, skips[skips.size() - 2 - d]}, {Attr::integer("axis", 1)});
+    h = emit_stack(g, *dec.stages->at<ConvStackImpl>(d).convs, h);
+  }
+  return emit_conv(g, dec.seg_layers->at<ConvNdImpl>(nd - 1), h);
+}
+
 /// What the ONNX target writes of each network it can write, by the network's name: one
 /// graph (image -> logits) from `emit`, or SAM's two graphs.
 /// The input and output of a one-graph network.
@@ -160,11 +194,18 @@ OnnxGraphShape emit_plain_unet_module(GraphBuilder& g, const torch::nn::Module& 
   return {net.options.spatial_dims, net.options.in_channels, net.options.num_classes};
 }
 
+OnnxGraphShape emit_res_enc_unet_module(GraphBuilder& g, const torch::nn::Module& m) {
+  const auto& net = dynamic_cast<const ResEncUNetImpl&>(m);
+  emit_res_enc_unet(g, net, "image");
+  return {net.options.spatial_dims, net.options.in_channels, net.options.num_classes};
+}
+
 // clang-format off
 constexpr OnnxNetwork kOnnxNetworks[] = {
-    {"unet",       emit_unet_module},
-    {"plain_unet", emit_plain_unet_module},
-    {"sam",        nullptr},
+    {"unet",         emit_unet_module},
+    {"plain_unet",   emit_plain_unet_module},
+    {"res_enc_unet", emit_res_enc_unet_module},
+    {"sam",          nullptr},
 };
 // clang-format on
 

@@ -15,9 +15,9 @@ namespace segflow::models {
 
 // --------------------------------------------------------------------- PlainConvUNetOptions
 
-Status PlainConvUNetOptions::validate() const {
-  auto bad = [](const std::string& field, const std::string& expected, const std::string& got) {
-    return invalid_argument("plain_unet: " + field + ": expected " + expected + ", got " + got);
+Status ConvUNetTopology::validate_topology(const std::string& net) const {
+  auto bad = [&net](const std::string& field, const std::string& expected, const std::string& got) {
+    return invalid_argument(net + ": " + field + ": expected " + expected + ", got " + got);
   };
   if (spatial_dims != 2 && spatial_dims != 3)
     return bad("spatial_dims", "2 or 3", std::to_string(spatial_dims));
@@ -27,7 +27,6 @@ Status PlainConvUNetOptions::validate() const {
   if (base_features < 1) return bad("base_features", ">= 1", std::to_string(base_features));
   if (max_features < base_features)
     return bad("max_features", ">= base_features", std::to_string(max_features));
-  if (n_conv_per_stage < 1) return bad("n_conv_per_stage", ">= 1", std::to_string(n_conv_per_stage));
   if (n_conv_per_stage_decoder < 1)
     return bad("n_conv_per_stage_decoder", ">= 1", std::to_string(n_conv_per_stage_decoder));
   if (kernel_size < 1 || kernel_size % 2 == 0)
@@ -36,13 +35,13 @@ Status PlainConvUNetOptions::validate() const {
     return bad("kernel_sizes", std::to_string(n_stages) + " entries (one per stage)",
                to_string(kernel_sizes));
   if (auto e = first_axis_sizes_error("kernel_sizes", kernel_sizes, spatial_dims, true); !e.empty())
-    return invalid_argument("plain_unet: " + e);
+    return invalid_argument(net + ": " + e);
   if (!strides.empty() && static_cast<int64_t>(strides.size()) != n_stages)
     return bad("strides", std::to_string(n_stages) + " entries (one per stage)", to_string(strides));
   if (auto e = first_axis_sizes_error("strides", strides, spatial_dims, false); !e.empty())
-    return invalid_argument("plain_unet: " + e);
+    return invalid_argument(net + ": " + e);
   if (auto e = divisor_error("strides", strides, spatial_dims); !e.empty())
-    return invalid_argument("plain_unet: " + e);
+    return invalid_argument(net + ": " + e);
   if (strides.empty() && n_stages > 21)  // the default 1, 2, 2, ...: a divisor of 2^(n_stages - 1)
     return bad("n_stages",
                "at most 21 with the default strides (inputs must be multiples of 2^(n_stages - 1))",
@@ -51,7 +50,14 @@ Status PlainConvUNetOptions::validate() const {
   return Status::ok();
 }
 
-std::vector<int64_t> PlainConvUNetOptions::features() const {
+Status PlainConvUNetOptions::validate() const {
+  if (n_conv_per_stage < 1)
+    return invalid_argument("plain_unet: n_conv_per_stage: expected >= 1, got " +
+                            std::to_string(n_conv_per_stage));
+  return validate_topology("plain_unet");
+}
+
+std::vector<int64_t> ConvUNetTopology::features() const {
   std::vector<int64_t> f;
   int64_t c = base_features;
   for (int64_t s = 0; s < n_stages; ++s) {
@@ -61,23 +67,23 @@ std::vector<int64_t> PlainConvUNetOptions::features() const {
   return f;
 }
 
-std::vector<AxisSizes> PlainConvUNetOptions::resolved_strides() const {
+std::vector<AxisSizes> ConvUNetTopology::resolved_strides() const {
   if (!strides.empty()) return strides;
   std::vector<AxisSizes> s(static_cast<size_t>(std::max<int64_t>(n_stages, 1)), 2);
   s[0] = 1;
   return s;
 }
 
-std::vector<AxisSizes> PlainConvUNetOptions::resolved_kernel_sizes() const {
+std::vector<AxisSizes> ConvUNetTopology::resolved_kernel_sizes() const {
   if (!kernel_sizes.empty()) return kernel_sizes;
   return std::vector<AxisSizes>(static_cast<size_t>(std::max<int64_t>(n_stages, 0)), kernel_size);
 }
 
-std::vector<int64_t> PlainConvUNetOptions::size_divisors() const {
+std::vector<int64_t> ConvUNetTopology::size_divisors() const {
   return axis_products(resolved_strides(), spatial_dims);
 }
 
-int64_t PlainConvUNetOptions::size_divisor() const { return lcm_of(size_divisors()); }
+int64_t ConvUNetTopology::size_divisor() const { return lcm_of(size_divisors()); }
 
 // --------------------------------------------------------------------------- PlainConvUNet
 
@@ -166,11 +172,9 @@ void PlainConvUNetImpl::pretty_print(std::ostream& s) const {
     << ", deep_supervision=" << (o.deep_supervision ? "true" : "false") << ")";
 }
 
-// ---------------------------------------------------------------------- the network's row
+// ------------------------------------------------------------ what both nnU-Net UNets share
 
-namespace {
-
-void bind_plain_unet(pipeline::OptionParser& p, PlainConvUNetOptions& o) {
+void bind_conv_unet_topology(pipeline::OptionParser& p, ConvUNetTopology& o) {
   p.integer("spatial_dims", o.spatial_dims, pipeline::Range::closed(2, 3), "",
             "2D (Y, X) or 3D (Z, Y, X) inputs");
   p.integer("in_channels", o.in_channels, pipeline::Range::at_least(1), "channels", "input image channels");
@@ -181,8 +185,6 @@ void bind_plain_unet(pipeline::OptionParser& p, PlainConvUNetOptions& o) {
             "features of stage 0, doubled per stage");
   p.integer("max_features", o.max_features, pipeline::Range::at_least(1), "channels",
             "cap on the features per stage (>= base_features)");
-  p.integer("n_conv_per_stage", o.n_conv_per_stage, pipeline::Range::at_least(1), "",
-            "encoder convs per stage");
   p.integer("n_conv_per_stage_decoder", o.n_conv_per_stage_decoder, pipeline::Range::at_least(1), "",
             "decoder convs per stage");
   p.integer("kernel_size", o.kernel_size, pipeline::Range::at_least(1), "voxels",
@@ -197,28 +199,9 @@ void bind_plain_unet(pipeline::OptionParser& p, PlainConvUNetOptions& o) {
   p.boolean("conv_bias", o.conv_bias, "conv biases");
   p.number("negative_slope", o.negative_slope, pipeline::Range::non_negative(), "", "LeakyReLU slope");
   bind_norm(p, o.norm, "normalisation: instance (affine, nnU-Net's), batch or none");
-  if (p.ok()) p.check(o.validate(), "plain_unet");
 }
 
-Result<ModelHandle> build_plain_unet(const PlainConvUNetOptions& o) {
-  SEGFLOW_RETURN_IF_ERROR(o.validate());
-  ModelInfo info{"plain_unet",
-                 o.spatial_dims,
-                 o.in_channels,
-                 o.num_classes,
-                 false,
-                 o.deep_supervision,
-                 o.size_divisor(),
-                 0,
-                 o.size_divisors()};
-  auto m = PlainConvUNet(o).ptr();
-  return ModelHandle(info, m, [](torch::nn::Module& mod, const at::Tensor& x, const at::Tensor&) {
-    return static_cast<PlainConvUNetImpl&>(mod).forward(x);
-  });
-}
-
-std::int64_t plain_unet_in_channels(const PlainConvUNetOptions& o) { return o.in_channels; }
-
+namespace {
 using nlohmann::json;
 
 /// nnU-Net's sizes per stage in array order (z, y, x), every axis spelled out.
@@ -231,6 +214,56 @@ json nnunet_sizes(const std::vector<AxisSizes>& sizes, int dims) {
   }
   return out;
 }
+
+}  // namespace
+
+nlohmann::json nnunet_topology_args(const ConvUNetTopology& o) {
+  const std::string d = std::to_string(o.spatial_dims) + "d";
+  const bool instance = o.norm == NormKind::instance;
+  json norm_kwargs = {{"eps", 1e-5}, {"affine", true}};
+  return {{"input_channels", o.in_channels},
+          {"n_stages", o.n_stages},
+          {"features_per_stage", o.features()},
+          {"conv_op", "Conv" + d},
+          {"kernel_sizes", nnunet_sizes(o.resolved_kernel_sizes(), o.spatial_dims)},
+          {"strides", nnunet_sizes(o.resolved_strides(), o.spatial_dims)},
+          {"num_classes", o.num_classes},
+          {"n_conv_per_stage_decoder", o.n_conv_per_stage_decoder},
+          {"conv_bias", o.conv_bias},
+          {"norm_op", (instance ? "InstanceNorm" : "BatchNorm") + d},
+          {"norm_op_kwargs", norm_kwargs},
+          {"nonlin", "LeakyReLU"},
+          {"nonlin_kwargs", {{"negative_slope", o.negative_slope}, {"inplace", true}}},
+          {"deep_supervision", o.deep_supervision}};
+}
+
+ModelInfo conv_unet_info(const std::string& name, const ConvUNetTopology& o) {
+  return ModelInfo{
+      name, o.spatial_dims,   o.in_channels, o.num_classes, false, o.deep_supervision, o.size_divisor(),
+      0,    o.size_divisors()};
+}
+
+// ---------------------------------------------------------------------- the network's row
+
+namespace {
+
+void bind_plain_unet(pipeline::OptionParser& p, PlainConvUNetOptions& o) {
+  bind_conv_unet_topology(p, o);
+  p.integer("n_conv_per_stage", o.n_conv_per_stage, pipeline::Range::at_least(1), "",
+            "encoder convs per stage");
+  if (p.ok()) p.check(o.validate(), "plain_unet");
+}
+
+Result<ModelHandle> build_plain_unet(const PlainConvUNetOptions& o) {
+  SEGFLOW_RETURN_IF_ERROR(o.validate());
+  auto m = PlainConvUNet(o).ptr();
+  return ModelHandle(conv_unet_info("plain_unet", o), m,
+                     [](torch::nn::Module& mod, const at::Tensor& x, const at::Tensor&) {
+                       return static_cast<PlainConvUNetImpl&>(mod).forward(x);
+                     });
+}
+
+std::int64_t plain_unet_in_channels(const PlainConvUNetOptions& o) { return o.in_channels; }
 
 Result<ExportedModel> export_plain_unet(const PlainConvUNetOptions& o, const torch::nn::Module& module) {
   if (o.norm == NormKind::none)
@@ -246,26 +279,9 @@ Result<ExportedModel> export_plain_unet(const PlainConvUNetOptions& o, const tor
   };
   for (const auto& p : module.named_parameters()) SEGFLOW_RETURN_IF_ERROR(add(p.key(), p.value()));
   for (const auto& b : module.named_buffers()) SEGFLOW_RETURN_IF_ERROR(add(b.key(), b.value()));
-  const std::string d = std::to_string(o.spatial_dims) + "d";
-  const bool instance = o.norm == NormKind::instance;
-  json norm_kwargs = {{"eps", 1e-5}, {"affine", true}};
-  m.spec = {{"target", m.target},
-            {"args",
-             {{"input_channels", o.in_channels},
-              {"n_stages", o.n_stages},
-              {"features_per_stage", o.features()},
-              {"conv_op", "Conv" + d},
-              {"kernel_sizes", nnunet_sizes(o.resolved_kernel_sizes(), o.spatial_dims)},
-              {"strides", nnunet_sizes(o.resolved_strides(), o.spatial_dims)},
-              {"n_conv_per_stage", o.n_conv_per_stage},
-              {"num_classes", o.num_classes},
-              {"n_conv_per_stage_decoder", o.n_conv_per_stage_decoder},
-              {"conv_bias", o.conv_bias},
-              {"norm_op", (instance ? "InstanceNorm" : "BatchNorm") + d},
-              {"norm_op_kwargs", norm_kwargs},
-              {"nonlin", "LeakyReLU"},
-              {"nonlin_kwargs", {{"negative_slope", o.negative_slope}, {"inplace", true}}},
-              {"deep_supervision", o.deep_supervision}}}};
+  json args = nnunet_topology_args(o);
+  args["n_conv_per_stage"] = o.n_conv_per_stage;
+  m.spec = {{"target", m.target}, {"args", args}};
   return m;
 }
 

@@ -11,6 +11,8 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/pimpl.h>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,18 +21,20 @@
 #include "models/nets/axis_sizes.hpp"
 #include "models/nets/layers.hpp"
 #include "models/nets/network.hpp"
+#include "pipeline/fwd.hpp"
 
 namespace segflow::models {
 
-/// Options of PlainConvUNet; defaults follow nnU-Net's 3D full-resolution plans.
-struct PlainConvUNetOptions {
+/// What nnU-Net's UNets share (PlainConvUNet here, ResidualEncoderUNet in res_enc_unet.hpp):
+/// stages, features, kernels, strides and the decoder; defaults follow nnU-Net's 3D
+/// full-resolution plans.
+struct ConvUNetTopology {
   int spatial_dims = 3;                  ///< 2 or 3
   int64_t in_channels = 1;               ///< >= 1
   int64_t num_classes = 2;               ///< output channels incl. background
   int64_t n_stages = 5;                  ///< encoder stages, >= 2
   int64_t base_features = 32;            ///< features of stage 0; doubled per stage
   int64_t max_features = 320;            ///< cap (nnU-Net: 320 in 3D, 512 in 2D)
-  int64_t n_conv_per_stage = 2;          ///< encoder convs per stage, >= 1
   int64_t n_conv_per_stage_decoder = 2;  ///< decoder convs per stage, >= 1
   int64_t kernel_size = 3;               ///< odd; every conv on every axis unless kernel_sizes is set
   /// Conv kernel per stage (n_stages entries), each odd and >= 1: an integer or one per axis in
@@ -45,7 +49,8 @@ struct PlainConvUNetOptions {
   double negative_slope = 0.01;        ///< LeakyReLU slope
   NormKind norm = NormKind::instance;  ///< instance (affine) as nnU-Net; batch possible
 
-  Status validate() const;
+  /// The shared fields' rules; errors start with "<net>: ".
+  Status validate_topology(const std::string& net) const;
   /// Features per stage: min(base * 2^s, max).
   std::vector<int64_t> features() const;
   /// Strides per stage (the default resolved).
@@ -56,6 +61,13 @@ struct PlainConvUNetOptions {
   std::vector<int64_t> size_divisors() const;
   /// The least common multiple of size_divisors().
   int64_t size_divisor() const;
+};
+
+/// Options of PlainConvUNet: the topology and the encoder's convs per stage.
+struct PlainConvUNetOptions : ConvUNetTopology {
+  int64_t n_conv_per_stage = 2;  ///< encoder convs per stage, >= 1
+
+  Status validate() const;
 };
 
 /// nnU-Net PlainConvUNet. forward returns logits, full resolution first: with deep
@@ -80,5 +92,19 @@ TORCH_MODULE(PlainConvUNet);
 /// binding, build, nnU-Net names and PyTorch export (dynamic_network_architectures'
 /// PlainConvUNet).
 NetworkRow plain_unet_network();
+
+/// Binds the topology's keys of a `model` section (spatial_dims, in_channels, out_channels,
+/// n_stages, base_features, max_features, n_conv_per_stage_decoder, kernel_size, kernel_sizes,
+/// strides, deep_supervision, conv_bias, negative_slope, norm).
+void bind_conv_unet_topology(pipeline::OptionParser& p, ConvUNetTopology& o);
+
+/// The dynamic_network_architectures constructor arguments both UNets share (input_channels,
+/// n_stages, features_per_stage, conv_op, kernel_sizes and strides in nnU-Net's (z, y, x)
+/// order, num_classes, n_conv_per_stage_decoder, conv_bias, norm_op(_kwargs), nonlin(_kwargs),
+/// deep_supervision).
+nlohmann::json nnunet_topology_args(const ConvUNetTopology& o);
+
+/// ModelInfo of a UNet of this topology named `name`.
+ModelInfo conv_unet_info(const std::string& name, const ConvUNetTopology& o);
 
 }  // namespace segflow::models

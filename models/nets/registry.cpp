@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "models/nets/plain_unet.hpp"
+#include "models/nets/res_enc_unet.hpp"
 #include "models/nets/sam.hpp"
 #include "models/nets/unet.hpp"
 #include "pipeline/options.hpp"
@@ -19,6 +20,7 @@ const std::vector<NetworkRow>& network_table() {
   static const std::vector<NetworkRow> rows = {
       unet_network(),
       plain_unet_network(),
+      res_enc_unet_network(),
       sam_network(),
   };
   return rows;
@@ -53,7 +55,7 @@ std::string name_schemes_text() {
   return s;
 }
 
-/// "unet, plain_unet, sam".
+/// "unet, plain_unet, res_enc_unet, sam".
 std::string known_list() {
   std::string s;
   for (const auto& n : known_models()) s += (s.empty() ? "" : ", ") + n;

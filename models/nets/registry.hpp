@@ -13,7 +13,10 @@
 //   plain_unet:  n_stages, base_features, max_features, n_conv_per_stage,
 //                n_conv_per_stage_decoder, kernel_size, kernel_sizes, strides,
 //                deep_supervision, conv_bias, negative_slope, norm   (out_channels = classes)
-//   Per-axis sizes (unet strides entries, kernel_size, up_kernel_size; plain_unet strides and
+//   res_enc_unet: plain_unet's keys with n_blocks_per_stage (residual blocks per encoder stage,
+//                default nnU-Net's 1, 3, 4, 6, 6, ...) for n_conv_per_stage, and
+//                n_conv_per_stage_decoder default 1
+//   Per-axis sizes (unet strides entries, kernel_size, up_kernel_size; plain_unet and res_enc_unet strides and
 //   kernel_sizes entries) are an integer for every axis or a list in (x, y, z) order, (x, y)
 //   in 2D, like every size in a segflow config (AxisSizes in models/nets/axis_sizes.hpp):
 //     strides: [[1, 1, 1], [2, 2, 1], [2, 2, 2]]   # thick slices: no pooling along z first
@@ -24,7 +27,8 @@
 //                freeze_prompt_encoder (default true), freeze_mask_decoder
 //                (spatial_dims must be 2, out_channels 1; in_channels maps to in_chans)
 // clang-format on
-// Defaults are those of the option structs (UNetOptions, PlainConvUNetOptions, SamOptions);
+// Defaults are those of the option structs (UNetOptions, PlainConvUNetOptions, ResEncUNetOptions,
+// SamOptions);
 // a job config's `model` section is read into ModelOptions by parse_model_options (the one
 // option reader, pipeline/options.hpp), and create_model builds the network from it.
 

@@ -289,8 +289,11 @@ Status parse_into(const json& j, const std::string& file, JobConfig& c) {
   SEGFLOW_ASSIGN_OR_RETURN(c.stages, pipeline::parse_pipeline_spec(stages, file, "stages"));
   p.set_resolved("stages", pipeline::to_json(c.stages));
 
-  if (!p.given("model"))
-    return invalid_config(label + ": model.name: expected a model name (unet, plain_unet, sam), got nothing");
+  if (!p.given("model")) {
+    std::string known;
+    for (const auto& n : known_models()) known += (known.empty() ? "" : ", ") + n;
+    return invalid_config(label + ": model.name: expected a model name (" + known + "), got nothing");
+  }
   typed_section(p, "model", "the network (models/nets/registry.hpp)", c.model,
                 [](const json& v, const std::string& w) { return parse_model_options(v, w); });
   typed_section(p, "loss", "the loss (models/training/losses.hpp)", c.loss,

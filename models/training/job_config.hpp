@@ -17,7 +17,7 @@
 //   data:   {root, synth: {cases, size, format, compress, seed}, val_fraction, val_cases,
 //            num_classes, folds, fold}
 //   stages: [...]                 # pipeline (pipeline/pipeline_spec.hpp)
-//   model:  {name: unet|plain_unet|sam, ...options,    # models/nets/registry.hpp
+//   model:  {name: unet|plain_unet|res_enc_unet|sam, ...options,    # models/nets/registry.hpp
 //            weights: PATH | {path, names, skip, reinit_head, channels}}  # models/nets/pretrained.hpp
 //   loss:   {name: dice_ce, ...}  # models/training/losses.hpp
 //   optimizer: {name: sgd|adam|adamw, lr, ...}        # models/training/optim.hpp

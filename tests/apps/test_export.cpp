@@ -15,6 +15,7 @@
 #include "models/nets/monai_names.hpp"
 #include "models/nets/nnunet_names.hpp"
 #include "models/nets/registry.hpp"
+#include "models/nets/res_enc_unet.hpp"
 #include "models/nets/sam.hpp"
 #include "models/training/job_config.hpp"
 #include "models/training/trainer.hpp"
@@ -77,6 +78,10 @@ void check_untrained(const std::string& name, const std::string& model_yaml, con
     for (auto& b : module.named_buffers())
       if (b.key().find("running_") != std::string::npos)
         b.value().copy_(at::rand(b.value().sizes(), gen) + 0.5);
+    // Norm scales and shifts away from their initial 1/0 (a res_enc_unet starts its blocks'
+    // last norms at 0, which would hide those blocks' convs from the comparison).
+    for (auto& p : module.named_parameters())
+      if (p.key().find("norm.") != std::string::npos) p.value().copy_(at::rand(p.value().sizes(), gen) + 0.5);
   }
   REQUIRE_OK_AND_ASSIGN(auto exported, models::export_model(cfg.model, module));
   REQUIRE_OK(models::write_pytorch_export(exported, dir / "net.pt"));
@@ -166,6 +171,35 @@ TEST_CASE(
                   "{name: plain_unet, spatial_dims: 2, in_channels: 2, out_channels: 4, n_stages: 4, "
                   "base_features: 4, max_features: 16, norm: batch, deep_supervision: false}",
                   at::rand({2, 2, 32, 24}, gen, at::TensorOptions()));
+}
+
+TEST_CASE(
+    "res_enc_unets export into nnU-Net's ResidualEncoderUNet (dynamic_network_architectures) with the same "
+    "logits") {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  // Stage 1 pools and projects its skip, stage 2 only pools (features capped at 8), stage 0
+  // neither; anisotropic strides and kernels as nnU-Net plans thick slices.
+  check_untrained(
+      "res_enc_aniso",
+      "{name: res_enc_unet, spatial_dims: 3, in_channels: 1, out_channels: 3, n_stages: 4, "
+      "base_features: 4, max_features: 8, strides: [1, [2, 2, 1], 2, 2], "
+      "kernel_sizes: [[3, 3, 1], 3, 3, 3], n_blocks_per_stage: [1, 2, 2, 1], deep_supervision: true}",
+      at::rand({2, 1, 8, 16, 24}, gen, at::TensorOptions()));
+  // nnU-Net's blocks per stage (1, 3, 4), batch norm, two decoder convs.
+  check_untrained("res_enc_batch_2d",
+                  "{name: res_enc_unet, spatial_dims: 2, in_channels: 2, out_channels: 4, n_stages: 3, "
+                  "base_features: 4, max_features: 16, norm: batch, n_conv_per_stage_decoder: 2, "
+                  "deep_supervision: false}",
+                  at::rand({2, 2, 32, 24}, gen, at::TensorOptions()));
+  CHECK(models::nnunet_res_enc_names("encoder.stem.convs.0.norm.bias") ==
+        std::vector<std::string>{"encoder.stem.convs.0.norm.bias", "encoder.stem.convs.0.all_modules.1.bias",
+                                 "decoder.encoder.stem.convs.0.norm.bias",
+                                 "decoder.encoder.stem.convs.0.all_modules.1.bias"});
+  CHECK(models::nnunet_res_enc_names("decoder.seg_layers.1.weight") ==
+        std::vector<std::string>{"decoder.seg_layers.1.weight"});
+  CHECK(models::nnunet_res_enc_names("decoder.stages.0.convs.0.conv.weight") ==
+        std::vector<std::string>{"decoder.stages.0.convs.0.conv.weight",
+                                 "decoder.stages.0.convs.0.all_modules.0.weight"});
 }
 
 TEST_CASE("a SAM checkpoint exports into segment_anything's Sam with the same image embedding") {

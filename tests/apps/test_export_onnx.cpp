@@ -64,7 +64,8 @@ struct Variant {
 }  // namespace
 
 TEST_CASE(
-    "segflow's ONNX export: every UNet and PlainConvUNet variant gives segflow's eval logits in "
+    "segflow's ONNX export: every UNet, PlainConvUNet and ResEncUNet variant gives segflow's eval logits "
+    "in "
     "onnxruntime") {
   st::TempDir dir("export_onnx_variants");
   const std::vector<Variant> variants = {
@@ -89,6 +90,15 @@ TEST_CASE(
       {"plain2d_batch",
        "{name: plain_unet, spatial_dims: 2, in_channels: 1, out_channels: 2, n_stages: 3, base_features: 4, "
        "max_features: 8, norm: batch, deep_supervision: false}"},
+      {"res_enc3d_ds_aniso",  // stage 1 pools and projects its skip, stage 2 only pools
+       "{name: res_enc_unet, spatial_dims: 3, in_channels: 2, out_channels: 3, n_stages: 3, base_features: "
+       "4, "
+       "max_features: 8, strides: [1, 2, [2, 2, 1]], kernel_sizes: [3, 3, [3, 3, 1]], n_blocks_per_stage: "
+       "[1, 2, 2], deep_supervision: true}"},
+      {"res_enc2d_batch",
+       "{name: res_enc_unet, spatial_dims: 2, in_channels: 1, out_channels: 2, n_stages: 3, base_features: "
+       "4, "
+       "max_features: 16, norm: batch, deep_supervision: false}"},
   };
   const at::Tensor real = real_ct_block(8, 16, 24);  // (1, 1, 8, 16, 24)
   std::string pairs;

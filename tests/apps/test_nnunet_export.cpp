@@ -176,6 +176,44 @@ TEST_CASE("segflow export --to nnunet: nnU-Net's own predictor gives segflow inf
   CHECK(j["sets"]["resampled"]["agreement"].get<double>() >= 0.5);
 }
 
+TEST_CASE(
+    "segflow export --to nnunet: a res_enc_unet runs in nnU-Net's predictor as its ResidualEncoderUNet") {
+  TempDir dir("nnunet_export_resenc");
+  const fs::path config = dir / "job.yaml";
+  segflow::testing::write_file(
+      config,
+      nnunet_job(dir.path(),
+                 "{name: res_enc_unet, spatial_dims: 3, in_channels: 1, out_channels: 5, n_stages: 3, "
+                 "base_features: 4, n_blocks_per_stage: [1, 2, 2], deep_supervision: true}"));
+  REQUIRE_OK_AND_ASSIGN(auto cfg, models::load_job_config(config));
+  models::TrainObserver quiet;
+  REQUIRE_OK_AND_ASSIGN(auto run, actors::run_training(cfg, {}, quiet));
+  const fs::path ckpt = run / "best.pt";
+  const std::string bin = shell_quote(segflow::testing::segflow_bin());
+  const fs::path results = dir / "results";
+  run_ok(bin + " export --checkpoint " + shell_quote(ckpt) + " --to nnunet " + shell_quote(results));
+  auto plans = nlohmann::json::parse(segflow::testing::read_file(results / "plans.json"));
+  const auto& arch = plans["configurations"]["3d_fullres"]["architecture"];
+  CHECK(arch["network_class_name"] == "dynamic_network_architectures.architectures.unet.ResidualEncoderUNet");
+  CHECK(arch["arch_kwargs"]["n_blocks_per_stage"] == nlohmann::json::array({1, 2, 2}));
+
+  run_ok(bin + " synth --out " + shell_quote(dir / "test") + " --cases 2 --size 24 --format nifti --seed 11");
+  const fs::path images = dir / "test" / "imagesTr";
+  run_ok(
+      helper("prepare " + shell_quote(images) + " " + shell_quote(dir / "one") + " --spacing 1.5 --crop 16"));
+  run_ok(helper("prepare " + shell_quote(images) + " " + shell_quote(dir / "multi") + " --spacing 1.5"));
+  for (const char* s : {"one", "multi"}) infer(ckpt, dir / s, dir / (std::string("sf_") + s));
+  auto p = segflow::testing::run_command(helper("predict " + shell_quote(results) + " 0 --set one " +
+                                                shell_quote(dir / "one") + " " + shell_quote(dir / "sf_one") +
+                                                " 0 --set multi " + shell_quote(dir / "multi") + " " +
+                                                shell_quote(dir / "sf_multi") + " 0 2>&1"));
+  REQUIRE_MESSAGE(p.exit_code == 0, p.out);
+  const auto j = last_json(p.out);
+  report_sets(j);
+  CHECK(j["sets"]["one"]["agreement"].get<double>() >= 0.999);
+  CHECK(j["sets"]["multi"]["agreement"].get<double>() >= 0.99);
+}
+
 TEST_CASE("segflow export --to nnunet refuses what nnU-Net cannot express, writing nothing") {
   TempDir dir("nnunet_refuse");
   auto st = export_untrained(dir.path(),
@@ -183,7 +221,8 @@ TEST_CASE("segflow export --to nnunet refuses what nnU-Net cannot express, writi
                                         "{name: unet, spatial_dims: 3, in_channels: 1, out_channels: 3, "
                                         "channels: [4, 8], strides: [2]}"));
   REQUIRE_FALSE(st.is_ok());
-  CHECK_MESSAGE(segflow::testing::contains(st.message(), "expected plain_unet"), st.message());
+  CHECK_MESSAGE(segflow::testing::contains(st.message(), "expected plain_unet or res_enc_unet"),
+                st.message());
   st = export_untrained(
       dir.path(),
       nnunet_job(dir.path(), kPlainUnet, "  - {name: clip_percentiles, options: {lower: 1, upper: 99}}\n"));
@@ -245,6 +284,49 @@ TEST_CASE("segflow import --from nnunet: an exported plain_unet comes back with 
   CHECK_MESSAGE(segflow::testing::contains(r.out, "plans.json: missing"), r.out);
   CHECK_FALSE(fs::exists(dir / "again"));
   CHECK_FALSE(segflow::testing::has_temporaries(dir.path()));
+}
+
+TEST_CASE(
+    "segflow import --from nnunet: a ResidualEncoderUNet results folder comes back with the same logits") {
+  TempDir dir("nnunet_import_resenc");
+  REQUIRE_OK_AND_ASSIGN(
+      auto cfg,
+      models::parse_job_config(
+          nnunet_job(dir.path(),
+                     "{name: res_enc_unet, spatial_dims: 3, in_channels: 1, out_channels: 5, n_stages: 3, "
+                     "base_features: 4, max_features: 8, n_blocks_per_stage: [1, 2, 3]}"),
+          "job.yaml"));
+  REQUIRE_OK_AND_ASSIGN(auto t, models::Trainer::create(cfg, c10::Device(c10::kCPU)));
+  {
+    torch::NoGradGuard no_grad;  // the blocks' last norms away from their initial 0
+    for (auto& p : t->model().module().named_parameters())
+      if (p.key().find("norm.") != std::string::npos) p.value().add_(0.5);
+  }
+  REQUIRE_OK_AND_ASSIGN(auto results, models::nnunet_results(cfg, {}, t->model().module(), {}));
+  REQUIRE_OK(models::write_nnunet_results(results, dir / "results"));
+  // The checkpoint rewritten by nnunetv2's own nnUNetTrainer: it builds its
+  // ResidualEncoderUNet from plans.json, loads the weights strictly and saves them as its own
+  // checkpoints are (an OrderedDict state dict with its duplicates, optimizer state, logging).
+  auto rewritten = segflow::testing::run_command(
+      shell_quote(segflow::testing::python()) + " " +
+      shell_quote(segflow::testing::source_path("tests/tools/monai_import_ref.py").string()) +
+      " nnunet-trainer " + shell_quote(dir / "results" / "fold_0") + " 2>&1");
+  REQUIRE_MESSAGE(rewritten.exit_code == 0, rewritten.out);
+  CHECK(last_json(rewritten.out)["weights_type"] == "OrderedDict");
+  run_ok(shell_quote(segflow::testing::segflow_bin()) + " import --from nnunet " +
+         shell_quote(dir / "results" / "fold_0") + " --out " + shell_quote(dir / "imported"));
+  const std::string yaml = segflow::testing::read_file(dir / "imported" / "job.yaml");
+  CHECK_MESSAGE(segflow::testing::contains(yaml, "name: res_enc_unet"), yaml);
+  CHECK_MESSAGE(segflow::testing::contains(yaml, "n_blocks_per_stage: [1,2,3]"), yaml);
+  REQUIRE_OK_AND_ASSIGN(auto back, models::load_for_inference(dir / "imported" / "model.pt", "cpu"));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(6);
+  const at::Tensor x = at::rand({1, 1, 16, 24, 16}, gen, at::TensorOptions());
+  torch::NoGradGuard no_grad;
+  t->model().module().eval();
+  back->model().module().eval();
+  const at::Tensor y0 = t->model().predict(x), y1 = back->model().predict(x);
+  CHECK(y0.abs().max().item<double>() > 0);
+  CHECK((y1 - y0).abs().max().item<double>() == 0.0);
 }
 
 namespace {

@@ -80,12 +80,14 @@ TEST_CASE("a bad option in any section of a job config names the file, the key a
       {{"data.synth.casez=3"},
        "job.yaml: data.synth.casez: unknown option; expected cases, size, format, compress, seed"},
       {{"data.synth=5"}, "job.yaml: data.synth: expected a mapping, got 5"},
-      // model (unet, plain_unet, sam)
+      // model (unet, plain_unet, res_enc_unet, sam)
       {{"model.channelz=4"},
        "job.yaml: model.channelz: unknown option; expected name, spatial_dims, in_channels, "
        "out_channels, channels, strides"},
-      {{"model.name=resnet"}, "job.yaml: model.name: expected one of unet, plain_unet, sam, got \"resnet\""},
-      {{"model={channels: [4, 8]}"}, "job.yaml: model.name: expected a model name (unet, plain_unet, sam)"},
+      {{"model.name=resnet"},
+       "job.yaml: model.name: expected one of unet, plain_unet, res_enc_unet, sam, got \"resnet\""},
+      {{"model={channels: [4, 8]}"},
+       "job.yaml: model.name: expected a model name (unet, plain_unet, res_enc_unet, sam)"},
       {{"model.channels=[4, 0, 8]"},
        "job.yaml: model.channels: expected a list of integers >= 1, got [4, 0, 8]"},
       {{"model.strides=[2]"}, "job.yaml: model.strides: expected 2 entries (len(channels) - 1), got "},

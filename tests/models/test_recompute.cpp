@@ -12,6 +12,7 @@
 
 #include "models/nets/plain_unet.hpp"
 #include "models/nets/recompute.hpp"
+#include "models/nets/res_enc_unet.hpp"
 #include "models/nets/unet.hpp"
 
 namespace sm = segflow::models;
@@ -141,6 +142,36 @@ TEST_CASE("a recomputed PlainConvUNet step with deep supervision equals the plai
   const StepResult plain = step(a, x, false, fwd);
   const StepResult re = step(bn, x, true, fwd);
   CHECK(plain.outputs.size() == 2);  // n_stages - 1 decoder stages, each with a head
+  check_equal(plain, re);
+}
+
+TEST_CASE("a recomputed ResEncUNet step (batch norm, pooled and projected skips) equals the plain step") {
+  torch::manual_seed(5);
+  sm::ResEncUNetOptions o;
+  o.spatial_dims = 3;
+  o.in_channels = 1;
+  o.num_classes = 3;
+  o.n_stages = 3;
+  o.base_features = 4;
+  o.max_features = 8;  // stage 2 keeps stage 1's features: its skip only pools
+  o.n_blocks_per_stage = {1, 2, 2};
+  o.norm = sm::NormKind::batch;
+  sm::ResEncUNet a(o);
+  {  // the blocks' last norms away from their initial 0, so that the blocks' convs count
+    torch::NoGradGuard ng;
+    for (auto& p : a->named_parameters())
+      if (p.key().find("conv2.norm.weight") != std::string::npos) p.value().fill_(0.7);
+  }
+  auto b = std::dynamic_pointer_cast<sm::ResEncUNetImpl>(a->clone());
+  REQUIRE(b);
+  sm::ResEncUNet bn(b);
+  a->train();
+  bn->train();
+  const at::Tensor x = torch::randn({2, 1, 16, 16, 16});
+  auto fwd = [](sm::ResEncUNet& n, const at::Tensor& t) { return n->forward(t); };
+  const StepResult plain = step(a, x, false, fwd);
+  const StepResult re = step(bn, x, true, fwd);
+  CHECK(plain.outputs.size() == 2);
   check_equal(plain, re);
 }
 

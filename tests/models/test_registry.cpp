@@ -19,7 +19,7 @@ using namespace segflow::models;
 using nlohmann::json;
 using segflow::testing::max_abs_diff;
 
-TEST_CASE("create_model builds unet, plain_unet and sam with a uniform forward") {
+TEST_CASE("create_model builds unet, plain_unet, res_enc_unet and sam with a uniform forward") {
   torch::manual_seed(0);
   REQUIRE_OK_AND_ASSIGN(auto unet, create_model("unet", json{{"spatial_dims", 2},
                                                              {"channels", {4, 8}},
@@ -39,6 +39,29 @@ TEST_CASE("create_model builds unet, plain_unet and sam with a uniform forward")
   auto outs = plain.forward(torch::randn({1, 1, 8, 8, 8}));
   CHECK(outs.size() == 2);
   CHECK(outs[0].sizes() == at::IntArrayRef({1, 2, 8, 8, 8}));
+
+  // nnU-Net's ResidualEncoderUNet: stem, residual stages (nnU-Net's 1, 3, 4 blocks), the plain
+  // decoder; every block's last norm starts at 0 (the block starts as its skip).
+  REQUIRE_OK_AND_ASSIGN(
+      auto res,
+      create_model("res_enc_unet", json{{"n_stages", 3}, {"base_features", 4}, {"out_channels", 3}}));
+  CHECK(res.info().name == "res_enc_unet");
+  CHECK(res.info().deep_supervision);
+  CHECK(res.info().size_divisor == 4);
+  auto res_outs = res.forward(torch::randn({2, 1, 8, 12, 16}));
+  REQUIRE(res_outs.size() == 2);
+  CHECK(res_outs[0].sizes() == at::IntArrayRef({2, 3, 8, 12, 16}));
+  CHECK(res_outs[1].sizes() == at::IntArrayRef({2, 3, 4, 6, 8}));
+  std::size_t blocks = 0;
+  for (const auto& p : res.module().named_parameters()) {
+    if (p.key().find(".conv2.norm.weight") == std::string::npos) continue;
+    ++blocks;
+    CHECK(p.value().abs().max().item<double>() == 0.0);
+  }
+  CHECK(blocks == 1 + 3 + 4);
+  res_outs[0].sum().backward();  // gradients reach the stem through the blocks
+  for (const auto& p : res.module().named_parameters())
+    if (p.key() == "encoder.stem.convs.0.conv.weight") CHECK(p.value().grad().abs().sum().item<double>() > 0);
 
   REQUIRE_OK_AND_ASSIGN(auto sam, create_model("sam", json{{"preset", "tiny"}}));
   CHECK(sam.info().needs_box);
@@ -86,7 +109,7 @@ TEST_CASE("create_model loads a weights archive given in the options") {
 TEST_CASE("unknown models, unknown option keys and bad values are errors that list what is known") {
   auto name = create_model("resnet", json::object());
   CHECK(name.status().code() == segflow::ErrorCode::invalid_argument);
-  CHECK(name.status().message().find("unet, plain_unet, sam") != std::string::npos);
+  CHECK(name.status().message().find("unet, plain_unet, res_enc_unet, sam") != std::string::npos);
   auto key = create_model("unet", json{{"chanels", {4, 8}}});
   CHECK(key.status().message().find("unet.chanels: unknown option; expected") != std::string::npos);
   CHECK(key.status().message().find("num_res_units") != std::string::npos);
@@ -106,10 +129,15 @@ TEST_CASE("unknown models, unknown option keys and bad values are errors that li
   CHECK_FALSE(not_object.is_ok());
   auto plain = create_model("plain_unet", json{{"n_stages", 1}});
   CHECK(plain.status().message().find("n_stages") != std::string::npos);
+  auto blocks = create_model("res_enc_unet", json{{"n_stages", 3}, {"n_blocks_per_stage", {1, 2}}});
+  CHECK(blocks.status().message().find(
+            "n_blocks_per_stage: expected 3 entries (one per stage), got [1, 2]") != std::string::npos);
+  auto conv = create_model("res_enc_unet", json{{"n_conv_per_stage", 2}});
+  CHECK(conv.status().message().find("res_enc_unet.n_conv_per_stage: unknown option") != std::string::npos);
 }
 
 TEST_CASE("every network of the table reads its defaults by name and writes them back unchanged") {
-  CHECK(known_models() == std::vector<std::string>{"unet", "plain_unet", "sam"});
+  CHECK(known_models() == std::vector<std::string>{"unet", "plain_unet", "res_enc_unet", "sam"});
   for (const NetworkRow& row : network_table()) {
     INFO(row.name);
     CHECK_FALSE(row.description.empty());
@@ -128,11 +156,12 @@ TEST_CASE("every network of the table reads its defaults by name and writes them
   }
   auto unknown = find_network("res_net");
   REQUIRE_FALSE(unknown.is_ok());
-  CHECK(unknown.status().message() == "model: unknown name 'res_net'; known models: unet, plain_unet, sam");
+  CHECK(unknown.status().message() ==
+        "model: unknown name 'res_net'; known models: unet, plain_unet, res_enc_unet, sam");
   auto no_name = parse_model_options(json{{"channels", {4, 8}}}, "configs/job.yaml: model");
   REQUIRE_FALSE(no_name.is_ok());
   CHECK(no_name.status().message().find("configs/job.yaml: model.name: expected a model name (unet, "
-                                        "plain_unet, sam), got nothing") != std::string::npos);
+                                        "plain_unet, res_enc_unet, sam), got nothing") != std::string::npos);
 }
 
 namespace {
@@ -163,16 +192,16 @@ TEST_CASE("exporting a network a target cannot write is an unsupported error nam
   CHECK(pytorch.status().code() == segflow::ErrorCode::unsupported);
   CHECK(pytorch.status().message() ==
         "export --to pytorch: network 'test_net' has no PyTorch export (networks with one: unet, "
-        "plain_unet, sam)");
+        "plain_unet, res_enc_unet, sam)");
 
   segflow::testing::TempDir dir("exportless");
   const auto out = dir / "net.onnx";
   auto onnx = write_onnx_model(m, net.module(), out, OnnxExportOptions{});
   REQUIRE_FALSE(onnx.is_ok());
   CHECK(onnx.code() == segflow::ErrorCode::unsupported);
-  CHECK(
-      onnx.message() ==
-      "export --to onnx: network 'test_net' has no ONNX writer (networks it writes: unet, plain_unet, sam)");
+  CHECK(onnx.message() ==
+        "export --to onnx: network 'test_net' has no ONNX writer (networks it writes: unet, plain_unet, "
+        "res_enc_unet, sam)");
   CHECK_FALSE(std::filesystem::exists(out));
 
   // model.weights: {names: monai} needs the network's MONAI names.

@@ -7,7 +7,8 @@ STATE.pt is the exported state dict, SPEC.json its target and arguments, IO.pt a
 the C++ test (torch::pickle_save): for a UNet {"x": input, "y": segflow's eval-mode logits},
 for SAM {"image": images, "embedding": segflow's image embedding, "box": (B, 4) boxes,
 "low_res": segflow's low-resolution mask logits of image 0 with box 0}. Builds
-monai.networks.nets.UNet, dynamic_network_architectures' PlainConvUNet or segment_anything's Sam from SPEC.json, loads STATE.pt with
+monai.networks.nets.UNet, dynamic_network_architectures' PlainConvUNet or ResidualEncoderUNet, or
+segment_anything's Sam from SPEC.json, loads STATE.pt with
 strict=True, runs the same input and prints one JSON object: target, tensors, max_abs (of the
 reference output) and max_abs_diff (reference vs segflow); for SAM also masks_max_abs and
 masks_max_abs_diff. Exit 3 when the reference package
@@ -40,6 +41,15 @@ def build_plain_unet(spec):
     for k in ("conv_op", "norm_op", "nonlin"):
         a[k] = getattr(torch.nn, a[k])
     return PlainConvUNet(**a)
+
+
+def build_res_enc_unet(spec):
+    from dynamic_network_architectures.architectures.unet import ResidualEncoderUNet
+
+    a = dict(spec["args"])
+    for k in ("conv_op", "norm_op", "nonlin"):
+        a[k] = getattr(torch.nn, a[k])
+    return ResidualEncoderUNet(**a)
 
 
 def build_sam(spec):
@@ -75,6 +85,7 @@ def main(argv):
     try:
         target = spec["target"]
         model = (build_plain_unet(spec) if target.endswith("PlainConvUNet")
+                 else build_res_enc_unet(spec) if target.endswith("ResidualEncoderUNet")
                  else build_unet(spec) if target.endswith("UNet") else build_sam(spec))
     except ImportError as e:
         print(json.dumps({"error": f"reference package not importable: {e}"}))
