@@ -348,6 +348,7 @@ Result<json> dataset_request(const Args& a, const char* cmd) {
     req["memory_gb"] = g;
   }
   if (a.has("memory-model")) req["memory_model"] = a.get("memory-model");
+  if (a.has("preset")) req["preset"] = a.get("preset");
   if (a.has("device")) req["device"] = a.get("device");
   return req;
 }
@@ -504,8 +505,8 @@ const CtlCommand kCtlCommands[] = {
               "       [every option of segflow infer: --device D, --tta, --overlap, --amp, --boxes ...]",
      "queue an inference job (a scan, a folder or a dataset; --model: a segflow package)", infer_request,
      print_infer_submitted, nullptr},
-    {"plan", "plan DATASET [--configurations 2d,3d_fullres,3d_lowres] [--memory-gb G] [--memory-model M]\n"
-             "       [--device D] [--out DIR]",
+    {"plan", "plan DATASET [--configurations 2d,3d_fullres,3d_lowres] [--preset P] [--memory-gb G]\n"
+             "       [--memory-model M] [--device D] [--out DIR]",
      "queue a plan job: fingerprint and plan a dataset (default into DATASET/.segflow-plans)",
      plan_request, print_plan_submitted, nullptr},
     {"train", "train DATASET [--configuration C] [--fold K|all ...] [--set key=value ...] [plan flags]",
@@ -581,6 +582,8 @@ constexpr Option kCtlCommandOptions[] = {
     {"fold", "K|all", "train: the folds to queue (repeatable); default 0"},
     {"memory-gb", "G", "plan, train: the planner's memory target, > 0"},
     {"memory-model", "measured|nnunet", "plan, train: the planner's memory model"},
+    {"preset", "default|resenc-m|resenc-l|resenc-xl",
+     "plan, train: which of nnU-Net's planners (segflow plan --preset)"},
     {"out", "DIR",
      "plan, train: the plan folder (default DATASET/.segflow-plans); keygen: where the keys go"},
     {"now", "", "pause: at the next step instead of the end of the epoch; shutdown: without waiting"},

@@ -57,18 +57,23 @@ void print_summary(const planning::PlanResult& r, const fs::path& out) {
       std::snprintf(b, sizeof b, "%s%.4g", i ? "x" : "", c.spacing[i]);
       sp += b;
     }
-    std::printf("%-10s patch %s (nnU-Net axis order) spacing %s mm, batch %lld, %lld stages -> %s\n",
+    std::printf("%-10s patch %s (nnU-Net axis order) spacing %s mm, batch %lld, %lld stages of %s -> %s\n",
                 to_string(c.kind), patch.c_str(), sp.c_str(), static_cast<long long>(c.batch_size),
                 static_cast<long long>(c.topology.n_stages()),
+                r.constants.residual_encoder ? "res_enc_unet" : "plain_unet",
                 (out / planning::yaml_file_name(c.kind)).c_str());
   }
   std::printf("plan folder: %s\n", out.c_str());
 }
 
 constexpr Option kPlannerOptions[] = {
+    {"preset", "default|resenc-m|resenc-l|resenc-xl",
+     "which of nnU-Net's planners: default (PlainConvUNet) or a residual encoder preset "
+     "(ResidualEncoderUNet, "
+     "memory targets 8, 24, 40 GB); default: default"},
     {"device", "cpu|cuda|cuda:N",
      "where trial steps run and the recipes train; default cuda:0 when visible, else cpu"},
-    {"memory-gb", "G", "the memory target, > 0; default 8"},
+    {"memory-gb", "G", "the memory target, > 0; default the preset's (8, resenc-l 24, resenc-xl 40)"},
     {"memory-model", "measured|nnunet", "measured (default: trial steps) or nnunet (nnU-Net's estimate)"},
     {"max-step-s", "S", "step-time budget of the measured model, > 0; default 2 on a CPU, none on CUDA"},
     {"amp", "auto|none|bf16|fp16", "mixed precision of the trials and recipes; default auto"},
@@ -91,7 +96,8 @@ const Command& plan_command() {
       "plan",
       cmd_plan,
       {{"",
-        "plan DATASET [--out DIR] [--configurations 2d,3d_fullres,3d_lowres] [--device cpu|cuda:N] "
+        "plan DATASET [--out DIR] [--configurations 2d,3d_fullres,3d_lowres] [--preset P] [--device "
+        "cpu|cuda:N] "
         "[--memory-gb G] [--memory-model measured|nnunet] [--max-step-s S] [--amp A] [--threads N] [--json]",
         "fingerprint a dataset and write nnU-Net-style plans and one runnable job YAML per configuration",
         "docs/how-to/plan.md",
@@ -108,6 +114,7 @@ Result<planning::PlanOptions> plan_options_from_args(const Args& a) {
   if (a.has("configurations")) {
     SEGFLOW_ASSIGN_OR_RETURN(o.configurations, parse_configurations(a.get("configurations")));
   }
+  if (a.has("preset")) SEGFLOW_RETURN_IF_ERROR(planning::set_preset(o, a.get("preset"), false));
   if (a.has("memory-gb")) {
     SEGFLOW_ASSIGN_OR_RETURN(o.memory_gb, parse_positive("memory-gb", a.get("memory-gb")));
   }

@@ -10,7 +10,9 @@
 #   {"name": "nnunet_bench_ratios", ...}  segflow / nnU-Net ratios
 #
 # usage: bench/nnunet-bench.sh [--cases N] [--size S] [--epochs E] [--target D] [--device cpu|cuda]
-#                              [--work DIR] [--keep]
+#                              [--preset default|resenc-m|resenc-l|resenc-xl] [--work DIR] [--keep]
+#   --preset: both sides plan with that planner: nnU-Net with -pl nnUNetPlannerResEncM (...L,
+#            ...XL) and trains -p nnUNetResEncUNetMPlans; segflow with segflow plan --preset.
 #   nnU-Net: nnUNetv2_plan_and_preprocess -c 3d_fullres, then
 #            nnUNetv2_train 990 3d_fullres 0 -tr nnUNetTrainer_5epochs -device cpu (E = 5; other
 #            E: nnUNetTrainer_Xepochs variants that exist: 1, 5, 10, 20, 50, 100, ...).
@@ -19,7 +21,7 @@
 # Needs the build (scripts/build.sh) and the venv's nnunetv2 (scripts/setup.sh).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cases=10 size=32 epochs=5 target=0.5 device=cpu work="" keep=0
+cases=10 size=32 epochs=5 target=0.5 device=cpu work="" keep=0 preset=default
 while [ $# -gt 0 ]; do
   case "$1" in
     --cases) cases="$2"; shift 2 ;;
@@ -27,6 +29,7 @@ while [ $# -gt 0 ]; do
     --epochs) epochs="$2"; shift 2 ;;
     --target) target="$2"; shift 2 ;;
     --device) device="$2"; shift 2 ;;
+    --preset) preset="$2"; shift 2 ;;
     --work) work="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
     *) echo "nnunet-bench: unknown argument $1" >&2; exit 2 ;;
@@ -40,6 +43,13 @@ bin="$here/.venv/bin"
 if [ -z "$work" ]; then work="$(mktemp -d /tmp/nnunet-bench.XXXXXX)"; fi
 if [ "$keep" = 0 ]; then trap 'rm -rf "$work"' EXIT; fi
 mkdir -p "$work"
+case "$preset" in
+  default) planner=ExperimentPlanner plans=nnUNetPlans ;;
+  resenc-m) planner=nnUNetPlannerResEncM plans=nnUNetResEncUNetMPlans ;;
+  resenc-l) planner=nnUNetPlannerResEncL plans=nnUNetResEncUNetLPlans ;;
+  resenc-xl) planner=nnUNetPlannerResEncXL plans=nnUNetResEncUNetXLPlans ;;
+  *) echo "nnunet-bench: --preset: expected default, resenc-m, resenc-l or resenc-xl, got $preset" >&2; exit 2 ;;
+esac
 trainer="nnUNetTrainer_${epochs}epochs"
 [ "$epochs" = 1 ] && trainer=nnUNetTrainer_1epoch
 log() { echo "nnunet-bench: $*" >&2; }
@@ -55,7 +65,7 @@ for f in imagesTr labelsTr dataset.json; do ln -sfn "$ds/$f" "$nnUNet_raw/Datase
 # ---- segflow's plan (fingerprint + measured trials) ----
 t0=$(date +%s.%N)
 /usr/bin/time -f %M -o "$work/plan.rss" "$segflow" plan "$ds" --out "$work/plan" --device "$device" \
-  --configurations 3d_fullres >&2
+  --configurations 3d_fullres --preset "$preset" >&2
 plan_s=$(echo "$(date +%s.%N) - $t0" | bc)
 log "segflow plan: ${plan_s}s"
 
@@ -65,15 +75,15 @@ log "segflow plan: ${plan_s}s"
 split_run="$(sed -n 's/^run folder: //p' "$work/split.out")"
 t0=$(date +%s.%N)
 /usr/bin/time -f %M -o "$work/nn_pre.rss" "$bin/nnUNetv2_plan_and_preprocess" -d 990 -c 3d_fullres -np 2 \
-  --verify_dataset_integrity >"$work/nn_pre.log" 2>&1
+  -pl "$planner" --verify_dataset_integrity >"$work/nn_pre.log" 2>&1
 nn_pre_s=$(echo "$(date +%s.%N) - $t0" | bc)
 cp "$split_run/splits.json" "$nnUNet_preprocessed/Dataset990_Segflow/splits_final.json"
 t0=$(date +%s.%N)
 /usr/bin/time -f %M -o "$work/nn_train.rss" "$bin/nnUNetv2_train" 990 3d_fullres 0 \
-  -tr "$trainer" -device "$device" >"$work/nn_train.log" 2>&1
+  -tr "$trainer" -p "$plans" -device "$device" >"$work/nn_train.log" 2>&1
 nn_train_s=$(echo "$(date +%s.%N) - $t0" | bc)
 log "nnU-Net: preprocess ${nn_pre_s}s, train ${nn_train_s}s"
-nn_fold="$nnUNet_results/Dataset990_Segflow/${trainer}__nnUNetPlans__3d_fullres/fold_0"
+nn_fold="$nnUNet_results/Dataset990_Segflow/${trainer}__${plans}__3d_fullres/fold_0"
 
 # ---- segflow: the same wall time as nnU-Net's training (validation each epoch) ----
 budget=$(printf '%.0f' "$nn_train_s")
@@ -105,10 +115,11 @@ ckpt="$sf_run/best.pt"; [ -f "$ckpt" ] || ckpt="$sf_run/last.pt"
 
 # ---- JSON lines ----
 "$py" - "$work" "$nn_fold" "$sf_run" "$target" "$device" "$trainer" "$cases" "$size" "$nn_train_s" "$sf_train_s" \
-  "$plan_s" "$nn_pre_s" <<'EOF'
+  "$plan_s" "$nn_pre_s" "$preset" "$plans" <<'EOF'
 import glob, json, re, sys
 work, nn_fold, sf_run, target, device, trainer, cases, size = sys.argv[1:9]
 nn_train_s, sf_train_s, plan_s, nn_pre_s = map(float, sys.argv[9:13])
+preset, plans_name = sys.argv[13:15]
 target = float(target)
 
 def rss(name):
@@ -121,7 +132,7 @@ def dice(path):
     vals = [v for v in per.values() if v is not None]
     return {"mean_dice": sum(vals) / len(vals) if vals else None}, per
 
-nn_plans = json.load(open(glob.glob(f"{work}/nnUNet_preprocessed/Dataset990_Segflow/nnUNetPlans.json")[0]))
+nn_plans = json.load(open(f"{work}/nnUNet_preprocessed/Dataset990_Segflow/{plans_name}.json"))
 nn_cfg = nn_plans["configurations"]["3d_fullres"]
 log = open(glob.glob(f"{nn_fold}/training_log_*.txt")[0]).read()
 epoch_times = [float(x) for x in re.findall(r"Epoch time: ([0-9.]+) s", log)]
@@ -161,7 +172,7 @@ for r in recs:
         sf_ttd = t
 sf_eval, sf_dice = dice(f"{work}/sf_eval.json")
 
-common = {"device": device, "cases": int(cases), "size": int(size), "target_dice": target}
+common = {"device": device, "cases": int(cases), "size": int(size), "target_dice": target, "preset": preset}
 nn = {"name": "nnunet_bench", "side": "nnunet", "samples_per_s": nn_sps,
       "s_per_epoch": sum(epoch_times) / len(epoch_times) if epoch_times else None,
       "step_ms": 1000 * sum(epoch_times) / len(epoch_times) / 250 if epoch_times else None,
@@ -175,7 +186,8 @@ sf = {"name": "nnunet_bench", "side": "segflow", "samples_per_s": sf_sps, "s_per
       "val_dice_per_epoch": [v.get("mean_dice") for v in vals], "time_to_dice_s": sf_ttd,
       "peak_host_mb": rss("sf_train"), "wall_s": sf_train_s, "plan_s": plan_s,
       "patch_size": sf_cfg["patch_size"], "batch_size": sf_cfg["batch_size"],
-      "config": {"plan": "segflow plan --memory-model measured", "val_interval_epochs": 10, **common}}
+      "config": {"plan": "segflow plan --memory-model measured --preset " + preset, "val_interval_epochs": 10,
+                 **common}}
 print(json.dumps(nn))
 print(json.dumps(sf))
 ratio = lambda a, b: (a / b) if (a is not None and b not in (None, 0)) else None

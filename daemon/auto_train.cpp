@@ -91,6 +91,7 @@ void AutoTrain::poll_dataset(const DatasetRecord& d, const AutoTrainRule& rule) 
   spec.overrides = rule.set;
   spec.memory_gb = rule.memory_gb;
   spec.memory_model = rule.memory_model;
+  spec.preset = rule.preset;
   spec.device = rule.device;
   spec.trigger = "auto_train";
   spec.signature = *signature;

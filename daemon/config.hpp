@@ -23,7 +23,7 @@
 //        prompts: boxes|label_map, boxes_dir: DIR, propagate: false, box_margin: 3}  # sam only
 //   auto_train:                    # datasets planned and trained when they appear (auto_train.hpp)
 //     - {dataset: NAME|PATH|"*", configuration: 3d_fullres, folds: [0] | all, set: {key: value},
-//        memory_gb: 8, memory_model: measured, device: auto}
+//        memory_gb: 8, memory_model: measured, preset: default, device: auto}
 //
 // Relative paths are relative to the daemon's working folder; finalize_daemon_config makes
 // them absolute. A tcp endpoint on a non-loopback address is refused without CURVE keys.
@@ -107,6 +107,7 @@ struct AutoTrainRule {
   std::vector<std::string> set;              ///< overrides of the training jobs, "key=value"
   double memory_gb = 0;                      ///< the plan's memory target, GB; 0 = the planner's (8)
   std::string memory_model;                  ///< nnunet | measured; "" = the planner's (measured)
+  std::string preset;                        ///< default | resenc-m | resenc-l | resenc-xl; "" = default
   std::string device = "auto";               ///< a device of the pool (cpu, cuda:N) or auto
   /// Reads one entry (pipeline/options.hpp): dataset is required; configuration, folds and
   /// the set keys are checked (a job config with the overrides must parse).

@@ -234,6 +234,8 @@ std::vector<Field> plan_fields(bool train) {
   }
   f.push_back({"memory_gb", FieldType::number, false, "the plan's memory target in GB (default 8)"});
   f.push_back({"memory_model", FieldType::string, false, "nnunet or measured (default measured)"});
+  f.push_back({"preset", FieldType::string, false,
+               "which of nnU-Net's planners: default, resenc-m, resenc-l or resenc-xl (default default)"});
   f.push_back(
       {"device", FieldType::string, false, "where the plan's trials run: a device (cpu, cuda:0) or auto"});
   return f;
@@ -255,6 +257,7 @@ Result<PlanJobSpec> plan_spec(const json& v, bool train) {
   s.configurations = v.value("configurations", std::vector<std::string>());
   s.memory_gb = v.value("memory_gb", 0.0);
   s.memory_model = v.value("memory_model", std::string());
+  s.preset = v.value("preset", std::string());
   s.device = v.value("device", std::string("auto"));
   if (!train) return s;
   s.train = v.value("configuration", std::string("3d_fullres"));

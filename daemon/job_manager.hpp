@@ -86,6 +86,7 @@ struct PlanJobSpec {
   std::vector<std::string> configurations;  ///< planned (without train): 2d, 3d_fullres, 3d_lowres; [] = all
   double memory_gb = 0;                     ///< the plan's memory target, GB; 0 = the planner's (8)
   std::string memory_model;                 ///< nnunet | measured; "" = the planner's (measured)
+  std::string preset;                       ///< default | resenc-m | resenc-l | resenc-xl; "" = default
   std::string device = "auto";              ///< where the plan's trials run: a device of the pool or auto
   std::string train;                        ///< configuration to train after planning; "" = plan only
   std::vector<std::int64_t> folds;          ///< with train: folds to train ([] with all_folds: every fold)

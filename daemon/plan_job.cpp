@@ -30,6 +30,7 @@ json plan_spec_to_json(const PlanJobSpec& s) {
           {"configurations", s.configurations},
           {"memory_gb", s.memory_gb},
           {"memory_model", s.memory_model},
+          {"preset", s.preset},
           {"device", s.device},
           {"train", s.train},
           {"folds", s.folds},
@@ -47,6 +48,7 @@ Result<PlanJobSpec> plan_spec_from_json(const json& j) {
     s.configurations = j.value("configurations", std::vector<std::string>());
     s.memory_gb = j.value("memory_gb", 0.0);
     s.memory_model = j.value("memory_model", std::string());
+    s.preset = j.value("preset", std::string());
     s.device = j.value("device", std::string("auto"));
     s.train = j.value("train", std::string());
     s.folds = j.value("folds", std::vector<std::int64_t>());
@@ -85,6 +87,11 @@ Status check_plan_request(PlanJobSpec& s, const fs::path& data_root) {
   if (!s.memory_model.empty())
     if (auto m = planning::parse_memory_model(s.memory_model); !m.is_ok())
       return invalid_argument("memory_model: " + m.status().message());
+  if (!s.preset.empty() && !planning::preset_constants(s.preset)) {
+    std::string known;
+    for (const auto& n : planning::preset_names()) known += (known.empty() ? "" : ", ") + n;
+    return invalid_argument("preset: expected one of " + known + ", got '" + s.preset + "'");
+  }
   if (s.device.empty()) s.device = "auto";
   if (s.device != "auto")
     if (auto d = models::resolve_device(s.device); !d.is_ok())
@@ -103,6 +110,7 @@ planning::PlanOptions plan_options(const PlanJobSpec& s, const std::string& devi
     o.configurations.clear();
     for (const auto& c : s.configurations) o.configurations.push_back(*planning::parse_configuration(c));
   }
+  if (!s.preset.empty()) (void)planning::set_preset(o, s.preset, false);  // checked at submission
   if (s.memory_gb > 0) o.memory_gb = s.memory_gb;
   if (!s.memory_model.empty()) o.memory_model = *planning::parse_memory_model(s.memory_model);
   return o;

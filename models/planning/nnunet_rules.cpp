@@ -81,35 +81,147 @@ std::vector<std::int64_t> features_per_stage(std::int64_t n_stages, std::int64_t
   return out;
 }
 
-double conv_feature_map_size(const std::vector<std::int64_t>& patch, const Topology& t,
-                             const std::vector<std::int64_t>& features, std::int64_t num_classes,
-                             std::int64_t convs, bool deep_supervision) {
-  auto prod = [](std::int64_t c, const std::vector<std::int64_t>& s) {
-    double p = static_cast<double>(c);
-    for (auto v : s) p *= static_cast<double>(v);
-    return p;
-  };
+namespace {
+
+double voxels(std::int64_t c, const std::vector<std::int64_t>& s) {
+  double p = static_cast<double>(c);
+  for (auto v : s) p *= static_cast<double>(v);
+  return p;
+}
+
+std::vector<std::int64_t> divided(const std::vector<std::int64_t>& size,
+                                  const std::vector<std::int64_t>& by) {
+  std::vector<std::int64_t> out(size.size());
+  for (std::size_t i = 0; i < size.size(); ++i) out[i] = size[i] / by[i];
+  return out;
+}
+
+/// UNetDecoder.compute_conv_feature_map_size: per decoder stage (deepest first) its convs, the
+/// transposed conv and the segmentation output, at the size of the skip it joins.
+double decoder_feature_map_size(const std::vector<std::int64_t>& patch, const Topology& t,
+                                const std::vector<std::int64_t>& features, std::int64_t num_classes,
+                                std::int64_t convs, bool deep_supervision) {
   const std::size_t n = t.pool_op_kernel_sizes.size();
-  double out = 0;
-  // Encoder: stage s's first conv has the stride; every conv outputs features[s] maps.
-  std::vector<std::int64_t> size = patch;
   std::vector<std::vector<std::int64_t>> skip_sizes;
-  for (std::size_t s = 0; s < n; ++s) {
-    std::vector<std::int64_t> after(size.size());
-    for (std::size_t i = 0; i < size.size(); ++i) after[i] = size[i] / t.pool_op_kernel_sizes[s][i];
-    out += static_cast<double>(convs) * prod(features[s], after);
-    size = after;
-    if (s + 1 < n) skip_sizes.push_back(after);
+  std::vector<std::int64_t> size = patch;
+  for (std::size_t s = 0; s + 1 < n; ++s) {
+    size = divided(size, t.pool_op_kernel_sizes[s]);
+    skip_sizes.push_back(size);
   }
-  // Decoder, deepest first: its convs, the transposed conv, the segmentation output.
+  double out = 0;
   for (std::size_t s = 0; s + 1 < n; ++s) {
     const auto& skip = skip_sizes[skip_sizes.size() - 1 - s];
     const std::int64_t ch = features[n - 2 - s];
-    out += static_cast<double>(convs) * prod(ch, skip);
-    out += prod(ch, skip);
-    if (deep_supervision || s == n - 2) out += prod(num_classes, skip);
+    out += static_cast<double>(convs) * voxels(ch, skip);
+    out += voxels(ch, skip);
+    if (deep_supervision || s == n - 2) out += voxels(num_classes, skip);
   }
   return out;
+}
+
+}  // namespace
+
+double conv_feature_map_size(const std::vector<std::int64_t>& patch, const Topology& t,
+                             const std::vector<std::int64_t>& features, std::int64_t num_classes,
+                             std::int64_t convs, bool deep_supervision) {
+  // Encoder: stage s's first conv has the stride; every conv outputs features[s] maps.
+  double out = 0;
+  std::vector<std::int64_t> size = patch;
+  for (std::size_t s = 0; s < t.pool_op_kernel_sizes.size(); ++s) {
+    size = divided(size, t.pool_op_kernel_sizes[s]);
+    out += static_cast<double>(convs) * voxels(features[s], size);
+  }
+  return out + decoder_feature_map_size(patch, t, features, num_classes, convs, deep_supervision);
+}
+
+double res_enc_feature_map_size(const std::vector<std::int64_t>& patch, const Topology& t,
+                                const std::vector<std::int64_t>& features, std::int64_t num_classes,
+                                const std::vector<std::int64_t>& blocks, std::int64_t decoder_convs,
+                                bool deep_supervision) {
+  double out = voxels(features[0], patch);  // the stem: one conv, stride 1
+  std::vector<std::int64_t> size = patch;
+  std::int64_t in = features[0];
+  for (std::size_t s = 0; s < t.pool_op_kernel_sizes.size(); ++s) {
+    const auto after = divided(size, t.pool_op_kernel_sizes[s]);
+    const double maps = voxels(features[s], after);
+    // The first block: two convs, and its skip's output when it pools or projects.
+    out += 2 * maps + ((in != features[s] || after != size) ? maps : 0.0);
+    out += 2 * maps * static_cast<double>(blocks[s] - 1);  // the others: two convs each
+    size = after;
+    in = features[s];
+  }
+  return out + decoder_feature_map_size(patch, t, features, num_classes, decoder_convs, deep_supervision);
+}
+
+std::vector<std::int64_t> residual_blocks_per_stage(std::int64_t n_stages) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t s = 0; s < n_stages; ++s) out.push_back(s == 0 ? 1 : s == 1 ? 3 : s == 2 ? 4 : 6);
+  return out;
+}
+
+namespace {
+
+struct Preset {
+  const char* name;
+  const char* planner;  ///< nnU-Net's class
+  const char* plans;    ///< its plans_name
+  double memory_gb;
+  NnunetConstants constants;
+};
+
+NnunetConstants res_enc(double ref_3d, double ref_2d, double corresp_gb) {
+  NnunetConstants k;
+  k.residual_encoder = true;
+  k.estimate_per_batch_of_2 = false;
+  k.reference_val_3d = ref_3d;
+  k.reference_val_2d = ref_2d;
+  k.reference_val_corresp_gb = corresp_gb;
+  k.max_dataset_covered = 1.0;
+  return k;
+}
+
+/// nnunetv2 2.8.1's planners (default_experiment_planner.py, residual_encoder_unet_planners.py).
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> p = {
+      {"default", "ExperimentPlanner", "nnUNetPlans", 8.0, NnunetConstants{}},
+      {"resenc-m", "nnUNetPlannerResEncM", "nnUNetResEncUNetMPlans", 8.0,
+       res_enc(680000000.0, 135000000.0, 8.0)},
+      {"resenc-l", "nnUNetPlannerResEncL", "nnUNetResEncUNetLPlans", 24.0,
+       res_enc(2100000000.0, 380000000.0, 24.0)},
+      {"resenc-xl", "nnUNetPlannerResEncXL", "nnUNetResEncUNetXLPlans", 40.0,
+       res_enc(3600000000.0, 560000000.0, 40.0)},
+  };
+  return p;
+}
+
+const Preset* find_preset(const std::string& name) {
+  for (const auto& p : presets())
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+}  // namespace
+
+const NnunetConstants* preset_constants(const std::string& preset) {
+  const Preset* p = find_preset(preset);
+  return p ? &p->constants : nullptr;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> out;
+  for (const auto& p : presets()) out.emplace_back(p.name);
+  return out;
+}
+
+double preset_memory_gb(const std::string& preset) {
+  const Preset* p = find_preset(preset);
+  return p ? p->memory_gb : 8.0;
+}
+
+std::pair<std::string, std::string> preset_nnunet_names(const std::string& preset) {
+  const Preset* p = find_preset(preset);
+  return p ? std::pair<std::string, std::string>{p->planner, p->plans}
+           : std::pair<std::string, std::string>{"ExperimentPlanner", "nnUNetPlans"};
 }
 
 std::vector<double> fullres_target_spacing(const std::vector<std::vector<double>>& spacings,

@@ -7,6 +7,8 @@
 // transpose_forward (the largest-spacing axis first). Pure functions, thread-safe.
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace segflow::models::planning {
@@ -28,7 +30,29 @@ struct NnunetConstants {
   double max_dataset_covered = 0.05;        ///< batch covers at most 5% of the dataset's voxels
   double lowres_creation_threshold = 0.25;  ///< 3d_lowres when the patch covers < 25% of the median
   double lowres_spacing_increase = 1.03;    ///< spacing_increase_factor of the 3d_lowres search
+  /// The network planned: PlainConvUNet (blocks_per_stage convs per encoder and decoder
+  /// stage), or, for the residual encoder planners (ResEncUNetPlanner), ResidualEncoderUNet
+  /// with residual_blocks_per_stage(n) blocks per encoder stage and one conv per decoder stage.
+  bool residual_encoder = false;
+  /// The default planner shrinks the patch while estimate / ref_bs * 2 > reference (the
+  /// estimate per batch of 2); the ResEnc planners while estimate > reference.
+  bool estimate_per_batch_of_2 = true;
 };
+
+/// ResEncUNetPlanner's UNet_blocks_per_stage_encoder: 1, 3, 4, 6, 6, ... (n_stages entries).
+std::vector<std::int64_t> residual_blocks_per_stage(std::int64_t n_stages);
+
+/// The constants of one of nnU-Net's planners, by `segflow plan --preset` name: "default"
+/// (ExperimentPlanner), "resenc-m" (nnUNetPlannerResEncM), "resenc-l" (...ResEncL), "resenc-xl"
+/// (...ResEncXL). Null for another name.
+const NnunetConstants* preset_constants(const std::string& preset);
+/// The preset names, in order: default, resenc-m, resenc-l, resenc-xl.
+std::vector<std::string> preset_names();
+/// The memory target each preset was made for (8, 8, 24, 40 GB).
+double preset_memory_gb(const std::string& preset);
+/// nnU-Net's planner class and plans name of a preset ("nnUNetPlannerResEncM",
+/// "nnUNetResEncUNetMPlans"; "ExperimentPlanner", "nnUNetPlans" for the default).
+std::pair<std::string, std::string> preset_nnunet_names(const std::string& preset);
 
 /// A U-Net topology for a patch (get_pool_and_conv_props' result).
 struct Topology {
@@ -62,6 +86,14 @@ std::vector<std::int64_t> features_per_stage(std::int64_t n_stages, std::int64_t
 double conv_feature_map_size(const std::vector<std::int64_t>& patch, const Topology& t,
                              const std::vector<std::int64_t>& features, std::int64_t num_classes,
                              std::int64_t convs_per_stage, bool deep_supervision = true);
+
+/// ResidualEncoderUNet.compute_conv_feature_map_size(patch): the stem's conv output, every
+/// residual block's two conv outputs and its skip's (where the block pools or projects), and
+/// the decoder as conv_feature_map_size counts it (`decoder_convs` convs per stage).
+double res_enc_feature_map_size(const std::vector<std::int64_t>& patch, const Topology& t,
+                                const std::vector<std::int64_t>& features, std::int64_t num_classes,
+                                const std::vector<std::int64_t>& blocks_per_stage, std::int64_t decoder_convs,
+                                bool deep_supervision = true);
 
 /// determine_fullres_target_spacing: the median spacing, except for a much coarser axis with
 /// few voxels (ratio > threshold on both), which takes the 10th percentile of its spacings

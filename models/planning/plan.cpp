@@ -83,9 +83,13 @@ class NnunetJudge : public Judge {
   explicit NnunetJudge(const PlanOptions& o) : o_(o) {}
 
   double estimate(const Topology& t, const ConfigInput& in) const {
-    const auto f =
-        features_per_stage(t.n_stages(), o_.constants.base_num_features, max_features(in, o_.constants));
-    return conv_feature_map_size(t.patch_size, t, f, in.num_classes, o_.constants.blocks_per_stage, false);
+    const auto& k = o_.constants;
+    const auto f = features_per_stage(t.n_stages(), k.base_num_features, max_features(in, k));
+    // nnU-Net builds the network without deep supervision to estimate it.
+    if (k.residual_encoder)
+      return res_enc_feature_map_size(t.patch_size, t, f, in.num_classes,
+                                      residual_blocks_per_stage(t.n_stages()), 1, false);
+    return conv_feature_map_size(t.patch_size, t, f, in.num_classes, k.blocks_per_stage, false);
   }
   double reference(const ConfigInput& in) const {
     const auto& k = o_.constants;
@@ -98,8 +102,10 @@ class NnunetJudge : public Judge {
   }
   Result<std::size_t> choose(const std::vector<Topology>& seq, const ConfigInput& in,
                              ConfigurationPlan& plan) override {
-    for (std::size_t i = 0; i < seq.size(); ++i)
-      if (estimate(seq[i], in) / ref_bs(in) * 2 <= reference(in)) return i;
+    for (std::size_t i = 0; i < seq.size(); ++i) {
+      const double e = estimate(seq[i], in);
+      if ((o_.constants.estimate_per_batch_of_2 ? e / ref_bs(in) * 2 : e) <= reference(in)) return i;
+    }
     plan.notes.push_back("no candidate patch fits nnU-Net's estimate for " + std::to_string(o_.memory_gb) +
                          " GB; the smallest tried is used");
     return seq.size() - 1;
@@ -175,8 +181,8 @@ class MeasuredJudge : public Judge {
     for (const auto& tr : plan.trials)
       if (tr.patch_size == t.patch_size && tr.batch_size == batch) return tr;
     TrialSpec spec;
-    spec.model = detail::plain_unet_json(t, o_.constants.base_num_features, max_features(in, o_.constants),
-                                         in.in_channels, in.num_classes, in.transpose);
+    spec.model = detail::unet_json(t, o_.constants.base_num_features, max_features(in, o_.constants),
+                                   in.in_channels, in.num_classes, in.transpose, o_.constants);
     spec.spatial = detail::tensor_order(t.patch_size, in.transpose);
     spec.batch = batch;
     spec.in_channels = in.in_channels;
@@ -366,6 +372,19 @@ Result<ConfigurationPlan> plan_with(const ConfigInput& in, Judge& judge, NnunetJ
 
 }  // namespace
 
+Status set_preset(PlanOptions& o, const std::string& preset, bool keep_memory_gb) {
+  const NnunetConstants* k = preset_constants(preset);
+  if (!k) {
+    std::string known;
+    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+    return invalid_argument("--preset: expected one of " + known + ", got '" + preset + "'");
+  }
+  o.preset = preset;
+  o.constants = *k;
+  if (!keep_memory_gb) o.memory_gb = preset_memory_gb(preset);
+  return Status::ok();
+}
+
 Result<PlanResult> plan_from_fingerprint(pipeline::DatasetFingerprint fp, const PlanOptions& o) {
   if (!(o.memory_gb > 0))
     return invalid_argument("--memory-gb: expected a number > 0, got " + std::to_string(o.memory_gb));
@@ -376,6 +395,8 @@ Result<PlanResult> plan_from_fingerprint(pipeline::DatasetFingerprint fp, const 
   if (fp.cases.empty()) return invalid_argument(fp.root.string() + ": no case to plan from");
   PlanResult r;
   r.device = o.device;
+  r.preset = o.preset;
+  r.constants = o.constants;
   SEGFLOW_ASSIGN_OR_RETURN(r.amp, resolve_trial_amp(o.amp, o.device));
   const fs::path root = fp.root.lexically_normal();
   r.dataset_name = !o.name.empty()

@@ -60,9 +60,16 @@ struct PlanOptions {
   std::int64_t trial_steps = 2;  ///< timed trial steps per candidate (after one warm-up), >= 1
   std::string amp = "auto";      ///< mixed precision of the trials and the recipe (models/training/amp.hpp)
   pipeline::FingerprintOptions fingerprint;
+  /// Which of nnU-Net's planners (`--preset`): default (PlainConvUNet), resenc-m, resenc-l,
+  /// resenc-xl (ResidualEncoderUNet); `constants` are its own (set_preset).
+  std::string preset = "default";
   NnunetConstants constants;
   std::string name;  ///< job name prefix; "" = the dataset folder's name
 };
+
+/// Sets `o.preset` and its constants, and the preset's memory target unless `keep_memory_gb`
+/// (a --memory-gb given); invalid_argument listing the presets for another name.
+Status set_preset(PlanOptions& o, const std::string& preset, bool keep_memory_gb);
 
 /// One trial step measurement of the measured model.
 struct Trial {
@@ -103,6 +110,8 @@ struct PlanResult {
   std::vector<double> fullres_spacing;                     ///< array order, before transposing
   std::string device;                                      ///< where the trials ran
   std::string amp;                                         ///< resolved mixed precision
+  std::string preset = "default";                          ///< PlanOptions::preset
+  NnunetConstants constants;                               ///< the preset's
   std::vector<ConfigurationPlan> configurations;           ///< in PlanOptions order, planned ones only
   std::vector<std::string> notes;                          ///< dataset-level notes (dropped configurations)
 
@@ -129,10 +138,10 @@ std::string yaml_file_name(ConfigurationKind k);
 Status write_plan(const PlanResult& plan, const std::filesystem::path& out);
 
 /// True when `out` holds a complete plan (plans.json and fingerprint.json) whose fingerprint
-/// was made from the files `dataset` has now (pipeline::dataset_signature), and which
-/// planned configuration `k`. The reason it is not reusable otherwise.
+/// was made from the files `dataset` has now (pipeline::dataset_signature), which planned
+/// configuration `k` with preset `preset`. The reason it is not reusable otherwise.
 Status plan_is_current(const std::filesystem::path& out, const std::filesystem::path& dataset,
-                       ConfigurationKind k);
+                       ConfigurationKind k, const std::string& preset = "default");
 
 /// Copies the plan a run trains, `plan_yaml` with the plans.json and fingerprint.json beside
 /// it, into the run folder's plan/ (RunLayout::plan(), created): what `segflow train DATASET`

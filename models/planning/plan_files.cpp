@@ -41,7 +41,8 @@ Status copy_plan_into_run(const fs::path& plan_yaml, const fs::path& run_dir) {
   return Status::ok();
 }
 
-Status plan_is_current(const fs::path& out, const fs::path& dataset, ConfigurationKind k) {
+Status plan_is_current(const fs::path& out, const fs::path& dataset, ConfigurationKind k,
+                       const std::string& preset) {
   const fs::path plans = out / "plans.json";
   if (!fs::exists(plans)) return not_found(plans.string() + ": no plan");
   SEGFLOW_ASSIGN_OR_RETURN(pipeline::DatasetFingerprint fp,
@@ -54,6 +55,10 @@ Status plan_is_current(const fs::path& out, const fs::path& dataset, Configurati
   const auto j = nlohmann::json::parse(f, nullptr, false);
   if (j.is_discarded() || !j.contains("configurations") || !j["configurations"].contains(to_string(k)))
     return not_found(plans.string() + ": configurations: no " + to_string(k));
+  // A plan from before presets is the default preset's.
+  const std::string made = j.value("/segflow/preset"_json_pointer, std::string("default"));
+  if (made != preset)
+    return invalid_argument(plans.string() + ": segflow.preset: expected " + preset + ", got " + made);
   if (!fs::exists(out / yaml_file_name(k)))
     return not_found((out / yaml_file_name(k)).string() + ": missing");
   return Status::ok();
@@ -88,7 +93,7 @@ Result<EnsuredPlan> plan_or_reuse(const fs::path& dataset, const fs::path& out, 
   SEGFLOW_ASSIGN_OR_RETURN(FileLock lock, lock_plan_folder(out));
   EnsuredPlan e;
   e.yaml = out / yaml_file_name(kind);
-  const Status current = plan_is_current(out, dataset, kind);
+  const Status current = plan_is_current(out, dataset, kind, options.preset);
   if (current.is_ok()) {
     if (note) note("reusing the plan in " + out.string() + " (its fingerprint matches the data)");
     e.reused = true;

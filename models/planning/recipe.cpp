@@ -236,19 +236,27 @@ void yaml_augmentation(std::ostream& y, const PlanResult& p, const Configuration
 
 void yaml_model(std::ostream& y, const PlanResult& p, const ConfigurationPlan& c) {
   const auto& fp = p.fingerprint;
-  const auto m = detail::plain_unet_json(
+  const auto m = detail::unet_json(
       c.topology, c.features_per_stage.front(), c.topology.patch_size.size() == 2 ? 512 : 320,
-      static_cast<std::int64_t>(fp.channel_names.size()), fp.num_classes, p.transpose_forward);
+      static_cast<std::int64_t>(fp.channel_names.size()), fp.num_classes, p.transpose_forward, p.constants);
   std::vector<std::vector<std::int64_t>> strides = m["strides"], kernels = m["kernel_sizes"];
-  y << "# nnU-Net's PlainConvUNet; topology from get_pool_and_conv_props on the target spacing and the "
-       "patch:\n"
+  const bool res_enc = p.constants.residual_encoder;
+  y << (res_enc
+            ? "# nnU-Net's ResidualEncoderUNet (the " + p.preset + " preset, nnU-Net's " +
+                  preset_nnunet_names(p.preset).first +
+                  "): residual blocks per\n# encoder stage 1, 3, 4, 6, 6, ..., one conv per decoder stage; "
+            : std::string("# nnU-Net's PlainConvUNet; "))
+    << "topology from get_pool_and_conv_props on the target spacing and the patch:\n"
     << "# an axis pools while its spacing is within 2x of the finest and its feature map stays >= 8; "
        "kernels\n"
     << "# are 1 along an axis until its spacing comes within 2x of the finest.\n"
-    << "model:\n  name: plain_unet\n  spatial_dims: " << m["spatial_dims"]
+    << "model:\n  name: " << m["name"].get<std::string>() << "\n  spatial_dims: " << m["spatial_dims"]
     << "\n  in_channels: " << m["in_channels"] << "\n  out_channels: " << m["out_channels"]
     << "\n  n_stages: " << m["n_stages"] << "\n  base_features: " << m["base_features"]
-    << "\n  max_features: " << m["max_features"] << "\n  n_conv_per_stage: 2\n  n_conv_per_stage_decoder: 2\n"
+    << "\n  max_features: " << m["max_features"] << "\n"
+    << (res_enc
+            ? "  n_blocks_per_stage: " + m["n_blocks_per_stage"].dump() + "\n  n_conv_per_stage_decoder: 1\n"
+            : std::string("  n_conv_per_stage: 2\n  n_conv_per_stage_decoder: 2\n"))
     << "  strides: " << fmt_nested(strides) << "      # per stage, (x, y"
     << (strides.front().size() == 3 ? ", z" : "") << ")\n"
     << "  kernel_sizes: " << fmt_nested(kernels) << "\n  deep_supervision: true\n";
@@ -306,6 +314,14 @@ nlohmann::json configuration_json(const PlanResult& p, const ConfigurationPlan& 
       {"dropout_op_kwargs", nullptr},
       {"nonlin", "torch.nn.LeakyReLU"},
       {"nonlin_kwargs", {{"inplace", true}}}};
+  std::string network = "dynamic_network_architectures.architectures.unet.PlainConvUNet";
+  if (p.constants.residual_encoder) {  // ResEncUNetPlanner's arguments
+    network = "dynamic_network_architectures.architectures.unet.ResidualEncoderUNet";
+    arch.erase("n_conv_per_stage");
+    arch["n_blocks_per_stage"] = residual_blocks_per_stage(c.topology.n_stages());
+    arch["n_conv_per_stage_decoder"] =
+        std::vector<int>(static_cast<std::size_t>(c.topology.n_stages() - 1), 1);
+  }
   nlohmann::json trials = nlohmann::json::array();
   for (const auto& t : c.trials)
     trials.push_back({{"patch_size", t.patch_size},
@@ -314,22 +330,21 @@ nlohmann::json configuration_json(const PlanResult& p, const ConfigurationPlan& 
                       {"step_s", t.step_s},
                       {"fits", t.fits},
                       {"why", t.why}});
-  nlohmann::json j = {
-      {"data_identifier", std::string("nnUNetPlans_") + to_string(c.kind)},
-      {"preprocessor_name", "DefaultPreprocessor"},
-      {"batch_size", c.batch_size},
-      {"patch_size", c.topology.patch_size},
-      {"median_image_size_in_voxels", c.median_shape},
-      {"spacing", c.spacing},
-      {"normalization_schemes", c.normalization_schemes},
-      {"use_mask_for_norm", c.use_mask_for_norm},
-      {"pool_op_kernel_sizes", c.topology.pool_op_kernel_sizes},
-      {"conv_kernel_sizes", c.topology.conv_kernel_sizes},
-      {"architecture",
-       {{"network_class_name", "dynamic_network_architectures.architectures.unet.PlainConvUNet"},
-        {"arch_kwargs", arch},
-        {"_kw_requires_import", {"conv_op", "norm_op", "dropout_op", "nonlin"}}}},
-      {"batch_dice", c.batch_dice}};
+  nlohmann::json j = {{"data_identifier", std::string("nnUNetPlans_") + to_string(c.kind)},
+                      {"preprocessor_name", "DefaultPreprocessor"},
+                      {"batch_size", c.batch_size},
+                      {"patch_size", c.topology.patch_size},
+                      {"median_image_size_in_voxels", c.median_shape},
+                      {"spacing", c.spacing},
+                      {"normalization_schemes", c.normalization_schemes},
+                      {"use_mask_for_norm", c.use_mask_for_norm},
+                      {"pool_op_kernel_sizes", c.topology.pool_op_kernel_sizes},
+                      {"conv_kernel_sizes", c.topology.conv_kernel_sizes},
+                      {"architecture",
+                       {{"network_class_name", network},
+                        {"arch_kwargs", arch},
+                        {"_kw_requires_import", {"conv_op", "norm_op", "dropout_op", "nonlin"}}}},
+                      {"batch_dice", c.batch_dice}};
   j["segflow"] = {{"memory_model", to_string(c.memory_model)},
                   {"vram_estimate", c.vram_estimate},
                   {"vram_reference", c.vram_reference},
@@ -378,19 +393,21 @@ nlohmann::json PlanResult::plans_json() const {
   }
   const nlohmann::json fpj = fp.to_json();
   return {{"dataset_name", dataset_name},
-          {"plans_name", "nnUNetPlans"},
+          {"plans_name", preset_nnunet_names(preset).second},
           {"original_median_spacing_after_transp", med_sp},
           {"original_median_shape_after_transp", med_sh},
           {"image_reader_writer", "segflow"},
           {"transpose_forward", transpose_forward},
           {"transpose_backward", transpose_backward},
           {"configurations", configs},
-          {"experiment_planner_used", "segflow plan (nnU-Net v2 ExperimentPlanner rules)"},
+          {"experiment_planner_used", "segflow plan --preset " + preset + " (nnU-Net v2 " +
+                                          preset_nnunet_names(preset).first + " rules)"},
           {"label_manager", "LabelManager"},
           {"foreground_intensity_properties_per_channel", fpj["foreground_intensity_properties_per_channel"]},
           {"segflow",
            {{"device", device},
             {"amp", amp},
+            {"preset", preset},
             {"fullres_spacing_xyz", {fullres_spacing[2], fullres_spacing[1], fullres_spacing[0]}},
             {"notes", notes},
             {"data_signature", fp.data_signature},

@@ -76,10 +76,24 @@ void compare_with_nnunet(const nlohmann::json& ours, const nlohmann::json& ref) 
     CHECK(a["architecture"]["arch_kwargs"]["strides"] == b["architecture"]["arch_kwargs"]["strides"]);
     CHECK(a["architecture"]["arch_kwargs"]["kernel_sizes"] ==
           b["architecture"]["arch_kwargs"]["kernel_sizes"]);
+    // The network: PlainConvUNet, or ResidualEncoderUNet with its blocks per stage.
+    CHECK(a["architecture"]["network_class_name"] == b["architecture"]["network_class_name"]);
+    for (const char* k :
+         {"features_per_stage", "n_conv_per_stage", "n_blocks_per_stage", "n_conv_per_stage_decoder"}) {
+      INFO(k);
+      CHECK(a["architecture"]["arch_kwargs"].contains(k) == b["architecture"]["arch_kwargs"].contains(k));
+      if (b["architecture"]["arch_kwargs"].contains(k))
+        CHECK(a["architecture"]["arch_kwargs"][k] == b["architecture"]["arch_kwargs"][k]);
+    }
     CHECK(a["batch_size"] == b["batch_size"]);
     CHECK(a["batch_dice"] == b["batch_dice"]);
     check_close(a["median_image_size_in_voxels"], b["median_image_size_in_voxels"], 1e-9,
                 std::string(name) + " median");
+    // The memory estimate itself: the feature-map voxels of the planned network and patch, as
+    // nnU-Net's planner computes them (static_estimate_VRAM_usage).
+    if (a["segflow"]["memory_model"] == "nnunet" && ref["estimates"].contains(name))
+      check_close(nlohmann::json::array({a["segflow"]["vram_estimate"]}),
+                  nlohmann::json::array({ref["estimates"][name]}), 1e-9, std::string(name) + " estimate");
   }
   const auto& fa = ours["foreground_intensity_properties_per_channel"]["0"];
   const auto& fb = ref["fingerprint"]["foreground_intensity_properties_per_channel"]["0"];
@@ -169,6 +183,55 @@ TEST_CASE(
   const auto ours = segflow_plan(ds, dir / "plan", "--memory-model nnunet --device cpu");
   compare_with_nnunet(ours, nnunet_plan(ds, dir.path()));
   CHECK(ours["configurations"]["3d_fullres"]["normalization_schemes"] == nlohmann::json({"CTNormalization"}));
+}
+
+TEST_CASE(
+    "segflow plan --preset resenc-m|l|xl --memory-model nnunet plans as nnU-Net's residual encoder planners "
+    "do") {
+  st::TempDir dir("plan_resenc");
+  // The isotropic set under every preset (their memory references differ), the thick-slice set
+  // and the real CT under ResEnc M, nnU-Net's recommended default.
+  const fs::path iso = synth(dir / "iso", "--cases 6 --size 32 --spacing 1,1,1 --seed 4");
+  for (const char* preset : {"resenc-m", "resenc-l", "resenc-xl"}) {
+    INFO(preset);
+    const auto ours = segflow_plan(iso, dir / (std::string("plan_") + preset),
+                                   std::string("--memory-model nnunet --device cpu --preset ") + preset);
+    compare_with_nnunet(ours, nnunet_plan(iso, dir.path(), std::string("--planner ") + preset));
+    CHECK(ours["segflow"]["preset"] == preset);
+  }
+  const fs::path aniso =
+      synth(dir / "aniso", "--cases 8 --size 64 --spacing 0.7,0.7,5 --spacing-jitter 0.3 --seed 5");
+  const auto ours =
+      segflow_plan(aniso, dir / "plan_aniso", "--memory-model nnunet --device cpu --preset resenc-m");
+  compare_with_nnunet(ours, nnunet_plan(aniso, dir.path(), "--planner resenc-m"));
+  CHECK(ours["plans_name"] == "nnUNetResEncUNetMPlans");
+  const fs::path ct = real_ct_dataset(dir / "ct");
+  compare_with_nnunet(
+      segflow_plan(ct, dir / "plan_ct", "--memory-model nnunet --device cpu --preset resenc-m"),
+      nnunet_plan(ct, dir.path(), "--planner resenc-m"));
+  // A memory target small enough that the estimate shrinks the patch and a 3d_lowres is made.
+  const fs::path big = synth(dir / "big", "--cases 2 --size 112 --spacing 1,1,1 --seed 12");
+  const auto small = segflow_plan(big, dir / "plan_small",
+                                  "--memory-model nnunet --device cpu --preset resenc-m --memory-gb 0.5");
+  REQUIRE(small["configurations"].contains("3d_lowres"));
+  compare_with_nnunet(small, nnunet_plan(big, dir.path(), "--planner resenc-m --gpu-memory-gb 0.5"));
+
+  // The recipe trains nnU-Net's ResidualEncoderUNet: it parses and validates as a job config.
+  const std::string yaml = st::read_file(dir / "plan_aniso" / "3d_fullres.yaml");
+  CHECK(st::contains(yaml, "name: res_enc_unet"));
+  CHECK(st::contains(yaml, "n_blocks_per_stage: [1,3,4"));
+  REQUIRE_OK_AND_ASSIGN(auto cfg, models::load_job_config(dir / "plan_aniso" / "3d_fullres.yaml"));
+  CHECK(cfg.model.name() == "res_enc_unet");
+  CHECK_OK(models::validate_job_config(cfg, pipeline::builtin_registry()));
+
+  // An unknown preset is refused before anything is written.
+  const auto r = st::run_segflow("plan " + st::shell_quote(iso) + " --out " + st::shell_quote(dir / "bad") +
+                                 " --preset resenc-s");
+  CHECK(r.exit_code != 0);
+  CHECK_MESSAGE(
+      st::contains(r.out, "--preset: expected one of default, resenc-m, resenc-l, resenc-xl, got 'resenc-s'"),
+      r.out);
+  CHECK_FALSE(fs::exists(dir / "bad" / "plans.json"));
 }
 
 TEST_CASE("the plan folder holds fingerprint.json, plans.json and one commented YAML per configuration") {

@@ -121,7 +121,27 @@ TEST_CASE("ctl plan writes a plan folder as a plan job; a dataset the planner re
   CHECK_MESSAGE(e["error"].get<std::string>().rfind("configurations: ", 0) == 0, e.dump());
   e = call(s.control, {{"cmd", "train"}, {"dataset", ds.string()}, {"folds", {"two"}}});
   CHECK_MESSAGE(e["error"].get<std::string>().rfind("folds: ", 0) == 0, e.dump());
+  e = call(s.control, {{"cmd", "plan"}, {"dataset", ds.string()}, {"preset", "resenc-s"}});
+  CHECK_MESSAGE(e["error"].get<std::string>() ==
+                    "preset: expected one of default, resenc-m, resenc-l, resenc-xl, got 'resenc-s'",
+                e.dump());
   CHECK(ok(s.control, {{"cmd", "list"}})["jobs"].size() == 2);
+
+  // nnU-Net's residual encoder preset: the plan's network is its ResidualEncoderUNet.
+  const std::int64_t res = ok(s.control, {{"cmd", "plan"},
+                                          {"dataset", ds.string()},
+                                          {"out", (s.dir / "resenc").string()},
+                                          {"configurations", {"3d_fullres"}},
+                                          {"memory_model", "nnunet"},
+                                          {"preset", "resenc-m"},
+                                          {"device", "cpu"}})["job"]
+                               .get<std::int64_t>();
+  wait_job(*d, s.control, res, "completed", 60);
+  std::ifstream pj(s.dir / "resenc" / "plans.json");
+  const json plans = json::parse(pj);
+  CHECK(plans["segflow"]["preset"] == "resenc-m");
+  CHECK(plans["configurations"]["3d_fullres"]["architecture"]["network_class_name"] ==
+        "dynamic_network_architectures.architectures.unet.ResidualEncoderUNet");
   ok(s.control, {{"cmd", "shutdown"}});
   CHECK(d->wait_exit(60) == 0);
 }

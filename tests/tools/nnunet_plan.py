@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """nnU-Net v2's own planner on a dataset, the reference `segflow plan` is compared with.
 
-usage: nnunet_plan.py DATASET OUT.json [--gpu-memory-gb G] [--processes N] [--keep DIR]
+usage: nnunet_plan.py DATASET OUT.json [--planner P] [--gpu-memory-gb G] [--processes N] [--keep DIR]
 
 DATASET is an nnU-Net v2 raw dataset folder (dataset.json with channel_names, labels,
 numTraining, file_ending; imagesTr/, labelsTr/), e.g. what `segflow synth --format nifti`
 writes. The script lays it out as nnUNet_raw/Dataset990_Segflow (symbolic links) in a
-temporary folder, runs nnunetv2's DatasetFingerprintExtractor and ExperimentPlanner (the
-default nnUNetPlans, PlainConvUNet) there, and writes one JSON object:
-  {"fingerprint": dataset_fingerprint.json, "plans": nnUNetPlans.json, "nnunetv2": version}
+temporary folder, runs nnunetv2's DatasetFingerprintExtractor and a planner there (--planner
+default: ExperimentPlanner, nnUNetPlans, PlainConvUNet; resenc-m / resenc-l / resenc-xl:
+nnUNetPlannerResEncM / L / XL, ResidualEncoderUNet, at their own memory targets unless
+--gpu-memory-gb is given), and writes one JSON object:
+  {"fingerprint": dataset_fingerprint.json, "plans": the plans file, "nnunetv2": version,
+   "estimates": {configuration: the planner's own static_estimate_VRAM_usage of the planned
+                 patch and network (the feature-map voxels it compares with its reference)}}
 Nothing of segflow is imported.
 """
 import argparse
@@ -23,7 +27,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dataset")
     ap.add_argument("out")
-    ap.add_argument("--gpu-memory-gb", type=float, default=8.0)
+    ap.add_argument("--planner", default="default", choices=["default", "resenc-m", "resenc-l", "resenc-xl"])
+    ap.add_argument("--gpu-memory-gb", type=float, default=None)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--keep", default="", help="use this folder instead of a temporary one, and keep it")
     a = ap.parse_args()
@@ -49,11 +54,15 @@ def main():
         from nnunetv2.experiment_planning.dataset_fingerprint.fingerprint_extractor import \
             DatasetFingerprintExtractor
         from nnunetv2.experiment_planning.experiment_planners.default_experiment_planner import ExperimentPlanner
+        from nnunetv2.experiment_planning.experiment_planners.residual_unets.residual_encoder_unet_planners import (
+            nnUNetPlannerResEncL, nnUNetPlannerResEncM, nnUNetPlannerResEncXL)
 
         fe = DatasetFingerprintExtractor(990, num_processes=a.processes, verbose=False)
         fe.show_progress_bar = False
         fingerprint = fe.run(overwrite_existing=True)
-        planner = ExperimentPlanner(990, gpu_memory_target_in_gb=a.gpu_memory_gb)
+        cls, target = {"default": (ExperimentPlanner, 8.0), "resenc-m": (nnUNetPlannerResEncM, 8.0),
+                       "resenc-l": (nnUNetPlannerResEncL, 24.0), "resenc-xl": (nnUNetPlannerResEncXL, 40.0)}[a.planner]
+        planner = cls(990, gpu_memory_target_in_gb=a.gpu_memory_gb if a.gpu_memory_gb is not None else target)
         # the planner prints its configurations; keep stdout for nothing else
         stdout = sys.stdout
         sys.stdout = sys.stderr
@@ -63,10 +72,19 @@ def main():
             sys.stdout = stdout
         with open(os.path.join(pre, "Dataset990_Segflow", "dataset_fingerprint.json")) as f:
             fingerprint = json.load(f)
-        with open(os.path.join(pre, "Dataset990_Segflow", "nnUNetPlans.json")) as f:
+        with open(os.path.join(pre, "Dataset990_Segflow", planner.plans_identifier + ".json")) as f:
             plans = json.load(f)
+        estimates = {}
+        for name, c in plans["configurations"].items():
+            if "architecture" not in c:
+                continue
+            arch = c["architecture"]
+            estimates[name] = float(planner.static_estimate_VRAM_usage(
+                c["patch_size"], len(planner.dataset_json["channel_names"]), len(planner.dataset_json["labels"]),
+                arch["network_class_name"], arch["arch_kwargs"], arch["_kw_requires_import"]))
         with open(a.out, "w") as f:
-            json.dump({"fingerprint": fingerprint, "plans": plans, "nnunetv2": version("nnunetv2")}, f)
+            json.dump({"fingerprint": fingerprint, "plans": plans, "nnunetv2": version("nnunetv2"),
+                       "estimates": estimates}, f)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -17,17 +17,32 @@ std::vector<std::int64_t> tensor_order(const std::vector<std::int64_t>& v, const
   return xyz;
 }
 
-nlohmann::json plain_unet_json(const Topology& t, std::int64_t base_features, std::int64_t max_features,
-                               std::int64_t in_channels, std::int64_t num_classes,
-                               const std::vector<int>& tf) {
+nlohmann::json unet_json(const Topology& t, std::int64_t base_features, std::int64_t max_features,
+                         std::int64_t in_channels, std::int64_t num_classes, const std::vector<int>& tf,
+                         const NnunetConstants& k) {
   nlohmann::json strides = nlohmann::json::array(), kernels = nlohmann::json::array();
   for (const auto& p : t.pool_op_kernel_sizes) strides.push_back(to_xyz(p, tf));
   for (const auto& k : t.conv_kernel_sizes) kernels.push_back(to_xyz(k, tf));
   const std::int64_t dims = static_cast<std::int64_t>(t.patch_size.size());
-  return {{"name", "plain_unet"},         {"spatial_dims", dims},     {"in_channels", in_channels},
-          {"out_channels", num_classes},  {"n_stages", t.n_stages()}, {"base_features", base_features},
-          {"max_features", max_features}, {"n_conv_per_stage", 2},    {"n_conv_per_stage_decoder", 2},
-          {"strides", strides},           {"kernel_sizes", kernels},  {"deep_supervision", true}};
+  nlohmann::json m = {{"name", "plain_unet"},
+                      {"spatial_dims", dims},
+                      {"in_channels", in_channels},
+                      {"out_channels", num_classes},
+                      {"n_stages", t.n_stages()},
+                      {"base_features", base_features},
+                      {"max_features", max_features},
+                      {"n_conv_per_stage", k.blocks_per_stage},
+                      {"n_conv_per_stage_decoder", k.blocks_per_stage},
+                      {"strides", strides},
+                      {"kernel_sizes", kernels},
+                      {"deep_supervision", true}};
+  if (k.residual_encoder) {
+    m["name"] = "res_enc_unet";
+    m.erase("n_conv_per_stage");
+    m["n_blocks_per_stage"] = residual_blocks_per_stage(t.n_stages());
+    m["n_conv_per_stage_decoder"] = 1;
+  }
+  return m;
 }
 
 }  // namespace segflow::models::planning::detail

@@ -31,11 +31,12 @@ std::vector<T> to_xyz(const std::vector<T>& v, const std::vector<int>& transpose
 std::vector<std::int64_t> tensor_order(const std::vector<std::int64_t>& v,
                                        const std::vector<int>& transpose_forward);
 
-/// The `model` section of a job config for PlainConvUNet with topology `t` (strides and
-/// kernel sizes per stage in segflow's axis order), features min(base * 2^s, max_features),
-/// deep supervision on.
-nlohmann::json plain_unet_json(const Topology& t, std::int64_t base_features, std::int64_t max_features,
-                               std::int64_t in_channels, std::int64_t num_classes,
-                               const std::vector<int>& transpose_forward);
+/// The `model` section of a job config for the network of `k` (PlainConvUNet, or
+/// ResidualEncoderUNet when k.residual_encoder) with topology `t` (strides and kernel sizes
+/// per stage in segflow's axis order), features min(base * 2^s, max_features), deep
+/// supervision on.
+nlohmann::json unet_json(const Topology& t, std::int64_t base_features, std::int64_t max_features,
+                         std::int64_t in_channels, std::int64_t num_classes,
+                         const std::vector<int>& transpose_forward, const NnunetConstants& k);
 
 }  // namespace segflow::models::planning::detail
