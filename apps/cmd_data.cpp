@@ -38,6 +38,10 @@ constexpr Option kSynthOptions[] = {
     {"spacing-jitter", "F",
      "with --spacing: each case's spacing times 1 + u, u uniform in [-F, F] (x and y share u), [0, 0.9]; "
      "default 0"},
+    {"difficulty", "normal|hard",
+     "hard: low contrast (organs 8-15 HU apart), strong noise and bias field, a thin spleen on the left "
+     "kidney, "
+     "the right kidney against the liver, 0.7 x 0.7 x 5 mm voxels unless --spacing; default normal"},
 };
 constexpr Option kInspectOptions[] = {
     {"json", "", "one JSON object instead of one `key: value` line per field"},
@@ -51,7 +55,8 @@ const Command& synth_command() {
       cmd_synth,
       {{"",
         "synth --out DIR [--cases N] [--size S] [--format dicom|nifti|npy] "
-        "[--compress none|rle|jpeg-ls|jpeg-lossless] [--seed K] [--spacing X,Y,Z [--spacing-jitter F]]",
+        "[--compress none|rle|jpeg-ls|jpeg-lossless] [--seed K] [--spacing X,Y,Z [--spacing-jitter F]] "
+        "[--difficulty normal|hard]",
         "write a synthetic CT-like dataset with label maps",
         "Each case is a body with four organ-like structures (liver 1, spleen 2, kidneys 3, spine 4), noise, "
         "a bias field, random anisotropic spacing and an oblique orientation on every third case; integer "
@@ -82,6 +87,7 @@ int cmd_synth(int argc, char** argv) {
   o.out = a->get("out");
   o.format = a->get("format", o.format);
   o.compress = a->get("compress", o.compress);
+  o.difficulty = a->get("difficulty", o.difficulty);
   for (auto [key, dst] : {std::pair{"cases", &o.cases}, std::pair{"size", &o.size}}) {
     if (!a->has(key)) continue;
     auto v = parse_int(std::string("--") + key, a->get(key));

@@ -159,7 +159,7 @@ struct Anatomy {
   at::Tensor in_body, in_inner, label;
 };
 
-Anatomy phantom_anatomy(const std::array<at::Tensor, 3>& u, PhantomRng& U) {
+Anatomy phantom_anatomy(const std::array<at::Tensor, 3>& u, PhantomRng& U, bool hard) {
   auto jitter = [&](std::array<double, 3> c, double d) {
     for (auto& v : c) v += U(-d, d);
     return c;
@@ -176,10 +176,17 @@ Anatomy phantom_anatomy(const std::array<at::Tensor, 3>& u, PhantomRng& U) {
   // Patient right is -x in LPS, posterior is +y.
   const Ellipsoid liver{jitter({-0.33, -0.02, 0.15}, 0.04), scale({0.32, 0.3, 0.42}, 0.9, 1.1),
                         rotation(0, 0, U(-0.3, 0.3))};
-  const Ellipsoid spleen{jitter({0.42, 0.22, 0.25}, 0.04), scale({0.12, 0.19, 0.26}, 0.85, 1.15),
-                         rotation(U(-0.3, 0.3), 0, U(0.3, 0.7))};
-  const Ellipsoid kidney_r{jitter({-0.28, 0.3, -0.3}, 0.03), scale({0.1, 0.12, 0.2}, 0.85, 1.15),
-                           rotation(0, 0, U(-0.4, -0.1))};
+  Ellipsoid spleen{jitter({0.42, 0.22, 0.25}, 0.04), scale({0.12, 0.19, 0.26}, 0.85, 1.15),
+                   rotation(U(-0.3, 0.3), 0, U(0.3, 0.7))};
+  Ellipsoid kidney_r{jitter({-0.28, 0.3, -0.3}, 0.03), scale({0.1, 0.12, 0.2}, 0.85, 1.15),
+                     rotation(0, 0, U(-0.4, -0.1))};
+  if (hard) {
+    // A thin spleen lying on the left kidney, and the right kidney pressed into the liver:
+    // boundaries between structures, not only against the background.
+    spleen.radii[0] *= 0.4;
+    spleen.centre = {0.36 + U(-0.02, 0.02), 0.24 + U(-0.02, 0.02), -0.08 + U(-0.04, 0.04)};
+    kidney_r.centre = {-0.28 + U(-0.02, 0.02), 0.22 + U(-0.02, 0.02), -0.1 + U(-0.03, 0.03)};
+  }
   const Ellipsoid kidney_l{jitter({0.28, 0.3, -0.28}, 0.03), scale({0.1, 0.12, 0.2}, 0.85, 1.15),
                            rotation(0, 0, U(0.1, 0.4))};
   const Ellipsoid spine{jitter({0.0, 0.45, 0.0}, 0.02), {0.1, 0.1, 1.3}, rotation(0, 0, 0)};
@@ -202,10 +209,17 @@ Anatomy phantom_anatomy(const std::array<at::Tensor, 3>& u, PhantomRng& U) {
 
 /// HU per tissue, then a smooth bias field (low-frequency, +-30 HU inside the body) and
 /// Gaussian noise; rounded and clamped to -1024..3071.
-at::Tensor phantom_hu(const Anatomy& a, const std::array<at::Tensor, 3>& u, PhantomRng& U) {
+at::Tensor phantom_hu(const Anatomy& a, const std::array<at::Tensor, 3>& u, PhantomRng& U, bool hard) {
   const auto& label = a.label;
-  const double hu_tissue = U(20, 40), hu_liver = U(90, 110), hu_spleen = U(140, 160), hu_kidney = U(190, 220),
-               hu_bone = U(450, 650);
+  double hu_tissue = U(20, 40), hu_liver = U(90, 110), hu_spleen = U(140, 160), hu_kidney = U(190, 220),
+         hu_bone = U(450, 650);
+  if (hard) {  // unenhanced CT: soft tissues 8-15 HU apart
+    hu_tissue = U(38, 44);
+    hu_liver = hu_tissue + U(10, 14);
+    hu_spleen = hu_liver + U(8, 12);
+    hu_kidney = hu_spleen + U(8, 12);
+    hu_bone = U(250, 350);
+  }
   auto hu = torch::full(label.sizes(), -1000.0f);
   hu.masked_fill_(a.in_body, -100.0f);  // subcutaneous fat
   hu.masked_fill_(a.in_inner, static_cast<float>(hu_tissue));
@@ -216,9 +230,9 @@ at::Tensor phantom_hu(const Anatomy& a, const std::array<at::Tensor, 3>& u, Phan
 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(U.engine());
   const double fx = U(0.5, 1.5), fy = U(0.5, 1.5), fz = U(0.3, 1.0), ph = U(0, 2 * kPi);
-  at::Tensor bias =
-      30.0 * torch::sin(fx * u[0] + ph) * torch::cos(fy * u[1] - 0.5 * ph) * torch::cos(fz * u[2]);
-  at::Tensor noise = torch::randn(label.sizes(), gen, torch::kFloat32) * U(12, 20);
+  at::Tensor bias = (hard ? 70.0 : 30.0) * torch::sin(fx * u[0] + ph) * torch::cos(fy * u[1] - 0.5 * ph) *
+                    torch::cos(fz * u[2]);
+  at::Tensor noise = torch::randn(label.sizes(), gen, torch::kFloat32) * (hard ? U(25, 35) : U(12, 20));
   hu = torch::where(a.in_body, hu + bias + noise, hu + noise * 0.3);
   return hu.round().clamp(-1024, 3071);
 }
@@ -226,13 +240,16 @@ at::Tensor phantom_hu(const Anatomy& a, const std::array<at::Tensor, 3>& u, Phan
 }  // namespace
 
 Phantom make_phantom(int size, std::uint64_t seed, int index, const std::array<double, 3>& spacing,
-                     double spacing_jitter) {
+                     double spacing_jitter, bool hard) {
   torch::NoGradGuard no_grad;
   PhantomRng U{std::mt19937_64(seed * 1000003ULL + static_cast<std::uint64_t>(index) * 7919ULL + 17ULL)};
-  const PhantomGrid grid = phantom_grid(size, index, U, spacing, spacing_jitter);
+  // Hard phantoms are thick-slice CT unless a spacing is given.
+  const bool thick = hard && spacing[0] == 0 && spacing[1] == 0 && spacing[2] == 0;
+  const PhantomGrid grid = phantom_grid(
+      size, index, U, thick ? std::array<double, 3>{0.7, 0.7, 5.0} : spacing, thick ? 0.15 : spacing_jitter);
   const std::array<at::Tensor, 3> u = body_coordinates(grid);
-  const Anatomy anatomy = phantom_anatomy(u, U);
-  const at::Tensor hu = phantom_hu(anatomy, u, U);
+  const Anatomy anatomy = phantom_anatomy(u, U, hard);
+  const at::Tensor hu = phantom_hu(anatomy, u, U, hard);
 
   Phantom ph_out;
   ph_out.image.voxels = hu.unsqueeze(0).contiguous();
@@ -263,6 +280,8 @@ Status validate(const SynthOptions& o) {
     return invalid_argument("--spacing-jitter: expected a number in [0, 0.9], got " +
                             std::to_string(o.spacing_jitter));
   if (o.spacing_jitter > 0 && !any) return invalid_argument("--spacing-jitter: needs --spacing");
+  if (o.difficulty != "normal" && o.difficulty != "hard")
+    return invalid_argument("--difficulty: expected normal or hard, got '" + o.difficulty + "'");
   if (o.compress != "none" && o.format != "dicom")
     return invalid_argument("--compress: only applies to --format dicom, got --format " + o.format);
   auto c = parse_dicom_compression(o.compress);
@@ -296,6 +315,10 @@ void SynthOptions::bind(OptionParser& p) {
     p.fail("compress",
            "expected none unless format is dicom, got \"" + compress + "\" with format " + format);
   p.integer("seed", seed, Range::non_negative(), "", "dataset seed; case i uses (seed, i)");
+  p.choice(
+      "difficulty", difficulty, {"normal", "hard"},
+      "normal phantoms, or hard ones: low contrast, strong noise and bias, touching and thin structures, "
+      "0.7 x 0.7 x 5 mm voxels");
 }
 
 Status synthesize_dataset(const SynthOptions& o) {
@@ -315,7 +338,7 @@ Status synthesize_dataset(const SynthOptions& o) {
 
   for (int i = 0; i < o.cases; ++i) {
     const std::string id = case_id(i);
-    Phantom ph = make_phantom(o.size, o.seed, i, o.spacing, o.spacing_jitter);
+    Phantom ph = make_phantom(o.size, o.seed, i, o.spacing, o.spacing_jitter, o.difficulty == "hard");
     if (o.format == "nifti") {
       fs::create_directories(o.out / "imagesTr");
       fs::create_directories(o.out / "labelsTr");
@@ -354,7 +377,12 @@ Status synthesize_dataset(const SynthOptions& o) {
       {"numTraining", o.cases},
       {"file_ending", o.format == "nifti" ? ".nii.gz" : (o.format == "npy" ? ".npy" : ".dcm")},
       {"training", training},
-      {"segflow", {{"format", o.format}, {"size", o.size}, {"seed", o.seed}, {"compress", o.compress}}},
+      {"segflow",
+       {{"format", o.format},
+        {"size", o.size},
+        {"seed", o.seed},
+        {"compress", o.compress},
+        {"difficulty", o.difficulty}}},
   };
   return write_json(o.out / "dataset.json", ds);
 }

@@ -26,8 +26,13 @@ struct SynthOptions {
   /// With `spacing`: each case's spacing varies by a factor 1 + u, u uniform in
   /// [-spacing_jitter, spacing_jitter] (one u for x and y, another for z); [0, 0.9].
   double spacing_jitter = 0.0;
+  /// normal | hard. hard: low contrast (organs 8-15 HU apart, noise 25-35 HU), a bias field of
+  /// +-70 HU, a thin spleen touching the left kidney, the right kidney touching the liver, and
+  /// 0.7 x 0.7 x 5 mm voxels (+-15%) unless `spacing` is given: data on which recipes and
+  /// networks separate, where the normal phantoms are learnt by every recipe.
+  std::string difficulty = "normal";
 
-  /// Reads cases, size, format, compress and seed (pipeline/options.hpp); `out` is the
+  /// Reads cases, size, format, compress, seed and difficulty (pipeline/options.hpp); `out` is the
   /// caller's (a job's data.root).
   void bind(OptionParser& p);
   bool operator==(const SynthOptions&) const = default;
@@ -47,9 +52,10 @@ const char* phantom_label_name(int label);
 
 /// Makes case `index` of a dataset seeded with `seed`: random anisotropic spacing (or
 /// `spacing` (x, y, z) mm with its jitter, see SynthOptions), an oblique orientation on every
-/// third case, Gaussian noise and a smooth bias field.
+/// third case, Gaussian noise and a smooth bias field; `hard`: SynthOptions::difficulty hard.
 Phantom make_phantom(int size, std::uint64_t seed, int index,
-                     const std::array<double, 3>& spacing = {0, 0, 0}, double spacing_jitter = 0.0);
+                     const std::array<double, 3>& spacing = {0, 0, 0}, double spacing_jitter = 0.0,
+                     bool hard = false);
 
 /// Writes a whole dataset in the layout of its format (MSD for nifti, DICOM case folders
 /// with a DICOM SEG for dicom, MedSAM imgs/ gts/ for npy). Validates options first.

@@ -242,8 +242,12 @@ TEST_CASE("the resolved job config holds every default and reads back to itself"
   REQUIRE(d.data.synth.has_value());
   CHECK(d.data.synth->cases == 3);
   CHECK(d.data.synth->size == 96);
-  CHECK(d.resolved["data"]["synth"] ==
-        json({{"cases", 3}, {"size", 96}, {"format", "nifti"}, {"compress", "none"}, {"seed", 0}}));
+  CHECK(d.resolved["data"]["synth"] == json({{"cases", 3},
+                                             {"size", 96},
+                                             {"format", "nifti"},
+                                             {"compress", "none"},
+                                             {"seed", 0},
+                                             {"difficulty", "normal"}}));
   CHECK(d.loss.dice.act == LossActivation::sigmoid);
   CHECK(d.resolved["loss"]["sigmoid"] == true);
   CHECK(d.resolved["loss"]["softmax"] == false);

@@ -50,6 +50,47 @@ TEST_CASE("a synthetic phantom has every structure, integer HU values and CT-lik
   CHECK(ph.image.geometry.spacing[2] > ph.image.geometry.spacing[0]);
 }
 
+TEST_CASE("a hard phantom: thick slices, low contrast, strong noise, a thin spleen and touching organs") {
+  Phantom ph = make_phantom(64, 7, 0, {0, 0, 0}, 0.0, /*hard=*/true);
+  const auto& sp = ph.image.geometry.spacing;
+  CHECK(sp[0] == doctest::Approx(sp[1]));
+  CHECK(sp[0] >= 0.7 * 0.85 - 1e-9);
+  CHECK(sp[0] <= 0.7 * 1.15 + 1e-9);
+  CHECK(sp[2] >= 5.0 * 0.85 - 1e-9);
+  auto labels = std::get<0>(at::_unique(ph.label.voxels.flatten().to(torch::kLong)));
+  CHECK(labels.numel() == kPhantomLabels + 1);
+  // Low contrast: liver and kidneys (20-35 HU apart before noise and bias) overlap in
+  // intensity, where the normal phantom's are many noise widths apart.
+  auto contrast = [](const Phantom& p) {
+    const at::Tensor liver = p.image.voxels.masked_select(p.label.voxels == 1);
+    const at::Tensor kidney = p.image.voxels.masked_select(p.label.voxels == 3);
+    return std::abs(kidney.mean().item<double>() - liver.mean().item<double>()) / liver.std().item<double>();
+  };
+  const double hard_contrast = contrast(ph), normal_contrast = contrast(make_phantom(64, 7, 0));
+  MESSAGE("liver-kidney contrast in liver noise widths: hard " << hard_contrast << ", normal "
+                                                               << normal_contrast);
+  CHECK(hard_contrast < 2.0);
+  CHECK(normal_contrast > 4.0);
+  CHECK(ph.image.voxels.masked_select(ph.label.voxels == 1).std().item<double>() > 25.0);
+  // Touching structures: a spleen voxel next to a kidney voxel, a kidney voxel next to liver
+  // (along x, y or z).
+  auto touching = [&](int a, int b) {
+    const at::Tensor la = ph.label.voxels[0] == a, lb = ph.label.voxels[0] == b;
+    bool any = false;
+    for (int d = 0; d < 3 && !any; ++d) {
+      const auto n = la.size(d);
+      any = (la.narrow(d, 0, n - 1) & lb.narrow(d, 1, n - 1)).any().item<bool>() ||
+            (lb.narrow(d, 0, n - 1) & la.narrow(d, 1, n - 1)).any().item<bool>();
+    }
+    return any;
+  };
+  CHECK(touching(2, 3));
+  CHECK(touching(1, 3));
+  // The normal phantom of the same case does not change: hard is its own draw.
+  Phantom normal = make_phantom(64, 7, 0);
+  CHECK(normal.image.geometry.spacing[2] < 3.0 + 1e-9);
+}
+
 TEST_CASE("every third synthetic phantom has an oblique orientation and all are orthonormal") {
   for (int i = 0; i < 3; ++i) {
     Phantom ph = make_phantom(24, 1, i);
