@@ -153,6 +153,8 @@ double res_enc_feature_map_size(const std::vector<std::int64_t>& patch, const To
   return out + decoder_feature_map_size(patch, t, features, num_classes, decoder_convs, deep_supervision);
 }
 
+std::string fmt_percent(double share) { return std::to_string(std::llround(share * 100.0)) + "%"; }
+
 std::vector<std::int64_t> residual_blocks_per_stage(std::int64_t n_stages) {
   std::vector<std::int64_t> out;
   for (std::int64_t s = 0; s < n_stages; ++s) out.push_back(s == 0 ? 1 : s == 1 ? 3 : s == 2 ? 4 : 6);

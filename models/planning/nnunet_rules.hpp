@@ -39,6 +39,9 @@ struct NnunetConstants {
   bool estimate_per_batch_of_2 = true;
 };
 
+/// "5%", "100%": a share as a whole percentage (a note's max_dataset_covered).
+std::string fmt_percent(double share);
+
 /// ResEncUNetPlanner's UNet_blocks_per_stage_encoder: 1, 3, 4, 6, 6, ... (n_stages entries).
 std::vector<std::int64_t> residual_blocks_per_stage(std::int64_t n_stages);
 

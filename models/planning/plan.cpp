@@ -72,7 +72,7 @@ class Judge {
   virtual ~Judge() = default;
   virtual Result<std::size_t> choose(const std::vector<Topology>& seq, const ConfigInput& in,
                                      ConfigurationPlan& plan) = 0;
-  /// The batch size before nnU-Net's caps (5% of the dataset, the minimum).
+  /// The batch size before nnU-Net's caps (a share of the dataset, the minimum).
   virtual Result<std::int64_t> batch(const Topology& t, const ConfigInput& in, std::int64_t cap,
                                      ConfigurationPlan& plan) = 0;
 };
@@ -254,7 +254,8 @@ Result<ConfigurationPlan> plan_configuration(const ConfigInput& in, Judge& judge
                          join_ints(seq.front().patch_size) + " (the largest that fits)");
   if (plan.batch_size == cap && b > cap)
     plan.notes.push_back("batch " + std::to_string(plan.batch_size) +
-                         ": capped so one batch covers at most 5% of the " + "dataset's voxels");
+                         ": capped so one batch covers at most " +
+                         fmt_percent(o.constants.max_dataset_covered) + " of the dataset's voxels");
   return plan;
 }
 

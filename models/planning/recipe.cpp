@@ -285,8 +285,8 @@ void yaml_training(std::ostream& y, const PlanResult& p, const ConfigurationPlan
     << "            # nnU-Net's 1000 x 250 = 250000 steps; an epoch here is one pass over\n"
     << "                          # the " << n_train << " training cases of fold 0: " << steps
     << " step(s) of the batch\n"
-    << "  batch_size: " << c.batch_size << "           # " << batch_why
-    << "; at most 5% of the dataset per batch\n"
+    << "  batch_size: " << c.batch_size << "           # " << batch_why << "; at most "
+    << fmt_percent(p.constants.max_dataset_covered) << " of the dataset per batch\n"
     << "  amp: " << p.amp << "\n  device: " << p.device
     << "\n  val_interval: " << std::max<std::int64_t>(1, epochs / 20)
     << "        # 20 sliding-window validations over the run\n  checkpoint_interval: "
