@@ -176,8 +176,9 @@ void AutoTrainRule::bind(OptionParser& p) {
   bind_set(p, *this);
   p.number("memory_gb", memory_gb, Range::non_negative(), "GB", "the plan's memory target; 0 = 8");
   p.choice("memory_model", memory_model, {"", "nnunet", "measured"}, "the plan's memory model");
-  p.choice("preset", preset, {"", "default", "resenc-m", "resenc-l", "resenc-xl"},
-           "which of nnU-Net's planners (segflow plan --preset); \"\" = default");
+  std::vector<std::string> presets = models::planning::preset_names();
+  presets.insert(presets.begin(), "");
+  p.choice("preset", preset, presets, "which of nnU-Net's planners (segflow plan --preset); \"\" = default");
   p.string("device", device, "device of the plan and training jobs: auto, cpu, cuda:N");
   if (p.ok() && device.empty()) p.fail("device", "expected auto, cpu or cuda:N, got \"\"");
 }

@@ -87,11 +87,9 @@ Status check_plan_request(PlanJobSpec& s, const fs::path& data_root) {
   if (!s.memory_model.empty())
     if (auto m = planning::parse_memory_model(s.memory_model); !m.is_ok())
       return invalid_argument("memory_model: " + m.status().message());
-  if (!s.preset.empty() && !planning::preset_constants(s.preset)) {
-    std::string known;
-    for (const auto& n : planning::preset_names()) known += (known.empty() ? "" : ", ") + n;
-    return invalid_argument("preset: expected one of " + known + ", got '" + s.preset + "'");
-  }
+  if (!s.preset.empty())
+    if (const std::string e = planning::preset_error(s.preset); !e.empty())
+      return invalid_argument("preset: " + e);
   if (s.device.empty()) s.device = "auto";
   if (s.device != "auto")
     if (auto d = models::resolve_device(s.device); !d.is_ok())

@@ -243,6 +243,46 @@ ModelInfo conv_unet_info(const std::string& name, const ConvUNetTopology& o) {
       0,    o.size_divisors()};
 }
 
+Result<ExportedModel> export_nnunet_unet(
+    const std::string& net, const std::string& target, const ConvUNetTopology& o,
+    const torch::nn::Module& module,
+    const std::function<Result<std::vector<std::string>>(const std::string&)>& names,
+    const nlohmann::json& extra_args) {
+  if (o.norm == NormKind::none)
+    return invalid_argument(
+        "export --to pytorch: " + net +
+        " with norm none has no dynamic_network_architectures layout handled here; expected "
+        "norm instance or batch");
+  ExportedModel m;
+  m.target = target;
+  auto add = [&](const std::string& name, const at::Tensor& t) -> Status {
+    SEGFLOW_ASSIGN_OR_RETURN(std::vector<std::string> all, names(name));
+    for (const auto& n : all) m.state_dict.emplace_back(n, t.detach().to(at::kCPU).contiguous());
+    return Status::ok();
+  };
+  for (const auto& p : module.named_parameters()) SEGFLOW_RETURN_IF_ERROR(add(p.key(), p.value()));
+  for (const auto& b : module.named_buffers()) SEGFLOW_RETURN_IF_ERROR(add(b.key(), b.value()));
+  json args = nnunet_topology_args(o);
+  args.update(extra_args);
+  m.spec = {{"target", m.target}, {"args", args}};
+  return m;
+}
+
+ForeignNames nnunet_foreign_names(std::string what, std::string marker,
+                                  std::function<std::string(const std::string&)> rename) {
+  ForeignNames f;
+  f.scheme = "nnunet";
+  f.what = std::move(what);
+  f.marker = std::move(marker);
+  f.renamer = [rename = std::move(rename)](const std::any&, const std::vector<std::string>&) {
+    return rename;
+  };
+  f.duplicate = [](const std::string& name) {
+    return name.find(".all_modules.") != std::string::npos || name.rfind("decoder.encoder.", 0) == 0;
+  };
+  return f;
+}
+
 // ---------------------------------------------------------------------- the network's row
 
 namespace {
@@ -266,23 +306,8 @@ Result<ModelHandle> build_plain_unet(const PlainConvUNetOptions& o) {
 std::int64_t plain_unet_in_channels(const PlainConvUNetOptions& o) { return o.in_channels; }
 
 Result<ExportedModel> export_plain_unet(const PlainConvUNetOptions& o, const torch::nn::Module& module) {
-  if (o.norm == NormKind::none)
-    return invalid_argument(
-        "export --to pytorch: plain_unet with norm none has no dynamic_network_architectures layout handled "
-        "here; expected norm instance or batch");
-  ExportedModel m;
-  m.target = "dynamic_network_architectures.architectures.unet.PlainConvUNet";
-  auto add = [&](const std::string& name, const at::Tensor& t) -> Status {
-    SEGFLOW_ASSIGN_OR_RETURN(std::vector<std::string> names, nnunet_plain_names(name));
-    for (const auto& n : names) m.state_dict.emplace_back(n, t.detach().to(at::kCPU).contiguous());
-    return Status::ok();
-  };
-  for (const auto& p : module.named_parameters()) SEGFLOW_RETURN_IF_ERROR(add(p.key(), p.value()));
-  for (const auto& b : module.named_buffers()) SEGFLOW_RETURN_IF_ERROR(add(b.key(), b.value()));
-  json args = nnunet_topology_args(o);
-  args["n_conv_per_stage"] = o.n_conv_per_stage;
-  m.spec = {{"target", m.target}, {"args", args}};
-  return m;
+  return export_nnunet_unet("plain_unet", "dynamic_network_architectures.architectures.unet.PlainConvUNet", o,
+                            module, nnunet_plain_names, {{"n_conv_per_stage", o.n_conv_per_stage}});
 }
 
 }  // namespace
@@ -291,17 +316,7 @@ NetworkRow plain_unet_network() {
   NetworkRow r = network_row<PlainConvUNetOptions>("plain_unet", "nnU-Net's PlainConvUNet", bind_plain_unet,
                                                    build_plain_unet, plain_unet_in_channels);
   r.head_prefixes = {"seg_layers."};
-  ForeignNames nnunet;
-  nnunet.scheme = "nnunet";
-  nnunet.what = "nnU-Net's PlainConvUNet";
-  nnunet.marker = "encoder.stages.";
-  nnunet.renamer = [](const std::any&, const std::vector<std::string>&) {
-    return std::function<std::string(const std::string&)>(segflow_name_nnunet);
-  };
-  nnunet.duplicate = [](const std::string& name) {
-    return name.find(".all_modules.") != std::string::npos || name.rfind("decoder.encoder.", 0) == 0;
-  };
-  r.foreign_names = {nnunet};
+  r.foreign_names = {nnunet_foreign_names("nnU-Net's PlainConvUNet", "encoder.stages.", segflow_name_nnunet)};
   r.pytorch = typed_hook<PlainConvUNetOptions>(export_plain_unet);
   return r;
 }

@@ -14,6 +14,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -106,5 +107,21 @@ nlohmann::json nnunet_topology_args(const ConvUNetTopology& o);
 
 /// ModelInfo of a UNet of this topology named `name`.
 ModelInfo conv_unet_info(const std::string& name, const ConvUNetTopology& o);
+
+/// The export hook both nnU-Net UNets share: `module` (network `net`) as
+/// dynamic_network_architectures' `target` class, every tensor under each name `names` gives
+/// it, and nnunet_topology_args(o) with `extra_args` added. A network with norm none is
+/// refused (no such layout).
+Result<ExportedModel> export_nnunet_unet(
+    const std::string& net, const std::string& target, const ConvUNetTopology& o,
+    const torch::nn::Module& module,
+    const std::function<Result<std::vector<std::string>>(const std::string&)>& names,
+    const nlohmann::json& extra_args);
+
+/// The `nnunet` weight-name scheme of an nnU-Net UNet (`what`: "nnU-Net's PlainConvUNet"):
+/// picked by `marker`, renamed by `rename`, nnU-Net's duplicate entries (all_modules.*,
+/// decoder.encoder.*) dropped.
+ForeignNames nnunet_foreign_names(std::string what, std::string marker,
+                                  std::function<std::string(const std::string&)> rename);
 
 }  // namespace segflow::models

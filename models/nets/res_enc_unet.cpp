@@ -294,23 +294,10 @@ Result<ModelHandle> build_res_enc_unet(const ResEncUNetOptions& o) {
 std::int64_t res_enc_unet_in_channels(const ResEncUNetOptions& o) { return o.in_channels; }
 
 Result<ExportedModel> export_res_enc_unet(const ResEncUNetOptions& o, const torch::nn::Module& module) {
-  if (o.norm == NormKind::none)
-    return invalid_argument(
-        "export --to pytorch: res_enc_unet with norm none has no dynamic_network_architectures layout "
-        "handled "
-        "here; expected norm instance or batch");
-  ExportedModel m;
-  m.target = "dynamic_network_architectures.architectures.unet.ResidualEncoderUNet";
-  auto add = [&](const std::string& name, const at::Tensor& t) {
-    for (const auto& n : nnunet_res_enc_names(name))
-      m.state_dict.emplace_back(n, t.detach().to(at::kCPU).contiguous());
-  };
-  for (const auto& p : module.named_parameters()) add(p.key(), p.value());
-  for (const auto& b : module.named_buffers()) add(b.key(), b.value());
-  nlohmann::json args = nnunet_topology_args(o);
-  args["n_blocks_per_stage"] = o.resolved_blocks();
-  m.spec = {{"target", m.target}, {"args", args}};
-  return m;
+  return export_nnunet_unet(
+      "res_enc_unet", "dynamic_network_architectures.architectures.unet.ResidualEncoderUNet", o, module,
+      [](const std::string& name) { return Result<std::vector<std::string>>(nnunet_res_enc_names(name)); },
+      {{"n_blocks_per_stage", o.resolved_blocks()}});
 }
 
 }  // namespace
@@ -320,18 +307,9 @@ NetworkRow res_enc_unet_network() {
       network_row<ResEncUNetOptions>("res_enc_unet", "nnU-Net's ResidualEncoderUNet", bind_res_enc_unet,
                                      build_res_enc_unet, res_enc_unet_in_channels);
   r.head_prefixes = {"decoder.seg_layers."};
-  ForeignNames nnunet;
-  nnunet.scheme = "nnunet";
-  nnunet.what = "nnU-Net's ResidualEncoderUNet";
-  nnunet.marker = "encoder.stem.";
-  nnunet.renamer = [](const std::any&, const std::vector<std::string>&) {
-    // segflow's modules carry nnU-Net's names: every non-duplicate name is its own.
-    return std::function<std::string(const std::string&)>([](const std::string& name) { return name; });
-  };
-  nnunet.duplicate = [](const std::string& name) {
-    return name.find(".all_modules.") != std::string::npos || name.rfind("decoder.encoder.", 0) == 0;
-  };
-  r.foreign_names = {nnunet};
+  // segflow's modules carry nnU-Net's names: every name but the duplicates is its own.
+  r.foreign_names = {nnunet_foreign_names("nnU-Net's ResidualEncoderUNet", "encoder.stem.",
+                                          [](const std::string& n) { return n; })};
   r.pytorch = typed_hook<ResEncUNetOptions>(export_res_enc_unet);
   return r;
 }

@@ -155,12 +155,6 @@ double res_enc_feature_map_size(const std::vector<std::int64_t>& patch, const To
 
 std::string fmt_percent(double share) { return std::to_string(std::llround(share * 100.0)) + "%"; }
 
-std::vector<std::int64_t> residual_blocks_per_stage(std::int64_t n_stages) {
-  std::vector<std::int64_t> out;
-  for (std::int64_t s = 0; s < n_stages; ++s) out.push_back(s == 0 ? 1 : s == 1 ? 3 : s == 2 ? 4 : 6);
-  return out;
-}
-
 namespace {
 
 struct Preset {
@@ -213,6 +207,13 @@ std::vector<std::string> preset_names() {
   std::vector<std::string> out;
   for (const auto& p : presets()) out.emplace_back(p.name);
   return out;
+}
+
+std::string preset_error(const std::string& preset) {
+  if (find_preset(preset)) return "";
+  std::string known;
+  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  return "expected one of " + known + ", got '" + preset + "'";
 }
 
 double preset_memory_gb(const std::string& preset) {

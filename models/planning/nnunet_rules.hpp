@@ -32,7 +32,8 @@ struct NnunetConstants {
   double lowres_spacing_increase = 1.03;    ///< spacing_increase_factor of the 3d_lowres search
   /// The network planned: PlainConvUNet (blocks_per_stage convs per encoder and decoder
   /// stage), or, for the residual encoder planners (ResEncUNetPlanner), ResidualEncoderUNet
-  /// with residual_blocks_per_stage(n) blocks per encoder stage and one conv per decoder stage.
+  /// with nnunet_resenc_blocks(n) (models/nets/res_enc_unet.hpp) blocks per encoder stage and
+  /// one conv per decoder stage.
   bool residual_encoder = false;
   /// The default planner shrinks the patch while estimate / ref_bs * 2 > reference (the
   /// estimate per batch of 2); the ResEnc planners while estimate > reference.
@@ -42,15 +43,15 @@ struct NnunetConstants {
 /// "5%", "100%": a share as a whole percentage (a note's max_dataset_covered).
 std::string fmt_percent(double share);
 
-/// ResEncUNetPlanner's UNet_blocks_per_stage_encoder: 1, 3, 4, 6, 6, ... (n_stages entries).
-std::vector<std::int64_t> residual_blocks_per_stage(std::int64_t n_stages);
-
 /// The constants of one of nnU-Net's planners, by `segflow plan --preset` name: "default"
 /// (ExperimentPlanner), "resenc-m" (nnUNetPlannerResEncM), "resenc-l" (...ResEncL), "resenc-xl"
 /// (...ResEncXL). Null for another name.
 const NnunetConstants* preset_constants(const std::string& preset);
 /// The preset names, in order: default, resenc-m, resenc-l, resenc-xl.
 std::vector<std::string> preset_names();
+/// "" for a preset name, else "expected one of default, resenc-m, resenc-l, resenc-xl, got
+/// 'NAME'" (the caller puts its field before it).
+std::string preset_error(const std::string& preset);
 /// The memory target each preset was made for (8, 8, 24, 40 GB).
 double preset_memory_gb(const std::string& preset);
 /// nnU-Net's planner class and plans name of a preset ("nnUNetPlannerResEncM",

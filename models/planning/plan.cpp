@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "models/nets/res_enc_unet.hpp"
 #include "models/planning/detail/axes.hpp"
 #include "models/planning/trial.hpp"
 
@@ -87,8 +88,8 @@ class NnunetJudge : public Judge {
     const auto f = features_per_stage(t.n_stages(), k.base_num_features, max_features(in, k));
     // nnU-Net builds the network without deep supervision to estimate it.
     if (k.residual_encoder)
-      return res_enc_feature_map_size(t.patch_size, t, f, in.num_classes,
-                                      residual_blocks_per_stage(t.n_stages()), 1, false);
+      return res_enc_feature_map_size(t.patch_size, t, f, in.num_classes, nnunet_resenc_blocks(t.n_stages()),
+                                      1, false);
     return conv_feature_map_size(t.patch_size, t, f, in.num_classes, k.blocks_per_stage, false);
   }
   double reference(const ConfigInput& in) const {
@@ -375,11 +376,7 @@ Result<ConfigurationPlan> plan_with(const ConfigInput& in, Judge& judge, NnunetJ
 
 Status set_preset(PlanOptions& o, const std::string& preset, bool keep_memory_gb) {
   const NnunetConstants* k = preset_constants(preset);
-  if (!k) {
-    std::string known;
-    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-    return invalid_argument("--preset: expected one of " + known + ", got '" + preset + "'");
-  }
+  if (!k) return invalid_argument("--preset: " + preset_error(preset));
   o.preset = preset;
   o.constants = *k;
   if (!keep_memory_gb) o.memory_gb = preset_memory_gb(preset);

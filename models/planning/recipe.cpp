@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "models/nets/res_enc_unet.hpp"
 #include "models/planning/detail/axes.hpp"
 #include "models/planning/plan.hpp"
 
@@ -318,7 +319,7 @@ nlohmann::json configuration_json(const PlanResult& p, const ConfigurationPlan& 
   if (p.constants.residual_encoder) {  // ResEncUNetPlanner's arguments
     network = "dynamic_network_architectures.architectures.unet.ResidualEncoderUNet";
     arch.erase("n_conv_per_stage");
-    arch["n_blocks_per_stage"] = residual_blocks_per_stage(c.topology.n_stages());
+    arch["n_blocks_per_stage"] = nnunet_resenc_blocks(c.topology.n_stages());
     arch["n_conv_per_stage_decoder"] =
         std::vector<int>(static_cast<std::size_t>(c.topology.n_stages() - 1), 1);
   }

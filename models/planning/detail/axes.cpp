@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "models/nets/res_enc_unet.hpp"
+
 namespace segflow::models::planning::detail {
 
 std::vector<int> array_axes(std::size_t n, const std::vector<int>& tf) {
@@ -39,7 +41,7 @@ nlohmann::json unet_json(const Topology& t, std::int64_t base_features, std::int
   if (k.residual_encoder) {
     m["name"] = "res_enc_unet";
     m.erase("n_conv_per_stage");
-    m["n_blocks_per_stage"] = residual_blocks_per_stage(t.n_stages());
+    m["n_blocks_per_stage"] = nnunet_resenc_blocks(t.n_stages());
     m["n_conv_per_stage_decoder"] = 1;
   }
   return m;
