@@ -67,19 +67,6 @@ class ProgressBar {
   std::chrono::steady_clock::time_point start_;
 };
 
-nlohmann::json result_json(const models::InferResult& r) {
-  nlohmann::json j = {{"case", r.case_id},
-                      {"output", r.output.string()},
-                      {"size", r.size},
-                      {"labels", r.labels},
-                      {"seconds", r.seconds}};
-  if (!r.probabilities.empty()) j["probabilities"] = r.probabilities.string();
-  nlohmann::json axes = nlohmann::json::array();
-  for (int a : r.tta_axes) axes.push_back(std::string(1, "xyz"[a]));
-  j["tta_axes"] = axes;
-  return j;
-}
-
 /// --model MODEL_DIR (a `segflow package`): its members, TTA and postprocessing replace
 /// --checkpoint, --tta and --postprocess; --no-postprocess skips its postprocessing.
 Status model_package_flags(const Args& a) {
@@ -153,7 +140,7 @@ int cmd_infer(int argc, char** argv) {
   if (models::is_single_scan(o.input)) {
     auto r = models::run_inference(o);
     if (!r.is_ok()) return fail("infer", r.status());
-    std::cout << result_json(*r).dump() << '\n';
+    std::cout << infer_result_json(*r).dump() << '\n';
     return 0;
   }
   ProgressBar bar(a->flag("quiet"));
@@ -163,7 +150,7 @@ int cmd_infer(int argc, char** argv) {
                       {"failed", nlohmann::json::array()},
                       {"skipped", nlohmann::json::array()},
                       {"seconds", r->seconds}};
-  for (const auto& c : r->outputs) j["cases"].push_back(result_json(c));
+  for (const auto& c : r->outputs) j["cases"].push_back(infer_result_json(c));
   for (const auto& [id, err] : r->failed) j["failed"].push_back({{"case", id}, {"error", err}});
   for (const auto& [path, why] : r->skipped) {
     j["skipped"].push_back({{"path", path}, {"reason", why}});

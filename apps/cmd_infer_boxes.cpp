@@ -24,10 +24,11 @@ json result_line(const models::BoxInferResult& r) {
                      {"first_slice", s.first_slice},
                      {"last_slice", s.last_slice},
                      {"voxels", s.voxels}});
-  const auto& x = r.result;
-  return {{"case", x.case_id},   {"output", x.output.string()}, {"size", x.size},
-          {"labels", x.labels},  {"segments", spans},           {"slices_embedded", r.slices_embedded},
-          {"seconds", x.seconds}};
+  json j = infer_result_json(r.result);
+  j.erase("tta_axes");  // box prompts have no TTA
+  j["segments"] = spans;
+  j["slices_embedded"] = r.slices_embedded;
+  return j;
 }
 
 /// A folder of scans (or a dataset): each case with its own prompts from the folders given as
@@ -47,6 +48,10 @@ int infer_folder_with_boxes(const models::BoxInferOptions& base) {
   if (!cases.is_ok()) return fail("infer", cases.status());
   for (const auto& [file, why] : skipped)
     std::cerr << "segflow infer: skipped " << file << ": " << why << '\n';
+  if (!base.also_output.empty())
+    return fail("infer", invalid_argument("--also-output " + base.also_output.front().string() +
+                                          ": names a file of one scan; " + base.input.string() +
+                                          " is a folder of scans"));
   if (base.output.has_extension() && !fs::is_directory(base.output))
     return fail("infer", invalid_argument("--output " + base.output.string() +
                                           ": a folder input writes into a folder (one file per case)"));

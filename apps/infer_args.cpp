@@ -112,4 +112,21 @@ Result<models::InferRequest> infer_request_from_args(const Args& a) {
   return invalid_argument(m);
 }
 
+nlohmann::json infer_result_json(const models::InferResult& r) {
+  nlohmann::json j = {{"case", r.case_id},
+                      {"output", r.output.string()},
+                      {"size", r.size},
+                      {"labels", r.labels},
+                      {"seconds", r.seconds}};
+  if (!r.probabilities.empty()) j["probabilities"] = r.probabilities.string();
+  if (!r.also_written.empty()) {
+    j["also_output"] = nlohmann::json::array();
+    for (const auto& f : r.also_written) j["also_output"].push_back(f.string());
+  }
+  nlohmann::json axes = nlohmann::json::array();
+  for (int a : r.tta_axes) axes.push_back(std::string(1, "xyz"[a]));
+  j["tta_axes"] = axes;
+  return j;
+}
+
 }  // namespace segflow::apps

@@ -27,4 +27,8 @@ Result<nlohmann::json> infer_fields_from_args(const Args& a, bool absolute);
 /// the value as typed ("--overlap: expected a number in [0, 1), got '1.0'").
 Result<models::InferRequest> infer_request_from_args(const Args& a);
 
+/// The JSON line of one written case: case, output, also_output (when any), size, labels,
+/// seconds, probabilities (when saved) and the mirrored axes.
+nlohmann::json infer_result_json(const models::InferResult& r);
+
 }  // namespace segflow::apps

@@ -256,7 +256,8 @@ void AutoInfer::consider_case(std::size_t index, const pipeline::CaseEntry& c, c
 }
 
 Result<std::int64_t> AutoInfer::submit(const AutoInferRule& rule, const pipeline::CaseEntry& c,
-                                       const fs::path& out, const fs::path& prompt) {
+                                       const fs::path& out, const std::vector<fs::path>& also,
+                                       const fs::path& prompt) {
   InferJobSpec spec;
   models::InferRequest& q = spec.request;
   q = rule.options;  // the rule's model options (amp, overlap, class names, postprocessing, ...)
@@ -264,6 +265,7 @@ Result<std::int64_t> AutoInfer::submit(const AutoInferRule& rule, const pipeline
   q.options.model = rule.model;
   q.options.input = c.images.front();
   q.options.output = out;
+  q.options.also_output = also;
   auto tta = models::parse_tta(rule.tta);
   if (tta.is_ok()) q.options.tta = *tta;
   q.options.device = rule.device;
@@ -305,7 +307,7 @@ void AutoInfer::submit_nifti_case(std::size_t index, const pipeline::CaseEntry& 
     // daemon's or a previous one's, failed or not), is not repeated.
     if (fs::exists(out, ec) || jobs_.infer_submitted(out.string(), static_cast<double>(version_ns) * 1e-9))
       continue;
-    auto job = submit(rule, c, out, prompt);
+    auto job = submit(rule, c, out, {}, prompt);
     if (!job.is_ok()) continue;
     json body = {{"input", c.images.front().string()}, {"jobs", json::array({*job})}};
     if (!prompt.empty()) body["prompt_file"] = prompt.string();
@@ -382,18 +384,20 @@ void AutoInfer::submit_jobs(Tracked& t, const pipeline::CaseEntry& c, const fs::
   const double since = t.record.value("submitted_at", 0.0);
   t.record["jobs"] = json::array();
   t.record["outputs"] = json::array();
-  for (const auto& format : formats_of(rule, true)) {
-    const fs::path out = rule.output / (c.id + (format == "seg" ? ".dcm" : ".nii.gz"));
-    // A job this record's submission made before a restart is the job: not submitted twice.
-    std::int64_t job = jobs_.infer_job_since(out.string(), since);
-    if (job == 0) {
-      auto r = submit(rule, c, out, prompt);
-      if (!r.is_ok()) continue;
-      job = *r;
-    }
-    t.record["jobs"].push_back(job);
-    t.record["outputs"].push_back(out.string());
+  // One job for every format: the model runs once and writes the SEG and the NIfTI.
+  std::vector<fs::path> outs;
+  for (const auto& format : formats_of(rule, true))
+    outs.push_back(rule.output / (c.id + (format == "seg" ? ".dcm" : ".nii.gz")));
+  std::stable_partition(outs.begin(), outs.end(), [](const fs::path& p) { return p.extension() == ".dcm"; });
+  // A job this record's submission made before a restart is the job: not submitted twice.
+  std::int64_t job = jobs_.infer_job_since(outs.front().string(), since);
+  if (job == 0) {
+    auto r = submit(rule, c, outs.front(), {outs.begin() + 1, outs.end()}, prompt);
+    if (!r.is_ok()) return;
+    job = *r;
   }
+  t.record["jobs"].push_back(job);
+  for (const auto& o : outs) t.record["outputs"].push_back(o.string());
 }
 
 void AutoInfer::follow_jobs() {
@@ -411,9 +415,16 @@ bool AutoInfer::follow(Tracked& t) {
   bool empty = false;
   json outputs = json::array();
   const json& jobs = t.record["jobs"];
+  const json& written = t.record["outputs"];
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     const std::int64_t id = jobs[i].get<std::int64_t>();
-    const std::string output = t.record["outputs"].at(i).get<std::string>();
+    // The job's files: every output of the record (one job writes them all), or the i-th
+    // (a record of an earlier segflowd, which ran a job per format).
+    std::vector<std::string> files;
+    if (jobs.size() == written.size())
+      files.push_back(written.at(i).get<std::string>());
+    else
+      for (const auto& o : written) files.push_back(o.get<std::string>());
     auto rec = jobs_.record(id);
     if (!rec.is_ok()) {
       error = rec.status().message();
@@ -421,13 +432,17 @@ bool AutoInfer::follow(Tracked& t) {
     }
     if (!is_final(rec->state)) return false;
     // A SEG cannot hold zero segments: the writer's no_foreground (pipeline/io/dicom.hpp).
+    // The label-map files are written before the SEG, so they are there all the same.
     if (rec->state == JobState::failed && rec->error == ErrorCode::no_foreground) {
       empty = true;
+      std::error_code ec;
+      for (const auto& f : files)
+        if (fs::path(f).extension() != ".dcm" && fs::exists(f, ec)) outputs.push_back(f);
     } else if (rec->state != JobState::completed) {
       if (error.empty())
         error = "job " + std::to_string(id) + " " + to_string(rec->state) + ": " + rec->reason;
     } else {
-      outputs.push_back(output);
+      for (const auto& f : files) outputs.push_back(f);
     }
   }
   const double since = StateDb::now() - t.last_instance;

@@ -114,16 +114,20 @@ class AutoInfer {
                      const std::filesystem::path& prompt);
   void follow_jobs();
   bool follow(Tracked& t);
-  /// Submits the jobs of a series' record (or finds those submitted for it before a restart).
+  /// Submits the job of a series' record, one for every output format (or finds the one
+  /// submitted for it before a restart).
   void submit_jobs(Tracked& t, const pipeline::CaseEntry& c, const std::filesystem::path& prompt);
   void queue_seg(Tracked& t, const std::string& seg);
   /// Follows the send of a record in state queued (ended already: published at once).
   void follow_send(const Tracked& t);
   /// A send of `t` ended (sent or failed for good): the record stored, the event published.
   void send_ended_locked(Tracked t, const DicomSendRecord& send);
-  /// One job writing `out`; `prompt` is the case's box file or label map (box rules).
+  /// One job writing `out` and `also` from one prediction; `prompt` is the case's box file or
+  /// label map (box rules).
   Result<std::int64_t> submit(const AutoInferRule& rule, const pipeline::CaseEntry& c,
-                              const std::filesystem::path& out, const std::filesystem::path& prompt);
+                              const std::filesystem::path& out,
+                              const std::vector<std::filesystem::path>& also,
+                              const std::filesystem::path& prompt);
   void publish(const std::string& event, const std::string& dataset, const std::string& case_id,
                nlohmann::json body);
   void store(const Tracked& t);

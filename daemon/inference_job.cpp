@@ -67,11 +67,16 @@ void add_trigger(json& body, const InferJobSpec& s) {
 }
 
 json infer_output_json(const models::InferResult& r) {
-  return {{"case", r.case_id},
-          {"output", r.output.string()},
-          {"size", {r.size[0], r.size[1], r.size[2]}},
-          {"labels", r.labels},
-          {"seconds", r.seconds}};
+  json j = {{"case", r.case_id},
+            {"output", r.output.string()},
+            {"size", {r.size[0], r.size[1], r.size[2]}},
+            {"labels", r.labels},
+            {"seconds", r.seconds}};
+  if (!r.also_written.empty()) {
+    j["also_output"] = json::array();
+    for (const auto& f : r.also_written) j["also_output"].push_back(f.string());
+  }
+  return j;
 }
 
 /// A box-prompted request's files: one scan, the box file or label map present, a checkpoint
@@ -112,6 +117,7 @@ Status check_request(models::InferRequest& r) {
   absolute(o.model);
   absolute(o.input);
   absolute(o.output);
+  for (auto& f : o.also_output) absolute(f);
   if (!r.postprocess.empty() && r.postprocess != "none")
     r.postprocess = absolute_path(r.postprocess).string();
   if (!r.boxes.empty()) r.boxes = absolute_path(r.boxes).string();
@@ -159,6 +165,15 @@ Status check_paths(const models::InferRequest& r) {
   if (single && !fs::is_directory(output, ec))
     if (Status st = models::check_label_map_path(output); !st.is_ok())
       return invalid_argument("output: " + st.message());
+  if (!single && !o.also_output.empty())
+    return invalid_argument("also_output: " + o.also_output.front().string() +
+                            ": names a file of one scan; " + input + " is a folder or dataset");
+  for (const fs::path& f : o.also_output) {
+    if (!fs::is_directory(f.parent_path(), ec))
+      return not_found("also_output: " + f.string() + ": its folder " + f.parent_path().string() +
+                       " does not exist");
+    SEGFLOW_RETURN_IF_ERROR(models::check_label_map_path(f, "also_output"));
+  }
   if (!single && fs::exists(output, ec) && !fs::is_directory(output, ec))
     return invalid_argument("output: " + output +
                             ": expected a folder for a folder or dataset input, got a file");

@@ -271,6 +271,11 @@ Status check_options(const BoxInferOptions& o, const fs::path& out, bool dicom) 
     return invalid_argument(o.input.string() +
                             ": --input: box-prompted inference takes one scan (a file or a "
                             "DICOM series folder), got a folder of scans");
+  for (const fs::path& f : o.also_output) {
+    SEGFLOW_RETURN_IF_ERROR(check_label_map_path(f, "--also-output"));
+    if (f.extension() == ".dcm" && !dicom)
+      return invalid_argument(f.string() + ": DICOM SEG output needs a DICOM input, got " + o.input.string());
+  }
   if (out.extension() == ".dcm" && !dicom)
     return invalid_argument(out.string() + ": DICOM SEG output needs a DICOM input, got " + o.input.string());
   return check_label_map_path(out);
@@ -432,9 +437,11 @@ Result<BoxInferResult> run_box_inference(const BoxInferOptions& o, Trainer& mode
                                                 : segment_boxes(boxes, input.size(), segment));
     const std::int64_t top = m.labels.max().item<std::int64_t>();
     const at::Tensor labels = m.labels.unsqueeze(0).to(top < 256 ? at::kByte : at::kShort);
-    SEGFLOW_RETURN_IF_ERROR(write_label_map(out, input, labels, dicom ? o.input : fs::path(), names));
+    SEGFLOW_RETURN_IF_ERROR(
+        write_label_maps(out, o.also_output, input, labels, dicom ? o.input : fs::path(), names));
     BoxInferResult r;
     r.result.output = out;
+    r.result.also_written = o.also_output;
     r.result.size = input.size();
     r.result.case_id = id;
     const at::Tensor u = std::get<0>(at::_unique(m.labels.flatten(), true));

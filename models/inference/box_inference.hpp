@@ -53,9 +53,10 @@ struct SliceBox {
 
 /// Options of one box-prompted run (one scan).
 struct BoxInferOptions {
-  std::filesystem::path checkpoint;  ///< a box-prompted (sam) checkpoint
-  std::filesystem::path input;       ///< one scan: NIfTI / npy / DICOM file or series folder
-  std::filesystem::path output;      ///< out.nii[.gz], out.dcm (DICOM SEG) or a folder
+  std::filesystem::path checkpoint;                ///< a box-prompted (sam) checkpoint
+  std::filesystem::path input;                     ///< one scan: NIfTI / npy / DICOM file or series folder
+  std::filesystem::path output;                    ///< out.nii[.gz], out.dcm (DICOM SEG) or a folder
+  std::vector<std::filesystem::path> also_output;  ///< more label-map files of the same prediction
   std::string device = "auto";
   std::filesystem::path boxes;                  ///< --boxes: JSON or CSV box file
   std::filesystem::path boxes_from;             ///< --boxes-from: a label map on the input's grid

@@ -31,6 +31,10 @@ constexpr InferField kInferFields[] = {
      "for one scan a label map file (.nii.gz, .nii, .nrrd or .mha: the format by its ending) or a .dcm "
      "SEG; a folder otherwise (one file per case); required",
      "", K::path, kCall},
+    {"also_output", "PATH",
+     "one scan: another label map file (.nii.gz, .nrrd, .mha, .dcm SEG) written from the same prediction; "
+     "repeatable (the model runs once)",
+     "", K::paths, kCall},
     {"device", "D", "auto (default), cpu or cuda:N", "", K::text, kCall},
     {"tta", "none|mirror|mirror-all",
      "test-time mirroring: none (default), the axes the training flipped, or all axes",
@@ -132,6 +136,9 @@ void InferRequest::bind(pipeline::OptionParser& p, bool options_only) {
     text = o.output.string();
     p.string("output", text, doc("output").c_str());
     o.output = text;
+    std::vector<std::string> more = as_strings(o.also_output);
+    p.strings("also_output", more, false, doc("also_output").c_str());
+    o.also_output.assign(more.begin(), more.end());
     p.string("device", o.device, doc("device").c_str());
     if (p.ok() && o.device.empty()) return p.fail("device", "expected auto, cpu or cuda:N, got \"\"");
     if (p.ok() && o.device != "auto") {
@@ -208,6 +215,7 @@ nlohmann::json InferRequest::to_json() const {
   if (!o.model.empty()) j["model"] = o.model.string();
   if (!o.input.empty()) j["input"] = o.input.string();
   if (!o.output.empty()) j["output"] = o.output.string();
+  if (!o.also_output.empty()) j["also_output"] = as_strings(o.also_output);
   j["device"] = o.device;
   j["tta"] = to_string(o.tta);
   if (!o.format.empty()) j["format"] = o.format;
@@ -246,6 +254,7 @@ BoxInferOptions InferRequest::box_options() const {
   b.checkpoint = options.checkpoint;
   b.input = options.input;
   b.output = options.output;
+  b.also_output = options.also_output;
   b.device = options.device;
   b.boxes = boxes;
   b.boxes_from = boxes_from;

@@ -275,14 +275,14 @@ fs::path probabilities_path(const fs::path& label_file) {
 }
 
 /// Writes a case's label map (write_label_map) and, when predicted, its probabilities.
+/// `more`: InferOptions::also_output (one scan).
 Result<InferResult> write_case(const CasePrediction& pred, const pipeline::Image& input, const fs::path& out,
-                               const fs::path& dicom_source, const std::vector<std::string>& names) {
-  if (out.extension() == ".dcm" && dicom_source.empty())
-    return invalid_argument(out.string() + ": DICOM SEG output needs a DICOM input, got " +
-                            input.source.string());
-  SEGFLOW_RETURN_IF_ERROR(write_label_map(out, input, pred.labels, dicom_source, names));
+                               const std::vector<fs::path>& more, const fs::path& dicom_source,
+                               const std::vector<std::string>& names) {
+  SEGFLOW_RETURN_IF_ERROR(write_label_maps(out, more, input, pred.labels, dicom_source, names));
   InferResult r;
   r.output = out;
+  r.also_written = more;
   r.size = input.size();  // the labels are on the input's grid
   at::Tensor u = std::get<0>(at::_unique(pred.labels.flatten().to(at::kLong), true));
   for (std::int64_t i = 0; i < u.numel(); ++i) r.labels.push_back(u[i].item<std::int64_t>());
@@ -409,11 +409,17 @@ Result<InferResult> run_inference(const InferOptions& o) {
       out = seg ? out / "seg.dcm" : out / (stem + "_seg.nii.gz");
     }
     SEGFLOW_RETURN_IF_ERROR(check_label_map_path(out));  // before the prediction, not after
+    for (const fs::path& more : o.also_output)
+      SEGFLOW_RETURN_IF_ERROR(check_label_map_path(more, "--also-output"));
+    for (const fs::path& f : o.also_output)
+      if (f.extension() == ".dcm" && !dicom)
+        return invalid_argument(f.string() + ": --also-output: a DICOM SEG needs a DICOM input, got " +
+                                o.input.string());
     const std::string id = pipeline::strip_channel_zero(pipeline::case_id_of(o.input));
     SEGFLOW_ASSIGN_OR_RETURN(CasePrediction pred,
                              ensemble.predict(input.voxels, input.geometry, id, o.save_probabilities));
-    SEGFLOW_ASSIGN_OR_RETURN(InferResult r,
-                             write_case(pred, input, out, dicom ? o.input : fs::path(), ensemble.names()));
+    SEGFLOW_ASSIGN_OR_RETURN(InferResult r, write_case(pred, input, out, o.also_output,
+                                                       dicom ? o.input : fs::path(), ensemble.names()));
     r.case_id = id;
     r.tta_axes = ensemble.tta_axes();
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -430,6 +436,9 @@ Result<InferBatchResult> run_inference_batch(const InferOptions& o,
   const auto t0 = std::chrono::steady_clock::now();
   if (!o.format.empty() && o.format != "nifti" && o.format != "seg")
     return invalid_argument("--format: expected nifti or seg, got '" + o.format + "'");
+  if (!o.also_output.empty())
+    return invalid_argument("--also-output " + o.also_output.front().string() +
+                            ": names a file of one scan; " + o.input.string() + " is a folder or dataset");
   InferBatchResult result;
   std::vector<InferCase> cases = o.cases;
   if (cases.empty()) {
@@ -465,7 +474,7 @@ Result<InferBatchResult> run_inference_batch(const InferOptions& o,
         SEGFLOW_ASSIGN_OR_RETURN(pipeline::Image input, read_case(c));
         SEGFLOW_ASSIGN_OR_RETURN(CasePrediction pred,
                                  ensemble.predict(input.voxels, input.geometry, c.id, o.save_probabilities));
-        return write_case(pred, input, out, c.dicom ? c.channels.front() : fs::path(), ensemble.names());
+        return write_case(pred, input, out, {}, c.dicom ? c.channels.front() : fs::path(), ensemble.names());
       } catch (const c10::Error& e) {
         return internal_error(c.id + ": " + e.what_without_backtrace());
       } catch (const std::exception& e) {
@@ -502,7 +511,7 @@ InferOptions package_infer_options(const ModelPackage& p, const InferOptions& ba
   return o;
 }
 
-Status check_label_map_path(const fs::path& out) {
+Status check_label_map_path(const fs::path& out, std::string_view flag) {
   if (out.extension() == ".dcm") return Status::ok();
   const pipeline::ImageFormatInfo* f = pipeline::image_format_info(pipeline::format_from_name(out));
   if (f && f->write) return Status::ok();
@@ -510,9 +519,10 @@ Status check_label_map_path(const fs::path& out) {
   for (const auto& x : pipeline::image_formats())
     if (x.write)
       for (const auto& e : x.extensions) endings += e + ", ";
-  return invalid_argument(out.string() +
-                          ": --output: expected a folder, a .dcm (DICOM SEG) or a label map file " +
-                          "of a format segflow writes (" + endings.substr(0, endings.size() - 2) + ")");
+  return invalid_argument(out.string() + ": " + std::string(flag) + ": expected " +
+                          (flag == "--output" ? "a folder, " : "") +
+                          "a .dcm (DICOM SEG) or a label map file " + "of a format segflow writes (" +
+                          endings.substr(0, endings.size() - 2) + ")");
 }
 
 Status write_label_map(const fs::path& out, const pipeline::Image& input, const at::Tensor& labels,
@@ -534,6 +544,25 @@ Status write_label_map(const fs::path& out, const pipeline::Image& input, const 
     styles[v] = {v < names.size() ? names[v] : "",
                  pipeline::default_segment_colour(static_cast<std::int64_t>(v))};
   return pipeline::write_dicom_seg(out, seg, ref, styles);
+}
+
+Status write_label_maps(const fs::path& out, const std::vector<fs::path>& more, const pipeline::Image& input,
+                        const at::Tensor& labels, const fs::path& dicom_source,
+                        const std::vector<std::string>& names) {
+  std::vector<fs::path> files = {out};
+  files.insert(files.end(), more.begin(), more.end());
+  for (const fs::path& f : files)
+    if (f.extension() == ".dcm" && dicom_source.empty())
+      return invalid_argument(f.string() + ": DICOM SEG output needs a DICOM input, got " +
+                              input.source.string());
+  std::stable_partition(files.begin(), files.end(),
+                        [](const fs::path& f) { return f.extension() != ".dcm"; });
+  Status first = Status::ok();
+  for (const fs::path& f : files) {
+    Status st = write_label_map(f, input, labels, dicom_source, names);
+    if (first.is_ok()) first = std::move(st);
+  }
+  return first;
 }
 
 }  // namespace segflow::models

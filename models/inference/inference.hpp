@@ -20,6 +20,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -55,6 +56,9 @@ struct InferOptions {
   /// run_inference_batch also a folder of scans or a dataset (see list_inference_cases).
   std::filesystem::path input;
   std::filesystem::path output;  ///< out.nii[.gz], out.dcm (DICOM SEG) or a folder
+  /// One scan: more label-map files written from the same prediction (a NIfTI beside a SEG,
+  /// say): the model runs once, each file's ending picks its format (check_label_map_path).
+  std::vector<std::filesystem::path> also_output;
   std::string device = "auto";
   /// More checkpoints: an ensemble whose probabilities are averaged with `checkpoint`'s.
   /// Every member must predict the same classes from the same channels; the model families
@@ -93,14 +97,16 @@ struct InferResult {
   Size3 size{0, 0, 0};               ///< of the written label map (= input size)
   std::vector<std::int64_t> labels;  ///< distinct values written
   double seconds = 0.0;
-  std::string case_id;                  ///< case id (batch) or the input's name
-  std::filesystem::path probabilities;  ///< the probabilities file, when saved
-  std::vector<int> tta_axes;            ///< axes mirrored (of the first checkpoint; 0 = x)
+  std::string case_id;                              ///< case id (batch) or the input's name
+  std::filesystem::path probabilities;              ///< the probabilities file, when saved
+  std::vector<int> tta_axes;                        ///< axes mirrored (of the first checkpoint; 0 = x)
+  std::vector<std::filesystem::path> also_written;  ///< InferOptions::also_output, as written
 };
 
 /// Whether `out` names a label-map file segflow writes: ".dcm" (DICOM SEG) or an ending of a
-/// format of the image-format table with a writer (NIfTI, NRRD, MetaImage); the error lists them.
-Status check_label_map_path(const std::filesystem::path& out);
+/// format of the image-format table with a writer (NIfTI, NRRD, MetaImage); the error names
+/// `flag` and lists them.
+Status check_label_map_path(const std::filesystem::path& out, std::string_view flag = "--output");
 
 /// Writes `labels` on `input`'s grid to `out`: a DICOM SEG for ".dcm" (referencing the series
 /// read from `dicom_source`, a segment per value named from `names`), else the format table's
@@ -108,6 +114,14 @@ Status check_label_map_path(const std::filesystem::path& out);
 Status write_label_map(const std::filesystem::path& out, const pipeline::Image& input,
                        const at::Tensor& labels, const std::filesystem::path& dicom_source,
                        const std::vector<std::string>& names);
+
+/// Writes one prediction to `out` and to each of `more` (write_label_map per file): label-map
+/// files first, DICOM SEGs last. Every file is tried; the first error is returned, so a SEG
+/// refused for holding no foreground (ErrorCode::no_foreground) leaves the NIfTI written.
+/// A ".dcm" with no `dicom_source` is refused before anything is written.
+Status write_label_maps(const std::filesystem::path& out, const std::vector<std::filesystem::path>& more,
+                        const pipeline::Image& input, const at::Tensor& labels,
+                        const std::filesystem::path& dicom_source, const std::vector<std::string>& names);
 
 /// Runs inference on one scan. A folder output gets "<input name>_seg.nii.gz" (NIfTI input)
 /// or "seg.dcm" (DICOM input).
@@ -147,6 +161,7 @@ struct InferBatchResult {
 /// Runs inference on every case of list_inference_cases(options.input) into the folder
 /// options.output (created): "<case id>.nii.gz" or "<case id>.dcm". A case that fails is
 /// reported (progress and `failed`) and the others go on. The models are loaded once.
+/// `also_output` is refused (it names files of one scan).
 Result<InferBatchResult> run_inference_batch(const InferOptions& options,
                                              const std::function<void(const InferProgress&)>& progress = {});
 

@@ -390,6 +390,50 @@ TEST_CASE("DICOM SEG output names, codes and colours its segments from the class
   REQUIRE(!eval["cases"][0]["classes"].empty());
   for (const auto& [k, v] : eval["cases"][0]["classes"].items()) CHECK(v["dice"] == 1.0);
 
+  // --also-output: one prediction written as a SEG, a NIfTI and an NRRD, each the labels above.
+  const fs::path both = dir.path() / "both";
+  fs::create_directories(both);
+  auto b = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "dicom" / "case_000") +
+                           " --output " + q(both / "seg.dcm") + " --also-output " + q(both / "seg.nii.gz") +
+                           " --also-output " + q(both / "seg.nrrd"),
+                       dir.path());
+  REQUIRE_MESSAGE(b.exit_code == 0, b.err);
+  const nlohmann::json bj = nlohmann::json::parse(b.out);
+  CHECK(bj["output"] == (both / "seg.dcm").string());
+  CHECK(bj["also_output"] ==
+        nlohmann::json::array({(both / "seg.nii.gz").string(), (both / "seg.nrrd").string()}));
+  for (const char* file : {"seg.dcm", "seg.nii.gz", "seg.nrrd"}) {
+    auto be = run_segflow(
+        "eval --pred " + q(both / file) + " --gt " + q(dir.path() / "case_000.nii.gz") + " --json",
+        dir.path());
+    REQUIRE_MESSAGE(be.exit_code == 0, be.err);
+    const nlohmann::json bev = nlohmann::json::parse(be.out);
+    REQUIRE(!bev["cases"][0]["classes"].empty());
+    for (const auto& [k, v] : bev["cases"][0]["classes"].items()) CHECK_MESSAGE(v["dice"] == 1.0, file);
+  }
+  // Refused before anything runs: a folder input, a file segflow does not write, a SEG of a NIfTI.
+  auto bf = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "dicom") +
+                            " --output " + q(both / "folder") + " --also-output " + q(both / "x.nii.gz"),
+                        dir.path());
+  CHECK(bf.exit_code != 0);
+  CHECK_MESSAGE(bf.err.find("--also-output " + (both / "x.nii.gz").string() + ": names a file of one scan") !=
+                    std::string::npos,
+                bf.err);
+  CHECK_FALSE(fs::exists(both / "folder"));
+  auto bt = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "dicom" / "case_000") +
+                            " --output " + q(both / "t.dcm") + " --also-output " + q(both / "t.txt"),
+                        dir.path());
+  CHECK(bt.exit_code != 0);
+  CHECK_MESSAGE(bt.err.find((both / "t.txt").string() + ": --also-output: expected") != std::string::npos,
+                bt.err);
+  CHECK_FALSE(fs::exists(both / "t.dcm"));
+  auto bn = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "case_000.nii.gz") +
+                            " --output " + q(both / "n.nii.gz") + " --also-output " + q(both / "n.dcm"),
+                        dir.path());
+  CHECK(bn.exit_code != 0);
+  CHECK_MESSAGE(bn.err.find("a DICOM SEG needs a DICOM input") != std::string::npos, bn.err);
+  CHECK_FALSE(fs::exists(both / "n.nii.gz"));
+
   // --class-names overrides; an explicit --format nifti writes NIfTI for DICOM input.
   auto o = run_segflow("infer --checkpoint " + q(ckpt) + " --input " + q(dir.path() / "dicom") +
                            " --output " + q(dir.path() / "named") + " --class-names bg,Liver\\ 1",

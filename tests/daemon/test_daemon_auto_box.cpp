@@ -148,6 +148,11 @@ TEST_CASE("auto_infer runs a box-prompted checkpoint on each arriving case with 
   fs::rename(s.dir / "series_copy", s.data / "series" / "case_d");
   const json e = wait_case_event(events, *d, "case_d", "inferred");
   REQUIRE(e["outputs"].size() == 2);
+  // One job wrote both: the model ran once.
+  REQUIRE(e["jobs"].size() == 1);
+  const json job_d = job_status(s.control, e["jobs"][0].get<std::int64_t>());
+  CHECK(job_d["output"] == (out3 / "case_d.dcm").string());
+  CHECK(job_d["also_output"] == json::array({(out3 / "case_d.nii.gz").string()}));
   CHECK(torch::equal(
       auto_box_voxels(out3 / "case_d.nii.gz"),
       cli_infer("--checkpoint " + shell_quote(sam.string()) + " --input " +
@@ -202,7 +207,7 @@ TEST_CASE("auto_infer runs a box-prompted checkpoint on each arriving case with 
   CHECK(received == std::map<std::string, int>{{"case_a", 1}, {"case_b", 1}, {"case_c", 1}, {"case_d", 2}});
   CHECK(failed == std::map<std::string, int>{{"case_b", 1}});
   CHECK(inferred_d() == 2);
-  CHECK(ok(s.control, {{"cmd", "list"}})["jobs"].size() == 7);  // case_d: NIfTI and SEG, twice
+  CHECK(ok(s.control, {{"cmd", "list"}})["jobs"].size() == 5);  // case_d: one job (NIfTI and SEG), twice
   ok(s.control, {{"cmd", "shutdown"}});
   CHECK(d->wait_exit(60) == 0);
 }

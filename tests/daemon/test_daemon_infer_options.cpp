@@ -47,8 +47,11 @@ TEST_CASE("ctl infer takes every option of segflow infer and writes what segflow
   auto d = s.start();
   const fs::path daemon_out = s.dir / "daemon" / "seg.nii.gz";
   fs::create_directories(daemon_out.parent_path());
+  // The daemon's job also writes an NRRD of the same prediction (--also-output).
+  const fs::path daemon_nrrd = s.dir / "daemon" / "seg.nrrd";
   auto sent = run_segflow("ctl --endpoint " + s.control + " --json infer " + flags + " --output " +
-                              shell_quote(daemon_out.string()),
+                              shell_quote(daemon_out.string()) + " --also-output " +
+                              shell_quote(daemon_nrrd.string()),
                           s.dir.path());
   REQUIRE_MESSAGE(sent.exit_code == 0, (sent.out + sent.err));
   const auto id = json::parse(sent.out)["job"].get<std::int64_t>();
@@ -66,6 +69,9 @@ TEST_CASE("ctl infer takes every option of segflow infer and writes what segflow
   CHECK(done["class_names"].size() == meta["class_names"].size());
   REQUIRE(fs::exists(daemon_out));
   CHECK(torch::equal(voxels(daemon_out), voxels(cli_out)));
+  CHECK(done["also_output"] == json::array({daemon_nrrd.string()}));
+  REQUIRE(fs::exists(daemon_nrrd));
+  CHECK(torch::equal(voxels(daemon_nrrd).to(torch::kLong), voxels(cli_out).to(torch::kLong)));
   const fs::path probs = s.dir / "daemon" / "seg_probabilities.nii.gz";
   REQUIRE(fs::exists(probs));
   CHECK(torch::allclose(voxels(probs), voxels(s.dir / "cli" / "seg_probabilities.nii.gz"), 1e-5, 1e-6));
@@ -86,6 +92,15 @@ TEST_CASE("ctl infer takes every option of segflow infer and writes what segflow
                          {"format", "png"}});
   CHECK(bad["ok"] == false);
   CHECK_MESSAGE(bad["error"] == "format: expected nifti or seg, got \"png\"", bad.dump());
+  bad = call(s.control, {{"cmd", "infer"},
+                         {"checkpoint", checkpoint.string()},
+                         {"input", scan.string()},
+                         {"output", (s.dir / "x.nii.gz").string()},
+                         {"also_output", json::array({(s.dir / "nowhere" / "x.nrrd").string()})}});
+  CHECK(bad["ok"] == false);
+  CHECK_MESSAGE(bad["error"] == "also_output: " + (s.dir / "nowhere" / "x.nrrd").string() + ": its folder " +
+                                    (s.dir / "nowhere").string() + " does not exist",
+                bad.dump());
   auto refused = run_segflow("ctl --endpoint " + s.control + " infer --checkpoint " + q + " --input " +
                                  shell_quote(scan.string()) + " --output " +
                                  shell_quote((s.dir / "y.nii.gz").string()) + " --channels-last maybe",

@@ -28,6 +28,7 @@ const std::map<std::string, json>& samples() {
       {"model", "/m"},
       {"input", "/in/ct.nii.gz"},
       {"output", "/out"},
+      {"also_output", json::array({"/out/seg.nii.gz", "/out/seg.nrrd"})},
       {"device", "cpu"},
       {"tta", "mirror-all"},
       {"format", "seg"},
