@@ -33,8 +33,12 @@ namespace segflow::models {
 
 namespace fs = std::filesystem;
 
-at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image,
-                                 const std::vector<int>& mirror_axes, const PredictOptions& po) {
+namespace {
+
+/// The sliding windows of one model over one preprocessed image: the class probabilities
+/// (predict_probabilities), or with `labels` their argmax, streamed (predict_labels).
+at::Tensor run_windows(const Trainer& trainer, const at::Tensor& image, const std::vector<int>& mirror_axes,
+                       const PredictOptions& po, bool labels) {
   torch::NoGradGuard ng;
   const ModelHandle& model = trainer.model();
   const ModelInfo& info = model.info();
@@ -80,10 +84,24 @@ at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image
     if (roi.size() == 3) roi = {roi[1], roi[2]};
     sw.roi_size = roi.empty() ? std::vector<std::int64_t>{0, 0} : roi;
     at::Tensor out = sliding_window_inference(slices, sw, predictor);  // (Z, K, Y, X)
+    if (labels) return out.argmax(1).unsqueeze(0).to(at::kCPU, out.size(1) <= 256 ? at::kByte : at::kShort);
     return out.permute({1, 0, 2, 3}).contiguous().to(at::kCPU);
   }
   sw.roi_size = roi.empty() ? std::vector<std::int64_t>(static_cast<std::size_t>(nd), 0) : roi;
+  if (labels) return sliding_window_labels(x, sw, predictor);
   return sliding_window_inference(x, sw, predictor)[0].to(at::kCPU);
+}
+
+}  // namespace
+
+at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image,
+                                 const std::vector<int>& mirror_axes, const PredictOptions& po) {
+  return run_windows(trainer, image, mirror_axes, po, false);
+}
+
+at::Tensor predict_labels(const Trainer& trainer, const at::Tensor& image,
+                          const std::vector<int>& mirror_axes, const PredictOptions& po) {
+  return run_windows(trainer, image, mirror_axes, po, true);
 }
 
 namespace {
@@ -207,7 +225,10 @@ class Ensemble {
                               (in_channels_ == 1 ? "" : "s") + ", got " + std::to_string(image.size(0)));
     const Size3 input_size = size_of(image);
     std::map<std::string, Sample> preprocessed;  // by stage list
-    at::Tensor sum;
+    // Every class's probabilities of the whole volume are held only when they are averaged
+    // (an ensemble) or written.
+    const bool labels_only = members_.size() == 1 && !want_probabilities;
+    at::Tensor sum, streamed;
     Geometry ref_geometry;
     Size3 ref_size{0, 0, 0};
     for (const Member& m : members_) {
@@ -223,6 +244,12 @@ class Ensemble {
         it = preprocessed.emplace(m.stages, std::move(pre)).first;
       }
       const Sample& pre = it->second;
+      if (labels_only) {  // one model, no probabilities wanted: the argmax streamed, slab by slab
+        streamed = predict_labels(*m.trainer, pre.at("image"), m.tta_axes, predict_);
+        ref_geometry = pre.geometry;
+        ref_size = size_of(streamed);
+        break;
+      }
       at::Tensor p = predict_probabilities(*m.trainer, pre.at("image"), m.tta_axes, predict_);
       const Size3 p_size = size_of(p);
       if (!sum.defined()) {
@@ -235,9 +262,10 @@ class Ensemble {
         sum += pipeline::resample_to_grid(p, pre.geometry, ref_geometry, ref_size);
       }
     }
-    at::Tensor probs = members_.size() == 1 ? sum : sum / static_cast<double>(members_.size());
+    at::Tensor probs;
+    if (!labels_only) probs = members_.size() == 1 ? sum : sum.div_(static_cast<double>(members_.size()));
     const auto label_type = classes_ <= 256 ? at::kByte : at::kShort;
-    at::Tensor labels = probs.argmax(0, true).to(label_type);
+    at::Tensor labels = labels_only ? streamed.to(label_type) : probs.argmax(0, true).to(label_type);
     CasePrediction out;
     const bool same = same_grid(ref_geometry, ref_size, geometry, input_size);
     out.labels = same ? labels : pipeline::resample_to_grid(labels, ref_geometry, geometry, input_size);

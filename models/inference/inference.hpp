@@ -181,6 +181,14 @@ at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image
                                  const std::vector<int>& mirror_axes = {},
                                  const PredictOptions& options = {});
 
+/// The labels of predict_probabilities(...).argmax(0, true), equal voxel for voxel:
+/// (1, *spatial) uint8 (int16 beyond 256 classes) on the CPU. A 3D model's windows are
+/// stitched slab by slab (sliding_window_labels): one window depth of the class maps is held,
+/// not the whole volume's, which is what `segflow infer` runs for one model whose
+/// probabilities are not saved.
+at::Tensor predict_labels(const Trainer& trainer, const at::Tensor& image,
+                          const std::vector<int>& mirror_axes = {}, const PredictOptions& options = {});
+
 /// `base` with a model package's members as checkpoint + ensemble, its TTA, its overlap
 /// (unless base.overlap >= 0) and its class names (unless base names some); `model` cleared.
 InferOptions package_infer_options(const ModelPackage& package, const InferOptions& base);

@@ -53,4 +53,12 @@ at::Tensor importance_map(const std::vector<int64_t>& roi_size, BlendMode mode, 
 at::Tensor sliding_window_inference(const at::Tensor& inputs, const SlidingWindowOptions& options,
                                     const Predictor& predictor);
 
+/// The labels sliding_window_inference(inputs, options, predictor).argmax(1) gives, for one
+/// input (1, C_in, *spatial) -> (1, *spatial) uint8 (int16 beyond 256 output channels), on
+/// the CPU, equal to it voxel for voxel. The windows run in the same order; a slab of the
+/// first spatial axis is divided and argmaxed as soon as no window left covers it, so only
+/// roi[0] slices of the C_out class maps are held instead of the whole volume's.
+at::Tensor sliding_window_labels(const at::Tensor& inputs, const SlidingWindowOptions& options,
+                                 const Predictor& predictor);
+
 }  // namespace segflow::models

@@ -130,6 +130,9 @@ TEST_CASE("mirroring TTA of a flip-equivariant model equals no TTA, and of a 3x3
   }
   manual /= 8.0;
   CHECK(torch::allclose(tta, manual, 1e-5, 1e-6));
+  // The streamed labels (one window depth of class maps held) are the probabilities' argmax.
+  CHECK(torch::equal(models::predict_labels(*t, image, {0, 1, 2}), tta.argmax(0, true).to(at::kByte)));
+  CHECK(torch::equal(models::predict_labels(*t, image), none.argmax(0, true).to(at::kByte)));
   CHECK((tta - none).abs().max().item<double>() > 1e-3);
   CHECK((tta.sum(0) - 1).abs().max().item<double>() < 1e-5);
 
@@ -149,6 +152,13 @@ TEST_CASE("mirroring TTA of a flip-equivariant model equals no TTA, and of a 3x3
   auto pc = infer_check("probs " + q(dir.path() / "tta_probabilities.nii.gz") + " " +
                         q(dir.path() / "tta.nii.gz") + " " + q(input));
   CHECK(pc["argmax_agreement"].get<double>() == 1.0);  // the label map is the TTA probabilities' argmax
+  // Without --save-probabilities the labels are streamed: the same label map.
+  auto streamed = run_segflow("infer --checkpoint " + q(unet) + " --input " + q(input) + " --output " +
+                                  q(dir.path() / "tta_streamed.nii.gz") + " --tta mirror-all --device cpu",
+                              dir.path());
+  REQUIRE_MESSAGE(streamed.exit_code == 0, streamed.err);
+  CHECK(
+      torch::equal(read_voxels(dir.path() / "tta_streamed.nii.gz"), read_voxels(dir.path() / "tta.nii.gz")));
   CHECK(pc["max_sum_error"].get<double>() < 1e-5);
   CHECK(pc["affine_matches_input"] == true);
   auto bad = run_segflow("infer --checkpoint " + q(unet) + " --input " + q(input) + " --output " +

@@ -106,3 +106,48 @@ TEST_CASE("bad sliding-window options and predictor outputs are reported") {
                                                 }),
                        doctest::Contains("predictor returned"), c10::Error);
 }
+
+TEST_CASE("streamed labels equal the argmax of the stitched probabilities, slab by slab, in 3D and 2D") {
+  torch::manual_seed(4);
+  torch::NoGradGuard no_grad;
+  // A 3x3(x3) convolution sees the window's edges: overlapping windows predict a voxel
+  // differently, so the blend order and weights matter and are checked exactly.
+  for (int dims : {3, 2}) {
+    ConvNd conv(ConvOptions{dims, 2, 4, 3, 1, 1});
+    const auto pred = [&](const at::Tensor& b) { return torch::softmax(conv->forward(b), 1); };
+    const std::vector<std::vector<int64_t>> shapes =
+        dims == 3 ? std::vector<std::vector<int64_t>>{{1, 2, 23, 19, 17}, {1, 2, 5, 30, 9}}
+                  : std::vector<std::vector<int64_t>>{{1, 2, 31, 13}, {1, 2, 6, 22}};
+    for (const auto& shape : shapes) {
+      const auto x = torch::randn(shape);
+      for (double overlap : {0.0, 0.25, 0.5, 0.8})
+        for (int64_t batch : {1, 3})
+          for (BlendMode mode : {BlendMode::constant, BlendMode::gaussian}) {
+            SlidingWindowOptions sw;
+            sw.roi_size = dims == 3 ? std::vector<int64_t>{8, 8, 8} : std::vector<int64_t>{8, 8};
+            sw.overlap = overlap;
+            sw.sw_batch_size = batch;
+            sw.mode = mode;
+            CAPTURE(dims);
+            CAPTURE(overlap);
+            CAPTURE(batch);
+            const at::Tensor probs = sliding_window_inference(x, sw, pred);
+            const at::Tensor labels = sliding_window_labels(x, sw, pred);
+            CHECK((labels.scalar_type() == at::kByte));
+            REQUIRE(labels.sizes() == probs.argmax(1).sizes());
+            CHECK(torch::equal(labels, probs.argmax(1).to(at::kByte)));
+          }
+    }
+  }
+  ConvNd conv(ConvOptions{3, 1, 2, 3, 1, 1});
+  SlidingWindowOptions sw;
+  sw.roi_size = {4, 4, 4};
+  std::string error;
+  try {
+    sliding_window_labels(torch::zeros({2, 1, 8, 8, 8}), sw,
+                          [&](const at::Tensor& b) { return conv->forward(b); });
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  CHECK_MESSAGE(error.find("expected one input (N = 1), got 2") != std::string::npos, error);
+}
