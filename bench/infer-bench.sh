@@ -15,16 +15,19 @@
 # usage: bench/infer-bench.sh [--train-cases N] [--train-size S] [--epochs E]
 #                             [--preset default|resenc-m|resenc-l|resenc-xl]
 #                             [--size XY] [--slices Z] [--ct-spacing X,Y,Z] [--ct FILE]
-#                             [--tta none|mirror|both] [--work DIR] [--keep]
+#                             [--tta none|mirror|both] [--blend nnunet|run] [--work DIR] [--keep]
 #   --size, --slices: the synthetic CT (default 512 x 512 x 300), a phantom of `segflow synth`
 #                     at the plan's spacing (no resampling on either side) unless --ct-spacing
 #   --ct FILE:        predict this CT instead (e.g. the real TotalSegmentator CT of
 #                     scripts/fetch-test-data.sh); its own spacing, resampled by both sides
+#   --blend:          segflow infer --blend nnunet (default: nnU-Net's window layout and
+#                     Gaussian, logits blended: the same output) or run (the run's
+#                     validation.mode, segflow's Gaussian)
 # Needs the build (scripts/build.sh) and the venv's nnunetv2 (scripts/setup.sh).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 train_cases=8 train_size=64 epochs=3 preset=default size=512 slices=300 ct_spacing="" ct="" tta=both
-work="" keep=0
+blend=nnunet work="" keep=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --train-cases) train_cases="$2"; shift 2 ;;
@@ -36,12 +39,15 @@ while [ $# -gt 0 ]; do
     --ct-spacing) ct_spacing="$2"; shift 2 ;;
     --ct) ct="$2"; shift 2 ;;
     --tta) tta="$2"; shift 2 ;;
+    --blend) blend="$2"; shift 2 ;;
     --work) work="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "infer-bench: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+case "$blend" in nnunet) blend_flag="--blend nnunet" ;; run) blend_flag="" ;;
+  *) echo "infer-bench: --blend: expected nnunet or run, got $blend" >&2; exit 2 ;; esac
 case "$tta" in none) ttas="none" ;; mirror) ttas="mirror" ;; both) ttas="none mirror" ;;
   *) echo "infer-bench: --tta: expected none, mirror or both, got $tta" >&2; exit 2 ;; esac
 segflow="$here/build/apps/segflow"
@@ -110,20 +116,20 @@ for t in $ttas; do
   log "segflow predicting (tta $t)"
   /usr/bin/time -f "%e %M" -o "$work/sf_$t.time" "$segflow" infer --checkpoint "$ckpt" \
     --input "$work/ct/ct_0000.nii.gz" --output "$work/sf_$t/ct.nii.gz" --tta "$sf_tta" --device cpu \
-    --postprocess none --quiet >"$work/sf_$t.json" 2>"$work/sf_$t.log"
+    --postprocess none $blend_flag --quiet >"$work/sf_$t.json" 2>"$work/sf_$t.log"
 done
 
 # ---- JSON lines ----
-"$py" - "$work" "$results" "$ct_info" "$preset" "$epochs" "$ttas" <<'EOF'
+"$py" - "$work" "$results" "$ct_info" "$preset" "$epochs" "$ttas" "$blend" <<'EOF'
 import json, sys
 import numpy as np
 import SimpleITK as sitk
-work, results, ct_info, preset, epochs, ttas = sys.argv[1:7]
+work, results, ct_info, preset, epochs, ttas, blend = sys.argv[1:8]
 ct = json.loads(ct_info)
 conf = json.load(open(f"{results}/plans.json"))["configurations"]["3d_fullres"]
 model = {"network": conf["architecture"]["network_class_name"].rsplit(".", 1)[-1],
          "patch_size_zyx": conf["patch_size"], "spacing_zyx": conf["spacing"], "preset": preset,
-         "epochs": int(epochs)}
+         "epochs": int(epochs), "segflow_blend": blend}
 threads = {"cores": __import__("os").cpu_count()}
 for t in ttas.split():
     sides = {}

@@ -48,6 +48,11 @@ constexpr InferField kInferFields[] = {
      K::text},
     {"overlap", "F", "sliding-window overlap in [0, 1); default the run's validation.overlap",
      "sliding window (not with box prompts)", K::number},
+    {"blend", "gaussian|constant|nnunet",
+     "window placement and weights: segflow's Gaussian or equal weights (MONAI's layout), or nnunet: "
+     "nnU-Net's predictor (its layout and Gaussian, logits averaged before the softmax); default the run's "
+     "validation.mode",
+     "sliding window (not with box prompts)", K::text},
     {"stitch_device", "cpu",
      "stitch the windows in host memory (a large volume's class maps need not fit the GPU); default the "
      "model's device",
@@ -157,6 +162,7 @@ void InferRequest::bind(pipeline::OptionParser& p, bool options_only) {
   p.strings("class_names", o.class_names, false, doc("class_names").c_str());
   one_of(p, "amp", o.amp, {"auto", "none", "bf16", "fp16"}, true, doc("amp").c_str());
   p.number("overlap", o.overlap, pipeline::Range{0.0, 1.0, false, true}, "", doc("overlap").c_str());
+  one_of(p, "blend", o.blend, {"gaussian", "constant", "nnunet"}, true, doc("blend").c_str());
   p.string("stitch_device", o.stitch_device, doc("stitch_device").c_str());
   p.string("postprocess", postprocess, doc("postprocess").c_str());
   bool channels_last = o.channels_last.value_or(false);
@@ -194,6 +200,7 @@ Status InferRequest::check() const {
   if (o.tta != TtaMode::none)
     return invalid_argument(std::string("tta: box-prompted inference has no TTA; got ") + to_string(o.tta));
   const char* sliding = o.overlap >= 0                ? "overlap"
+                        : !o.blend.empty()            ? "blend"
                         : !o.stitch_device.empty()    ? "stitch_device"
                         : !postprocess.empty()        ? "postprocess"
                         : o.channels_last.has_value() ? "channels_last"
@@ -222,6 +229,7 @@ nlohmann::json InferRequest::to_json() const {
   if (!o.class_names.empty()) j["class_names"] = o.class_names;
   if (!o.amp.empty()) j["amp"] = o.amp;
   if (o.overlap >= 0) j["overlap"] = o.overlap;
+  if (!o.blend.empty()) j["blend"] = o.blend;
   if (!o.stitch_device.empty()) j["stitch_device"] = o.stitch_device;
   if (!postprocess.empty()) j["postprocess"] = postprocess;
   if (o.channels_last) j["channels_last"] = *o.channels_last;

@@ -49,7 +49,17 @@ at::Tensor run_windows(const Trainer& trainer, const at::Tensor& image, const st
   sw.overlap = po.overlap >= 0 ? po.overlap : cfg.validation.overlap;
   sw.stitch_device = po.stitch_device;
   sw.sw_batch_size = cfg.validation.sw_batch_size;
-  sw.mode = cfg.validation.mode == "gaussian" ? BlendMode::gaussian : BlendMode::constant;
+  sw.mode = blend_mode(po.blend.empty() ? cfg.validation.mode : po.blend);
+  // nnU-Net blends logits (windows and mirrors) and applies the softmax once, after.
+  const bool blend_logits = sw.mode == BlendMode::nnunet;
+  const auto activation = [](const at::Tensor& logits) {
+    if (logits.size(1) == 1) {
+      at::Tensor p = torch::sigmoid(logits);
+      return torch::cat({1.0 - p, p}, 1);
+    }
+    return torch::softmax(logits, 1);
+  };
+  if (blend_logits) sw.finish = activation;
   // Config sizes are (x, y, z); tensors are (Z, Y, X). No roi_size: the whole volume.
   std::vector<std::int64_t> roi(cfg.validation.roi_size.rbegin(), cfg.validation.roi_size.rend());
   const int nd = info.spatial_dims;
@@ -64,11 +74,7 @@ at::Tensor run_windows(const Trainer& trainer, const at::Tensor& image, const st
               : w);
     }
     logits = logits.to(at::kFloat);
-    if (logits.size(1) == 1) {
-      at::Tensor p = torch::sigmoid(logits);
-      return torch::cat({1.0 - p, p}, 1);
-    }
-    return torch::softmax(logits, 1);
+    return blend_logits ? logits : activation(logits);
   };
   // Window dims of the mirrored axes: windows are (B, C, *spatial), spatial in (z,) y, x order.
   std::vector<std::int64_t> dims;
@@ -128,7 +134,7 @@ struct CasePrediction {
   at::Tensor probabilities;  ///< (K, Z, Y, X) float32, when asked for
 };
 
-/// InferOptions' amp, overlap and stitching, checked and resolved for the device.
+/// InferOptions' amp, overlap, blending and stitching, checked and resolved for the device.
 Result<PredictOptions> predict_options(const InferOptions& o) {
   SEGFLOW_ASSIGN_OR_RETURN(const c10::Device device, resolve_device(o.device));
   PredictOptions po;
@@ -138,6 +144,9 @@ Result<PredictOptions> predict_options(const InferOptions& o) {
   if (o.overlap >= 1.0 || (o.overlap < 0.0 && o.overlap != -1.0))
     return invalid_argument("--overlap: expected a number in [0, 1), got " + std::to_string(o.overlap));
   po.overlap = o.overlap;
+  if (!o.blend.empty() && o.blend != "gaussian" && o.blend != "constant" && o.blend != "nnunet")
+    return invalid_argument("--blend: expected gaussian, constant or nnunet, got '" + o.blend + "'");
+  po.blend = o.blend;
   if (o.stitch_device == "cpu") {
     po.stitch_device = "cpu";
   } else if (!o.stitch_device.empty() && o.stitch_device != device.str() &&

@@ -83,6 +83,9 @@ struct InferOptions {
   std::optional<bool> channels_last;
   /// Sliding-window overlap in [0, 1); < 0 = the run's validation.overlap.
   double overlap = -1.0;
+  /// Window placement and weights: "" = the run's validation.mode; gaussian | constant |
+  /// nnunet (nnU-Net's predictor: its layout and Gaussian, logits averaged before the softmax).
+  std::string blend;
   /// Where the windows are stitched: "" = the model's device; "cpu" = host memory, for
   /// volumes whose class maps do not fit the device.
   std::string stitch_device;
@@ -176,6 +179,7 @@ struct PredictOptions {
   std::string amp = "none";   ///< resolved mode: none | bf16 | fp16 (autocast around the model)
   double overlap = -1.0;      ///< < 0: the run's validation.overlap
   std::string stitch_device;  ///< "" = the model's device, "cpu" = host memory
+  std::string blend;          ///< "" = the run's validation.mode; gaussian | constant | nnunet
 };
 at::Tensor predict_probabilities(const Trainer& trainer, const at::Tensor& image,
                                  const std::vector<int>& mirror_axes = {},

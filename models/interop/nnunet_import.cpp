@@ -185,10 +185,11 @@ Result<std::string> import_job_yaml(const json& plans, const json& dataset, cons
   SEGFLOW_ASSIGN_OR_RETURN(std::string norm, normalization_yaml(conf, plans, where));
   SEGFLOW_ASSIGN_OR_RETURN(std::string spacing, import_spacing(conf, plans, plans_file, where));
   const bool slices = conf.at("patch_size").size() == 2;
-  // nnU-Net's defaults (tile_step_size 0.5, Gaussian), or what segflow export recorded.
+  // nnU-Net's predictor (tile_step_size 0.5, its layout and Gaussian), or what segflow export
+  // recorded.
   const json sf = plans.value("segflow", json::object());
   const double overlap = 1.0 - sf.value("tile_step_size", 0.5);
-  const std::string mode = sf.value("blending", std::string("gaussian"));
+  const std::string mode = sf.value("blending", std::string("nnunet"));
   return "# imported from " + fold_dir.string() + " (nnU-Net v2 " + configuration + ")\n" +
          (slices ? "# 2d: run slice by slice along z like nnU-Net; nnU-Net keeps each case's z spacing, "
                    "this job resamples z to the plans' median\n"

@@ -333,6 +333,7 @@ Result<json> onnx_manifest(const JobConfig& cfg, const ModelInfo& info,
         {"padding_value", 0.0},
         {"sw_batch_size", cfg.validation.sw_batch_size},
         {"activation", classes == 1 ? "sigmoid" : "softmax"},
+        {"activation_after_blending", cfg.validation.mode == "nnunet"},
         {"tta",
          "none by default; segflow infer --tta mirror averages over every combination of flips of "
          "tta_mirror_axes (0 = x), window by window"},

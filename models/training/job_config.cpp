@@ -155,7 +155,8 @@ void ValidationSettings::bind(OptionParser& p) {
                  "sliding window (x, y, z) or (x, y) in voxels; [] = whole volume");
   p.number("overlap", overlap, Range{0.0, 1.0, false, true}, "",
            "fraction of the window shared by neighbours");
-  p.choice("mode", mode, {"gaussian", "constant"}, "blending of overlapping windows");
+  p.choice("mode", mode, {"gaussian", "constant", "nnunet"},
+           "blending of overlapping windows (nnunet: nnU-Net's predictor's layout and Gaussian)");
   p.integer("sw_batch_size", sw_batch_size, Range::at_least(1), "windows", "windows per forward pass");
   p.boolean("save_predictions", save_predictions,
             "at the end of training, predict and score the validation cases into the run's validation/");

@@ -152,7 +152,7 @@ struct ValidationSettings {
   /// Window (x, y, z) or (x, y) in voxels, each >= 1; empty = the whole volume.
   std::vector<std::int64_t> roi_size;
   double overlap = 0.25;           ///< fraction of the window shared by neighbours, [0, 1)
-  std::string mode = "gaussian";   ///< blending: gaussian | constant
+  std::string mode = "gaussian";   ///< blending: gaussian | constant | nnunet (sliding_window.hpp BlendMode)
   std::int64_t sw_batch_size = 1;  ///< windows per forward pass, >= 1
   /// At the end of training, predict the validation cases with the final model (sliding
   /// window, on each case's own grid) into the run's validation/ folder and score them:

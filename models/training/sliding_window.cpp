@@ -18,7 +18,7 @@ Status SlidingWindowOptions::validate(int spatial_dims) const {
   if (sw_batch_size < 1)
     return invalid_argument("sliding window: sw_batch_size: expected >= 1, got " +
                             std::to_string(sw_batch_size));
-  if (mode == BlendMode::gaussian && !(sigma_scale > 0))
+  if (mode != BlendMode::constant && !(sigma_scale > 0))
     return invalid_argument("sliding window: sigma_scale: expected > 0, got " + std::to_string(sigma_scale));
   if (!stitch_device.empty() && stitch_device != "cpu")
     return invalid_argument(
@@ -26,11 +26,32 @@ Status SlidingWindowOptions::validate(int spatial_dims) const {
   return Status::ok();
 }
 
+BlendMode blend_mode(const std::string& name) {
+  return name == "gaussian" ? BlendMode::gaussian
+         : name == "nnunet" ? BlendMode::nnunet
+                            : BlendMode::constant;
+}
+
 std::vector<std::vector<int64_t>> window_starts(const std::vector<int64_t>& image_size,
-                                                const std::vector<int64_t>& roi, double overlap) {
+                                                const std::vector<int64_t>& roi, double overlap,
+                                                BlendMode layout) {
   std::vector<std::vector<int64_t>> starts;
   for (size_t d = 0; d < image_size.size(); ++d) {
     const int64_t size = image_size[d], patch = std::min(roi[d], image_size[d]);
+    if (layout == BlendMode::nnunet) {
+      // As nnU-Net: the number of windows of a step of patch * (1 - overlap), then spread
+      // evenly from 0 to size - patch (np.round: half to even, as nearbyint's default).
+      const double target = static_cast<double>(patch) * (1.0 - overlap);
+      const auto count = static_cast<int64_t>(std::ceil(static_cast<double>(size - patch) / target)) + 1;
+      std::vector<int64_t> s;
+      for (int64_t i = 0; i < count; ++i)
+        s.push_back(count == 1 ? 0
+                               : static_cast<int64_t>(std::nearbyint(static_cast<double>(size - patch) /
+                                                                     static_cast<double>(count - 1) *
+                                                                     static_cast<double>(i))));
+      starts.push_back(std::move(s));
+      continue;
+    }
     int64_t interval =
         patch == size ? patch : static_cast<int64_t>(static_cast<double>(patch) * (1.0 - overlap));
     interval = std::max<int64_t>(interval, 1);
@@ -58,6 +79,22 @@ at::Tensor importance_map(const std::vector<int64_t>& roi, BlendMode mode, doubl
                           const at::TensorOptions& options) {
   auto fopts = options.dtype(torch::kFloat);
   if (mode == BlendMode::constant) return torch::ones(roi, fopts);
+  if (mode == BlendMode::nnunet) {
+    // nnU-Net's compute_gaussian: a unit impulse at roi / 2 through scipy's gaussian_filter
+    // (sigma = sigma_scale * roi, truncated at int(4 sigma + 0.5)), zeros set to the smallest
+    // non-zero weight. Its scale (max 10) cancels in the blend; computed in double.
+    auto d64 = fopts.dtype(torch::kDouble);
+    at::Tensor map;
+    for (size_t i = 0; i < roi.size(); ++i) {
+      const double sigma = static_cast<double>(roi[i]) * sigma_scale;
+      const auto radius = static_cast<int64_t>(4.0 * sigma + 0.5);
+      auto x = torch::arange(roi[i], d64) - static_cast<double>(roi[i] / 2);
+      auto w = torch::exp(x * x / (-2.0 * sigma * sigma)) * (x.abs() <= static_cast<double>(radius));
+      map = i == 0 ? w : map.unsqueeze(-1) * w;
+    }
+    const double smallest = map.masked_select(map > 0).min().item<double>();
+    return map.masked_fill(map == 0, smallest).to(torch::kFloat);
+  }
   at::Tensor map;
   for (size_t i = 0; i < roi.size(); ++i) {
     const double sigma = static_cast<double>(roi[i]) * sigma_scale;
@@ -113,7 +150,7 @@ WindowGrid window_grid(const at::Tensor& inputs, const SlidingWindowOptions& o) 
   g.image = g.padded ? F::pad(inputs, F::PadFuncOptions(pad).mode(torch::kConstant).value(o.padding_value))
                      : inputs;
   g.size = g.image.sizes().slice(2).vec();
-  const auto starts = window_starts(g.size, g.roi, o.overlap);
+  const auto starts = window_starts(g.size, g.roi, o.overlap, o.mode);
   g.windows = {{}};
   for (int d = 0; d < D; ++d) {
     std::vector<std::vector<int64_t>> next;
@@ -196,7 +233,8 @@ at::Tensor sliding_window_inference(const at::Tensor& inputs, const SlidingWindo
       if (n == 0) count.index(idx).add_(weight);
     });
   }
-  return g.crop(output.div_(count));
+  output.div_(count);
+  return g.crop(o.finish ? o.finish(output) : output);
 }
 
 at::Tensor sliding_window_labels(const at::Tensor& inputs, const SlidingWindowOptions& o,
@@ -214,7 +252,8 @@ at::Tensor sliding_window_labels(const at::Tensor& inputs, const SlidingWindowOp
   const auto finish = [&](int64_t end) {
     const int64_t n = end - base;
     if (n <= 0) return;
-    const at::Tensor done = acc.narrow(2, 0, n) / count.narrow(2, 0, n);
+    at::Tensor done = acc.narrow(2, 0, n) / count.narrow(2, 0, n);
+    if (o.finish) done = o.finish(done);
     labels.narrow(1, base, n).copy_(done.argmax(1).to(labels.scalar_type()));
     if (n < depth) {
       acc.narrow(2, 0, depth - n).copy_(acc.narrow(2, n, depth - n).clone());

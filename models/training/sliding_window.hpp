@@ -16,8 +16,18 @@
 
 namespace segflow::models {
 
-/// How overlapping windows are weighted.
-enum class BlendMode { constant, gaussian };
+/// How overlapping windows are placed and weighted.
+enum class BlendMode {
+  constant,  ///< equal weights; MONAI's layout (a fixed interval, the last window flush with the end)
+  gaussian,  ///< MONAI's Gaussian (centred at (roi - 1) / 2); MONAI's layout
+  /// nnU-Net's predictor (nnunetv2 sliding_window_prediction): its Gaussian (centred at
+  /// roi / 2, cut at 4 sigma, the rest at its smallest value) and its layout (windows spread
+  /// evenly: ceil((size - roi) / (roi (1 - overlap))) + 1 of them, starts rounded half to even).
+  nnunet,
+};
+
+/// The BlendMode of a `validation.mode` / `--blend` name: "gaussian", "nnunet", else constant.
+BlendMode blend_mode(const std::string& name);
 
 struct SlidingWindowOptions {
   std::vector<int64_t> roi_size;  ///< one per spatial dim (Z, Y, X) / (Y, X); <= 0 = whole axis
@@ -31,6 +41,9 @@ struct SlidingWindowOptions {
   /// window's prediction is copied back as it comes: a volume whose class maps do not fit
   /// the GPU's memory, as MONAI's sw_device / device split).
   std::string stitch_device;
+  /// Applied to the blended output (N, C, *spatial), or to each finished slab of it in
+  /// sliding_window_labels, before anything reads it: e.g. the softmax of blended logits.
+  std::function<at::Tensor(const at::Tensor&)> finish;
 
   Status validate(int spatial_dims) const;
 };
@@ -38,9 +51,11 @@ struct SlidingWindowOptions {
 /// Model call on a batch of windows: (B, C_in, *roi) -> (B, C_out, *roi).
 using Predictor = std::function<at::Tensor(const at::Tensor&)>;
 
-/// Windows' start offsets per axis for an image of `image_size` (MONAI dense_patch_slices).
+/// Windows' start offsets per axis for an image of `image_size` (MONAI dense_patch_slices;
+/// BlendMode::nnunet: nnU-Net's compute_steps_for_sliding_window, tile step 1 - overlap).
 std::vector<std::vector<int64_t>> window_starts(const std::vector<int64_t>& image_size,
-                                                const std::vector<int64_t>& roi_size, double overlap);
+                                                const std::vector<int64_t>& roi, double overlap,
+                                                BlendMode layout = BlendMode::constant);
 
 /// Weights of one window (*roi) float32: ones, or the separable Gaussian (clamped at its
 /// minimum, at least 1e-3), as MONAI compute_importance_map.

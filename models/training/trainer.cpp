@@ -344,7 +344,7 @@ at::Tensor Trainer::predict(const at::Tensor& image, const at::Tensor& box) cons
   SlidingWindowOptions sw;
   sw.overlap = cfg_.validation.overlap;
   sw.sw_batch_size = cfg_.validation.sw_batch_size;
-  sw.mode = cfg_.validation.mode == "gaussian" ? BlendMode::gaussian : BlendMode::constant;
+  sw.mode = blend_mode(cfg_.validation.mode);  // logits blended (validation's argmax and Dice)
   // Config sizes are (x, y, z); tensors are (Z, Y, X).
   std::vector<std::int64_t> roi(cfg_.validation.roi_size.rbegin(), cfg_.validation.roi_size.rend());
   const bool cl = cfg_.train.channels_last;

@@ -90,9 +90,10 @@ std::string helper(const std::string& args) {
          args;
 }
 
-void infer(const fs::path& checkpoint, const fs::path& in, const fs::path& out) {
+void infer(const fs::path& checkpoint, const fs::path& in, const fs::path& out,
+           const std::string& more = "") {
   run_ok(shell_quote(segflow::testing::segflow_bin()) + " infer --checkpoint " + shell_quote(checkpoint) +
-         " --input " + shell_quote(in) + " --output " + shell_quote(out) + " --quiet");
+         " --input " + shell_quote(in) + " --output " + shell_quote(out) + " --quiet" + more);
 }
 
 /// Each set's agreement as a test message; no set may be a one-label map.
@@ -152,12 +153,18 @@ TEST_CASE("segflow export --to nnunet: nnU-Net's own predictor gives segflow inf
   run_ok(helper("prepare " + shell_quote(images) + " " + shell_quote(dir / "multi") + " --spacing 1.5"));
   for (const char* s : {"one", "multi"}) infer(ckpt, dir / s, dir / (std::string("sf_") + s));
   infer(ckpt, images, dir / "sf_res");
+  // Against nnU-Net's Gaussian: segflow's own (MONAI's layout, probabilities blended) and
+  // nnU-Net's blending (its layout and Gaussian, logits blended).
+  infer(ckpt, dir / "multi", dir / "sf_multi_gaussian", " --blend gaussian");
+  infer(ckpt, dir / "multi", dir / "sf_multi_nnunet", " --blend nnunet");
 
   auto p = segflow::testing::run_command(
       helper("predict " + shell_quote(results) + " 2 --set one " + shell_quote(dir / "one") + " " +
              shell_quote(dir / "sf_one") + " 0 --set one_gaussian " + shell_quote(dir / "one") + " " +
              shell_quote(dir / "sf_one") + " 1 --set multi " + shell_quote(dir / "multi") + " " +
-             shell_quote(dir / "sf_multi") + " 0 --set resampled " + shell_quote(images) + " " +
+             shell_quote(dir / "sf_multi") + " 0 --set multi_gaussian " + shell_quote(dir / "multi") + " " +
+             shell_quote(dir / "sf_multi_gaussian") + " 1 --set multi_nnunet " + shell_quote(dir / "multi") +
+             " " + shell_quote(dir / "sf_multi_nnunet") + " 1 --set resampled " + shell_quote(images) + " " +
              shell_quote(dir / "sf_res") + " 0 2>&1"));
   REQUIRE_MESSAGE(p.exit_code == 0, p.out);
   const auto j = last_json(p.out);
@@ -174,6 +181,9 @@ TEST_CASE("segflow export --to nnunet: nnU-Net's own predictor gives segflow inf
   // resampled back by nnU-Net) differs.
   CHECK(j["sets"]["one_gaussian"]["agreement"].get<double>() >= 0.9);
   CHECK(j["sets"]["resampled"]["agreement"].get<double>() >= 0.5);
+  // nnU-Net's blending brings segflow closer to nnU-Net's Gaussian predictor than its own.
+  CHECK(j["sets"]["multi_nnunet"]["agreement"].get<double>() >=
+        j["sets"]["multi_gaussian"]["agreement"].get<double>());
 }
 
 TEST_CASE(
@@ -275,6 +285,16 @@ TEST_CASE("segflow import --from nnunet: an exported plain_unet comes back with 
   REQUIRE_OK(models::load_into(fresh->model().module(), tensors, /*strict=*/true));
   fresh->model().module().eval();
   CHECK((fresh->model().predict(x) - y0).abs().max().item<double>() == 0.0);
+
+  // nnU-Net's own plans (no segflow section): the imported job blends as nnU-Net's predictor.
+  auto own = nlohmann::json::parse(segflow::testing::read_file(dir / "results" / "plans.json"));
+  own.erase("segflow");
+  segflow::testing::write_file(dir / "results" / "plans.json", own.dump());
+  r = segflow::testing::run_command(bin + " import --from nnunet " + shell_quote(dir / "results" / "fold_0") +
+                                    " --out " + shell_quote(dir / "own") + " 2>&1");
+  REQUIRE_MESSAGE(r.exit_code == 0, r.out);
+  const std::string own_yaml = segflow::testing::read_file(dir / "own" / "job.yaml");
+  CHECK_MESSAGE(segflow::testing::contains(own_yaml, "overlap: 0.500000, mode: nnunet}"), own_yaml);
 
   // A results folder without plans.json: named, nothing written.
   fs::remove(dir / "results" / "plans.json");
@@ -395,7 +415,9 @@ TEST_CASE(
   auto p = segflow::testing::run_command(
       helper("predict " + shell_quote(results) + " 0 --set one " + shell_quote(dir / "one") + " " +
              shell_quote(dir / "sf_one") + " 0 --set multi " + shell_quote(dir / "multi") + " " +
-             shell_quote(dir / "sf_multi") + " 0 --set resampled " + shell_quote(images) + " " +
+             shell_quote(dir / "sf_multi") + " 0 --set multi_gaussian " + shell_quote(dir / "multi") + " " +
+             shell_quote(dir / "sf_multi_gaussian") + " 1 --set multi_nnunet " + shell_quote(dir / "multi") +
+             " " + shell_quote(dir / "sf_multi_nnunet") + " 1 --set resampled " + shell_quote(images) + " " +
              shell_quote(dir / "sf_res") + " 0 --set z_only " + shell_quote(images_z) + " " +
              shell_quote(dir / "sf_z") + " 0 2>&1"));
   REQUIRE_MESSAGE(p.exit_code == 0, p.out);

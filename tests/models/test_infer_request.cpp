@@ -35,6 +35,7 @@ const std::map<std::string, json>& samples() {
       {"class_names", json::array({"background", "liver"})},
       {"amp", "bf16"},
       {"overlap", 0.25},
+      {"blend", "nnunet"},
       {"stitch_device", "cpu"},
       {"postprocess", "/p/postprocessing.json"},
       {"channels_last", true},

@@ -143,7 +143,8 @@ TEST_CASE("a bad option in any section of a job config names the file, the key a
       {{"train.cache_rate=2"}, "job.yaml: train.cache_rate: expected a number in [0, 1], got 2"},
       {{"train.loader=fast"}, "job.yaml: train.loader: expected one of actors, simple, got \"fast\""},
       // validation
-      {{"validation.mode=max"}, "job.yaml: validation.mode: expected one of gaussian, constant, got \"max\""},
+      {{"validation.mode=max"},
+       "job.yaml: validation.mode: expected one of gaussian, constant, nnunet, got \"max\""},
       {{"validation.roi_size=[0, 16, 16]"},
        "job.yaml: validation.roi_size: expected a list of integers >= 1, got [0, 16, 16]"},
       {{"validation.sw_batch_size=0"}, "job.yaml: validation.sw_batch_size: expected an integer >= 1, got 0"},

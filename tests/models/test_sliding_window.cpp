@@ -5,6 +5,7 @@
 #include "model_checks.hpp"
 #include "models/nets/unet.hpp"
 #include "models/training/sliding_window.hpp"
+#include "test_util.hpp"
 
 using namespace segflow::models;
 using segflow::testing::max_abs_diff;
@@ -114,6 +115,7 @@ TEST_CASE("streamed labels equal the argmax of the stitched probabilities, slab 
   // differently, so the blend order and weights matter and are checked exactly.
   for (int dims : {3, 2}) {
     ConvNd conv(ConvOptions{dims, 2, 4, 3, 1, 1});
+    const auto logits = [&](const at::Tensor& b) { return conv->forward(b); };
     const auto pred = [&](const at::Tensor& b) { return torch::softmax(conv->forward(b), 1); };
     const std::vector<std::vector<int64_t>> shapes =
         dims == 3 ? std::vector<std::vector<int64_t>>{{1, 2, 23, 19, 17}, {1, 2, 5, 30, 9}}
@@ -122,7 +124,7 @@ TEST_CASE("streamed labels equal the argmax of the stitched probabilities, slab 
       const auto x = torch::randn(shape);
       for (double overlap : {0.0, 0.25, 0.5, 0.8})
         for (int64_t batch : {1, 3})
-          for (BlendMode mode : {BlendMode::constant, BlendMode::gaussian}) {
+          for (BlendMode mode : {BlendMode::constant, BlendMode::gaussian, BlendMode::nnunet}) {
             SlidingWindowOptions sw;
             sw.roi_size = dims == 3 ? std::vector<int64_t>{8, 8, 8} : std::vector<int64_t>{8, 8};
             sw.overlap = overlap;
@@ -131,8 +133,14 @@ TEST_CASE("streamed labels equal the argmax of the stitched probabilities, slab 
             CAPTURE(dims);
             CAPTURE(overlap);
             CAPTURE(batch);
-            const at::Tensor probs = sliding_window_inference(x, sw, pred);
-            const at::Tensor labels = sliding_window_labels(x, sw, pred);
+            // nnU-Net's mode blends logits and applies the softmax after (`finish`).
+            const bool after = mode == BlendMode::nnunet;
+            if (after) sw.finish = [](const at::Tensor& t) { return torch::softmax(t, 1); };
+            const at::Tensor probs =
+                sliding_window_inference(x, sw, after ? Predictor(logits) : Predictor(pred));
+            const at::Tensor labels =
+                sliding_window_labels(x, sw, after ? Predictor(logits) : Predictor(pred));
+            if (after) CHECK((probs.sum(1) - 1).abs().max().item<double>() < 1e-5);
             CHECK((labels.scalar_type() == at::kByte));
             REQUIRE(labels.sizes() == probs.argmax(1).sizes());
             CHECK(torch::equal(labels, probs.argmax(1).to(at::kByte)));
@@ -150,4 +158,38 @@ TEST_CASE("streamed labels equal the argmax of the stitched probabilities, slab 
     error = e.what_without_backtrace();
   }
   CHECK_MESSAGE(error.find("expected one input (N = 1), got 2") != std::string::npos, error);
+}
+
+TEST_CASE(
+    "nnU-Net's layout and Gaussian are nnunetv2's compute_steps_for_sliding_window and compute_gaussian") {
+  // By hand: 155 voxels, patch 32, step 0.5: ceil(123 / 16) + 1 = 9 windows, 15.375 apart,
+  // rounded half to even (61.5 -> 62).
+  CHECK(window_starts({155}, {32}, 0.5, BlendMode::nnunet) ==
+        std::vector<std::vector<int64_t>>{{0, 15, 31, 46, 62, 77, 92, 108, 123}});
+  CHECK(window_starts({32, 10}, {32, 4}, 0.5, BlendMode::nnunet) ==
+        std::vector<std::vector<int64_t>>{{0}, {0, 2, 4, 6}});
+  // Against nnunetv2 itself, in the venv.
+  const std::vector<std::vector<int64_t>> cases = {{110, 64}, {155, 32}, {97, 40}, {301, 96}, {64, 64}};
+  const std::string code =
+      "import sys, json, torch\n"
+      "from nnunetv2.inference.sliding_window_prediction import compute_steps_for_sliding_window as s, "
+      "compute_gaussian as g\n"
+      "c = json.loads(sys.argv[1])\n"
+      "steps = [s((i,), (k,), f)[0] for i, k in c for f in (0.5, 0.25, 0.75)]\n"
+      "m = g((16, 20, 12), 1. / 8, 1, dtype=torch.float64, device=torch.device('cpu'))\n"
+      "print(json.dumps({'steps': steps, 'gaussian': (m / m.max()).flatten().tolist()}))\n";
+  const auto j = nlohmann::json::parse(segflow::testing::run_python(code, {nlohmann::json(cases).dump()}));
+  std::size_t at = 0;
+  for (const auto& c : cases)
+    for (double step : {0.5, 0.25, 0.75}) {
+      CAPTURE(c[0]);
+      CAPTURE(step);
+      CHECK(window_starts({c[0]}, {c[1]}, 1.0 - step, BlendMode::nnunet)[0] ==
+            j["steps"][at++].get<std::vector<int64_t>>());
+    }
+  const at::Tensor ours = importance_map({16, 20, 12}, BlendMode::nnunet, 0.125, torch::TensorOptions());
+  const at::Tensor theirs = torch::tensor(j["gaussian"].get<std::vector<double>>(), torch::kDouble)
+                                .reshape({16, 20, 12})
+                                .to(torch::kFloat);
+  CHECK(max_abs_diff(ours / ours.max(), theirs) < 1e-6);
 }
