@@ -412,6 +412,8 @@ TEST_CASE(
   for (const char* s : {"one", "multi"}) infer(ckpt, dir / s, dir / (std::string("sf_") + s));
   infer(ckpt, images, dir / "sf_res");
   infer(ckpt, images_z, dir / "sf_z");
+  infer(ckpt, dir / "multi", dir / "sf_multi_gaussian", " --blend gaussian");
+  infer(ckpt, dir / "multi", dir / "sf_multi_nnunet", " --blend nnunet");
   auto p = segflow::testing::run_command(
       helper("predict " + shell_quote(results) + " 0 --set one " + shell_quote(dir / "one") + " " +
              shell_quote(dir / "sf_one") + " 0 --set multi " + shell_quote(dir / "multi") + " " +
@@ -433,6 +435,9 @@ TEST_CASE(
   // normalises first, skimage order 1, logits resampled back), and so does z in 2d.
   CHECK(j["sets"]["resampled"]["agreement"].get<double>() >= 0.6);
   CHECK(j["sets"]["z_only"]["agreement"].get<double>() >= 0.75);
+  // nnU-Net's blending, slice by slice, against nnU-Net's Gaussian predictor.
+  CHECK(j["sets"]["multi_nnunet"]["agreement"].get<double>() >=
+        j["sets"]["multi_gaussian"]["agreement"].get<double>());
 }
 
 TEST_CASE(
