@@ -271,11 +271,7 @@ Status check_options(const BoxInferOptions& o, const fs::path& out, bool dicom) 
     return invalid_argument(o.input.string() +
                             ": --input: box-prompted inference takes one scan (a file or a "
                             "DICOM series folder), got a folder of scans");
-  for (const fs::path& f : o.also_output) {
-    SEGFLOW_RETURN_IF_ERROR(check_label_map_path(f, "--also-output"));
-    if (f.extension() == ".dcm" && !dicom)
-      return invalid_argument(f.string() + ": DICOM SEG output needs a DICOM input, got " + o.input.string());
-  }
+  SEGFLOW_RETURN_IF_ERROR(check_also_output(o.also_output, dicom, o.input));
   if (out.extension() == ".dcm" && !dicom)
     return invalid_argument(out.string() + ": DICOM SEG output needs a DICOM input, got " + o.input.string());
   return check_label_map_path(out);

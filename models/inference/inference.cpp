@@ -446,12 +446,7 @@ Result<InferResult> run_inference(const InferOptions& o) {
       out = seg ? out / "seg.dcm" : out / (stem + "_seg.nii.gz");
     }
     SEGFLOW_RETURN_IF_ERROR(check_label_map_path(out));  // before the prediction, not after
-    for (const fs::path& more : o.also_output)
-      SEGFLOW_RETURN_IF_ERROR(check_label_map_path(more, "--also-output"));
-    for (const fs::path& f : o.also_output)
-      if (f.extension() == ".dcm" && !dicom)
-        return invalid_argument(f.string() + ": --also-output: a DICOM SEG needs a DICOM input, got " +
-                                o.input.string());
+    SEGFLOW_RETURN_IF_ERROR(check_also_output(o.also_output, dicom, o.input));
     const std::string id = pipeline::strip_channel_zero(pipeline::case_id_of(o.input));
     SEGFLOW_ASSIGN_OR_RETURN(CasePrediction pred,
                              ensemble.predict(input.voxels, input.geometry, id, o.save_probabilities));
@@ -560,6 +555,16 @@ Status check_label_map_path(const fs::path& out, std::string_view flag) {
                           (flag == "--output" ? "a folder, " : "") +
                           "a .dcm (DICOM SEG) or a label map file " + "of a format segflow writes (" +
                           endings.substr(0, endings.size() - 2) + ")");
+}
+
+Status check_also_output(const std::vector<fs::path>& files, bool dicom_input, const fs::path& input) {
+  for (const fs::path& f : files) {
+    SEGFLOW_RETURN_IF_ERROR(check_label_map_path(f, "--also-output"));
+    if (f.extension() == ".dcm" && !dicom_input)
+      return invalid_argument(f.string() + ": --also-output: a DICOM SEG needs a DICOM input, got " +
+                              input.string());
+  }
+  return Status::ok();
 }
 
 Status write_label_map(const fs::path& out, const pipeline::Image& input, const at::Tensor& labels,

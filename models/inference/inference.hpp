@@ -111,6 +111,11 @@ struct InferResult {
 /// `flag` and lists them.
 Status check_label_map_path(const std::filesystem::path& out, std::string_view flag = "--output");
 
+/// InferOptions::also_output checked before anything runs: each a label-map file segflow
+/// writes (check_label_map_path), a ".dcm" only for a DICOM `input`.
+Status check_also_output(const std::vector<std::filesystem::path>& files, bool dicom_input,
+                         const std::filesystem::path& input);
+
 /// Writes `labels` on `input`'s grid to `out`: a DICOM SEG for ".dcm" (referencing the series
 /// read from `dicom_source`, a segment per value named from `names`), else the format table's
 /// writer for the file's ending. The one label-map writer of inference and box inference.
